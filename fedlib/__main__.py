@@ -1,0 +1,3 @@
+from fedlib.cli import main
+
+raise SystemExit(main())
