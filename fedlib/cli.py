@@ -1,0 +1,164 @@
+"""``python -m fedlib``: list datasets, notebooks and profiles; run notebooks; inspect data.
+
+Examples::
+
+    python -m fedlib list                          # datasets, notebooks, profiles
+    python -m fedlib run 00 --profile smoke        # execute notebook 00 at the smoke profile
+    python -m fedlib run 02_f3crec --in-place      # refresh the committed .ipynb (quick profile)
+    python -m fedlib run --all --in-place          # every notebook (what ./run notebooks does)
+    python -m fedlib profiles 00                   # every setting under every profile
+    python -m fedlib data list                     # dataset status under $FEDLIB_DATA
+    python -m fedlib data stats ml-100k --protocol f3crec
+    python -m fedlib status --write-readme         # rebuild the README status table
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+
+from fedlib.notebook.profiles import DEFAULT_PROFILE, PROFILE_DESCRIPTIONS, PROFILES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fedlib",
+        description=textwrap.dedent(
+            """\
+            fedlib: federated recommendation, one notebook per paper.
+
+            Notebooks live in notebooks/NN_name.py (jupytext percent format, the source of
+            truth) with a paired .ipynb carrying the outputs of a real quick-profile run.
+            Each runs at one of three profiles:
+            """
+        )
+        + "".join(f"  {p:<6} {d}\n" for p, d in PROFILE_DESCRIPTIONS.items())
+        + textwrap.dedent(
+            """
+            Environment:
+              FEDLIB_DATA      data root (default ~/.cache/fedlib/data); CI uses ../shared/data
+              FEDLIB_OFFLINE   1 = never download; a missing file is an error naming it
+              FEDLIB_PROFILE   default profile for notebooks (smoke|quick|paper)
+              FEDLIB_DEVICE    force a device (cpu, cuda, cuda:1); default: CUDA when present
+            """
+        ),
+        epilog=__doc__.split("Examples::", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p_list = sub.add_parser("list", help="list datasets, notebooks and profiles")
+    p_list.set_defaults(func=_cmd_list)
+
+    p_run = sub.add_parser(
+        "run",
+        help="execute a notebook headlessly at a profile",
+        description="Execute a notebook from its .py source with papermill. By default the executed "
+        "notebook goes to build/notebooks/<profile>/; --in-place refreshes the committed .ipynb "
+        "(quick profile only).",
+    )
+    p_run.add_argument("notebook", nargs="?", help="notebook number or name, e.g. 00 or 02_f3crec")
+    p_run.add_argument("--all", action="store_true", help="run every notebook in teaching order")
+    p_run.add_argument(
+        "--profile", choices=PROFILES, default=None, help=f"profile (default: $FEDLIB_PROFILE or {DEFAULT_PROFILE})"
+    )
+    target = p_run.add_mutually_exclusive_group()
+    target.add_argument("--output", help="path of the executed notebook (one notebook only)")
+    target.add_argument("--in-place", action="store_true", help="overwrite the committed notebooks/NN_name.ipynb")
+    p_run.add_argument("--log-output", action="store_true", help="stream cell output to the terminal")
+    p_run.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
+    p_run.set_defaults(func=_cmd_run)
+
+    p_prof = sub.add_parser("profiles", help="show every setting of a notebook under every profile")
+    p_prof.add_argument("notebook", help="notebook number or name")
+    p_prof.set_defaults(func=_cmd_profiles)
+
+    p_pair = sub.add_parser("check-pairing", help="check that every .ipynb matches its .py source")
+    p_pair.set_defaults(func=_cmd_check_pairing)
+
+    _add_optional_commands(sub)
+    return parser
+
+
+def _add_optional_commands(sub) -> None:
+    """Commands contributed by the data and reporting layers."""
+    from fedlib.data.cli import add_data_commands
+    from fedlib.reporting.status import add_status_command
+
+    add_data_commands(sub)
+    add_status_command(sub)
+
+
+def _cmd_list(args) -> int:
+    from fedlib.notebook.runner import list_notebooks
+
+    print("Notebooks (teaching order):")
+    for nb in list_notebooks():
+        state = "executed" if nb.paired.exists() else "not executed"
+        print(f"  {nb.stem:<26} {nb.title}  [{state}]")
+    print("\nProfiles:")
+    for name, description in PROFILE_DESCRIPTIONS.items():
+        mark = " (default)" if name == DEFAULT_PROFILE else ""
+        print(f"  {name:<6} {description}{mark}")
+    print("\nDatasets (status under the data root; details: python -m fedlib data list):")
+    from fedlib.data.registry import list_specs
+
+    for spec in list_specs():
+        print(f"  {spec.id:<32} {spec.status}")
+    print(f"\nData root: {os.environ.get('FEDLIB_DATA') or '~/.cache/fedlib/data (set FEDLIB_DATA to change)'}")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from fedlib.notebook.runner import list_notebooks, run_notebook
+
+    if args.all == bool(args.notebook):
+        print("give a notebook name or --all (not both)", file=sys.stderr)
+        return 2
+    names = [nb.stem for nb in list_notebooks()] if args.all else [args.notebook]
+    if args.output and len(names) > 1:
+        print("--output takes one notebook; use --in-place or the default build/ folder with --all", file=sys.stderr)
+        return 2
+    for name in names:
+        run_notebook(
+            name,
+            args.profile,
+            output=args.output,
+            in_place=args.in_place,
+            log_output=args.log_output,
+            timeout_s=args.timeout,
+        )
+    return 0
+
+
+def _cmd_profiles(args) -> int:
+    from fedlib.notebook.profiles import settings_frame
+    from fedlib.notebook.runner import find_notebook
+
+    nb = find_notebook(args.notebook)
+    print(settings_frame(nb.stem).to_string())
+    return 0
+
+
+def _cmd_check_pairing(args) -> int:
+    from fedlib.notebook.runner import list_notebooks, pairing_problems
+
+    problems = [p for nb in list_notebooks() for p in pairing_problems(nb)]
+    for problem in problems:
+        print(problem)
+    print("all notebooks match their sources" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""Shared fixtures: the data root, and one smoke execution per notebook shared by all tests."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def data_root() -> Path:
+    """``$FEDLIB_DATA``, else ``../shared/data`` beside the checkout (the CI layout)."""
+    env = os.environ.get("FEDLIB_DATA")
+    return Path(env) if env else (REPO.parent / "shared" / "data")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    root = data_root()
+    if not root.is_dir():
+        pytest.skip(f"data root {root} not found: set FEDLIB_DATA to the folder holding the raw datasets")
+    return root
+
+
+@pytest.fixture(scope="session")
+def smoke_records(tmp_path_factory):
+    """``smoke_records(stem) -> {name: value}`` from a finished smoke execution of a notebook.
+
+    ``./run test`` executes every notebook once under nbval with ``FEDLIB_RECORD_DIR`` set;
+    its records are reused here. When they are absent (pytest run directly), the notebook
+    is executed at ``smoke`` with papermill, once per session.
+    """
+    from fedlib.notebook.records import FINISHED_KEY, read_record_file, read_records
+    from fedlib.notebook.runner import run_notebook
+
+    cache: dict[str, dict] = {}
+    out_dir = tmp_path_factory.mktemp("smoke-notebooks")
+
+    def get(stem: str) -> dict:
+        if stem in cache:
+            return cache[stem]
+        records = None
+        record_dir = os.environ.get("FEDLIB_RECORD_DIR")
+        if record_dir and (Path(record_dir) / f"{stem}.jsonl").exists():
+            candidate = read_record_file(Path(record_dir) / f"{stem}.jsonl")
+            if candidate.get(FINISHED_KEY) and candidate.get("profile") == "smoke":
+                records = candidate
+        if records is None:
+            executed = run_notebook(stem, "smoke", output=out_dir / f"{stem}.ipynb", progress_bar=False)
+            records = read_records(executed)
+        assert records.get(FINISHED_KEY), f"{stem} did not reach its last cell at the smoke profile"
+        cache[stem] = records
+        return records
+
+    return get

@@ -1,0 +1,91 @@
+"""The runner: executes a .py notebook at a profile, never clobbers the committed .ipynb."""
+import shutil
+
+import nbformat
+import pytest
+
+from fedlib.notebook import runner
+from fedlib.notebook.records import read_records
+
+PROFILE_TOML = """
+[base]
+value = 1
+[smoke]
+value = 2
+[quick]
+[paper]
+value = 3
+"""
+
+NOTEBOOK = '''# %% [markdown]
+# # 99 · Demo notebook
+
+# %%
+import fedlib.notebook as fnb
+fnb.start("99_demo")
+
+# %% tags=["parameters"]
+PROFILE = None
+
+# %%
+settings = fnb.use_profile(PROFILE)
+fnb.record("value", settings.value)
+{extra}
+# %%
+fnb.finish()
+'''
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    (tmp_path / "notebooks" / "profiles").mkdir(parents=True)
+    (tmp_path / "notebooks" / "profiles" / "99_demo.toml").write_text(PROFILE_TOML)
+    (tmp_path / "notebooks" / "99_demo.py").write_text(NOTEBOOK.format(extra=""))
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    monkeypatch.delenv("FEDLIB_RECORD_DIR", raising=False)
+    return tmp_path
+
+
+@pytest.mark.notebook
+def test_run_at_profile_records_profile_values(project):
+    out = runner.run_notebook("99", "smoke", output=project / "out.ipynb", progress_bar=False)
+    records = read_records(out)
+    assert records["profile"] == "smoke" and records["value"] == 2 and records["__finished__"] is True
+    assert not (project / "notebooks" / "99_demo.ipynb").exists()  # output went where asked
+
+
+@pytest.mark.notebook
+def test_in_place_only_at_quick_and_failure_keeps_committed_notebook(project):
+    with pytest.raises(ValueError, match="refusing to overwrite"):
+        runner.run_notebook("99_demo", "smoke", in_place=True)
+    committed = runner.run_notebook("99_demo", "quick", in_place=True, progress_bar=False)
+    assert read_records(committed)["value"] == 1
+    before = committed.read_bytes()
+    # a cell that raises: the run fails and the committed notebook is untouched
+    (project / "notebooks" / "99_demo.py").write_text(NOTEBOOK.format(extra="raise RuntimeError('boom')\n"))
+    with pytest.raises(Exception, match="boom"):
+        runner.run_notebook("99_demo", "quick", in_place=True, progress_bar=False)
+    assert committed.read_bytes() == before
+
+
+def test_pairing_detects_an_edited_ipynb_cell(project):
+    nb = runner.find_notebook("99")
+    executed = runner.source_as_notebook(nb)
+    nbformat.write(executed, nb.paired)
+    assert runner.pairing_problems(nb) == []
+    edited = nbformat.read(nb.paired, as_version=4)
+    code = [c for c in edited.cells if c.cell_type == "code"]
+    code[-1].source = "fnb.finish()  # edited in the .ipynb only"
+    nbformat.write(edited, nb.paired)
+    problems = runner.pairing_problems(nb)
+    assert len(problems) == 1 and "code cell 3 differs" in problems[0]
+
+
+def test_pairing_reports_missing_ipynb(project):
+    problems = runner.pairing_problems(runner.find_notebook("99_demo"))
+    assert problems and "99_demo.ipynb is missing" in problems[0]
+
+
+def test_unknown_notebook_lists_known_ones(project):
+    with pytest.raises(FileNotFoundError, match="no notebook '42'.*99_demo"):
+        runner.find_notebook("42")
