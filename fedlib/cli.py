@@ -99,14 +99,13 @@ def _cmd_list(args) -> int:
         print(f"  {nb.stem:<26} {nb.title}  [{state}]")
     print("\nProfiles:")
     for name, description in PROFILE_DESCRIPTIONS.items():
-        mark = " (default)" if name == DEFAULT_PROFILE else ""
-        print(f"  {name:<6} {description}{mark}")
+        print(f"  {name:<6} {description}")
     print("\nDatasets (status under the data root; details: python -m fedlib data list):")
-    from fedlib.data.registry import list_specs
+    from fedlib.data import data_root, dataset_status, list_specs
 
     for spec in list_specs():
-        print(f"  {spec.id:<32} {spec.status}")
-    print(f"\nData root: {os.environ.get('FEDLIB_DATA') or '~/.cache/fedlib/data (set FEDLIB_DATA to change)'}")
+        print(f"  {spec.id:<32} {dataset_status(spec)}")
+    print(f"\nData root: {data_root()} (set FEDLIB_DATA to change)")
     return 0
 
 

@@ -12,6 +12,7 @@ Hierarchy::
     ├── MissingDataError      (+ FileNotFoundError) a needed file is absent and cannot be fetched
     ├── ChecksumError                               a file's sha256 differs from the registry
     ├── PartialDataError                            only an incomplete copy exists
+    ├── UnsafeArchiveError                          an archive member escapes its folder
     ├── MalformedDataError    (+ ValueError)        a line cannot be parsed
     ├── UnknownProtocolError  (+ LookupError)       raised by ``fedlib.data.protocols``
     └── EmptyUserError        (+ ValueError)        raised by ``fedlib.data.protocols``
@@ -59,12 +60,13 @@ class UnknownVariantError(FedlibDataError, ValueError):
         self.variant = variant
         self.known = tuple(known)
         names = [repr(v) for v in self.known]
-        suggestion = closest_match(str(variant), [v for v in self.known if v is not None])
-        hint = f" Did you mean {suggestion!r}?" if suggestion else ""
-        super().__init__(
-            f"Dataset {dataset!r} has no variant {variant!r}.{hint} "
-            f"Available variants: {', '.join(names)}. Pass one of them as `variant=`."
-        )
+        if variant is None:
+            problem = f"Dataset {dataset!r} has no default variant: choose one explicitly."
+        else:
+            suggestion = closest_match(str(variant), [v for v in self.known if v is not None])
+            hint = f" Did you mean {suggestion!r}?" if suggestion else ""
+            problem = f"Dataset {dataset!r} has no variant {variant!r}.{hint}"
+        super().__init__(f"{problem} Available variants: {', '.join(names)}. Pass one of them as `variant=`.")
 
 
 class MissingDataError(FedlibDataError, FileNotFoundError):
@@ -90,12 +92,12 @@ class ChecksumError(FedlibDataError):
     """A file (or a downloaded archive) whose sha256 differs from the expected one.
 
     Attributes:
-        path: the offending file.
+        path: the offending file (or the URL of a discarded download).
         expected, actual: hex sha256 digests.
     """
 
-    def __init__(self, path: Path, expected: str, actual: str, advice: str = ""):
-        self.path = Path(path)
+    def __init__(self, path: "Path | str", expected: str, actual: str, advice: str = ""):
+        self.path = path
         self.expected = expected
         self.actual = actual
         super().__init__(
@@ -112,6 +114,14 @@ class ChecksumError(FedlibDataError):
 
 class PartialDataError(FedlibDataError):
     """Only an incomplete copy of a dataset is available and the caller did not opt in."""
+
+
+class UnsafeArchiveError(FedlibDataError):
+    """A downloaded archive with a member that would land outside its target folder.
+
+    Absolute paths, ``..`` components, links and device entries are all refused; nothing
+    from such an archive is extracted.
+    """
 
 
 class MalformedDataError(FedlibDataError, ValueError):
@@ -181,6 +191,7 @@ __all__ = [
     "MissingDataError",
     "ChecksumError",
     "PartialDataError",
+    "UnsafeArchiveError",
     "MalformedDataError",
     "UnknownProtocolError",
     "EmptyUserError",

@@ -1,0 +1,35 @@
+"""The federated engine: round loop, executors, aggregation, checkpoints.
+
+Typical use (FedMF on a split, batched executor)::
+
+    from fedlib.engine import (FederatedConfig, RankingEvaluator, BatchedExecutor,
+                               fedmf_method, run_federated)
+    from fedlib.models import FedMF
+
+    method = fedmf_method(FedMF(split.num_users, split.num_items, dim=32), lr=1.0)
+    config = FederatedConfig(rounds=100, seed=0, patience=30)
+    state = run_federated(method, split.train, config, executor=BatchedExecutor(),
+                          evaluator=RankingEvaluator(split.train, split.valid, split.test))
+    state.best_metrics, state.test_metrics
+"""
+from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
+from fedlib.engine.centralised import train_centralised
+from fedlib.engine.checkpoint import Checkpointer
+from fedlib.engine.evaluation import RankingEvaluator, union_pairs
+from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
+from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
+from fedlib.engine.method import (
+    FederatedMethod, LocalBatch, bce_client_loss, fedmf_method, fedncf_method, pfedrec_method,
+    personal_table_method,
+)
+from fedlib.engine.plan import RoundPlan, make_round_plan, round_generator, select_clients
+
+__all__ = [
+    "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
+    "train_centralised", "Checkpointer", "RankingEvaluator", "union_pairs",
+    "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
+    "FederatedConfig", "TrainState", "init_train_state", "run_federated",
+    "FederatedMethod", "LocalBatch", "bce_client_loss",
+    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
+    "RoundPlan", "make_round_plan", "round_generator", "select_clients",
+]

@@ -28,7 +28,6 @@ Conventions shared by every function here:
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Dict, Iterable, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -122,6 +121,14 @@ def _check_csr(indptr: torch.Tensor, items: torch.Tensor, num_rows: int, num_ite
     if items.numel() and num_items is not None:
         if int(items.min()) < 0 or int(items.max()) >= num_items:
             raise ValueError(f"{name}_items must be item ids in [0, {num_items})")
+
+
+def _csr_on_device(indptr: ArrayLike, items: ArrayLike, device: torch.device, num_items: int, name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Validated ``(indptr, items)`` int64 tensors on ``device`` (any number of rows)."""
+    indptr = _as_index_tensor(indptr, device, f"{name}_indptr")
+    items = _as_index_tensor(items, device, f"{name}_items")
+    _check_csr(indptr, items, indptr.numel() - 1, num_items, name)
+    return indptr, items
 
 
 def select_csr_rows(indptr: ArrayLike, items: ArrayLike, rows: ArrayLike) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -418,8 +425,8 @@ def full_ranking_metrics_from_score_fn(
         target_indptr, target_items: CSR **indexed by user id** (``indptr`` has
             ``num_users + 1`` entries), e.g. ``Pairs.indptr`` / ``Pairs.items``.
         mask_indptr, mask_items: optional CSR of masked items, also indexed by user id.
-        device: where ids are sent and metrics computed; defaults to the device of the
-            first score chunk (CPU ids are passed to ``score_fn`` for the first call).
+        device: device of the user-id tensors passed to ``score_fn`` (default CPU).
+            Metrics are computed on the device of the scores ``score_fn`` returns.
         Other arguments: as in :func:`full_ranking_metrics`.
 
     Returns:
@@ -433,27 +440,23 @@ def full_ranking_metrics_from_score_fn(
     user_ids = _as_index_tensor(user_ids, id_device, "user_ids")
 
     chunks = []
-    csr_on = None  # CSR arrays moved once to the device where scores live
+    target_csr = mask_csr = None  # moved once, to the device the scores come back on
     for start in range(0, user_ids.numel(), int(chunk_size)):
         users = user_ids[start : start + int(chunk_size)]
         chunk_scores = _as_score_tensor(score_fn(users), "score_fn output")
         if chunk_scores.ndim != 2 or chunk_scores.shape[0] != users.numel():
             raise ValueError(f"score_fn must return ({users.numel()}, I) scores, got {tuple(chunk_scores.shape)}")
         _check_no_nan(chunk_scores, "scores")
-        if csr_on is None:
-            scores_device = chunk_scores.device
-            csr_on = [_as_index_tensor(target_indptr, scores_device, "target_indptr"),
-                      _as_index_tensor(target_items, scores_device, "target_items")]
-            _check_csr(csr_on[0], csr_on[1], csr_on[0].numel() - 1, chunk_scores.shape[1], "target")
+        num_items = chunk_scores.shape[1]
+        if target_csr is None:
+            target_csr = _csr_on_device(target_indptr, target_items, chunk_scores.device, num_items, "target")
             if mask_indptr is not None:
-                csr_on += [_as_index_tensor(mask_indptr, scores_device, "mask_indptr"),
-                           _as_index_tensor(mask_items, scores_device, "mask_items")]
-                _check_csr(csr_on[2], csr_on[3], csr_on[2].numel() - 1, chunk_scores.shape[1], "mask")
+                mask_csr = _csr_on_device(mask_indptr, mask_items, chunk_scores.device, num_items, "mask")
         rows = users.to(chunk_scores.device)
-        t_ptr, t_items = select_csr_rows(csr_on[0], csr_on[1], rows)
+        t_ptr, t_items = select_csr_rows(*target_csr, rows)
         m_ptr = m_items = None
-        if mask_indptr is not None:
-            m_ptr, m_items = select_csr_rows(csr_on[2], csr_on[3], rows)
+        if mask_csr is not None:
+            m_ptr, m_items = select_csr_rows(*mask_csr, rows)
         chunks.append(
             _full_ranking_chunk(chunk_scores, t_ptr, t_items, m_ptr, m_items, ks, metrics, recall_denominator, tie_rule)
         )

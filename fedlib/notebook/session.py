@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -11,25 +10,16 @@ from typing import Optional
 
 from fedlib.notebook.profiles import Settings, load_settings
 from fedlib.notebook.records import FINISHED_KEY, record, set_current_notebook
-from fedlib.paths import project_root
 
 _started: dict[str, float] = {}
 _active: dict[str, str] = {}
 
 
 def git_revision() -> str:
-    """Short commit of the checkout, with ``+dirty`` when it has uncommitted changes."""
-    root = project_root()
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True, timeout=10
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
+    """Short commit of the checkout, ``+dirty`` when tracked code has uncommitted changes."""
+    from fedlib.reporting.results import current_commit
+
+    return current_commit()
 
 
 def start(notebook: str) -> None:

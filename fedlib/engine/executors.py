@@ -1,0 +1,415 @@
+"""Executors: run the local updates of one round's clients and collect their uploads.
+
+Both executors take the same inputs and give the same result (to floating-point
+rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
+
+* :class:`SequentialExecutor` simulates one client at a time in plain PyTorch: download a
+  copy of the public tensors, run autograd + explicit SGD on each planned batch, upload the
+  difference. It is the readable reference.
+* :class:`BatchedExecutor` simulates all clients of a chunk together. Each client still
+  takes its own sequential steps on its own copy of the downloaded state:
+
+  - private tensors are stacked ``(C, ...)``; public dense tensors are copied per client;
+  - the item rows a client touches (its positives and negatives) are gathered into a local
+    table of ``(client, item)`` rows (stored ragged, ``(R, d)``, rather than padded
+    ``(C, R_max, d)``: same per-client copies without the padding);
+  - in local step ``s`` every client that has an ``s``-th batch steps at once. The loss
+    ``Σ_c L_c`` is differentiated once: clients share no parameter inside a step, so every
+    client receives exactly the gradient of its own mean loss ``L_c``;
+  - at the end, each client's row deltas are scatter-added (``index_add_``) into the
+    weighted upload sum ``Σ_c w_c Δ_c``; memory is bounded by processing ``chunk_size``
+    clients at a time.
+
+  Two shortcuts, both exact:
+
+  - **one-batch clients** (all their data in one batch, one epoch) need no local copies:
+    the gradient is taken at the downloaded rows and scattered directly;
+  - **FedMF** (plain BCE, one step group, no clipping) has an analytic kernel. A FedMF
+    client's local item rows differ from the download only by multiples of its own past user
+    vectors (``q_ci = Q_i − lr_Q Σ_{s'<s} G_{s'}[c, i] p_c^{(s')}``, with ``G_s[c, i]`` the summed
+    per-example loss gradients of step ``s``). So all logits of a step are one ``(C, I)``
+    matrix product plus rank-one corrections, and every gradient is a product with a
+    ``(C, I)`` matrix of per-example coefficients: no ``(examples × d)`` gather or scatter at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional
+
+import numpy as np
+import torch
+
+from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.plan import RoundPlan
+from fedlib.models.mf import FedMF
+
+__all__ = ["LocalUpdateResult", "SequentialExecutor", "BatchedExecutor", "make_executor"]
+
+_CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (total_norm + 1e-6)
+
+
+@dataclass
+class LocalUpdateResult:
+    """What the server receives from one round of local updates.
+
+    Attributes:
+        update: ``name -> Σ_c w_c Δ_c`` for every public tensor (global shapes).
+        client_losses: ``(C,)`` each client's local loss, averaged over its steps (before
+            each step), in the order of ``plan.clients``.
+    """
+
+    update: Dict[str, torch.Tensor]
+    client_losses: torch.Tensor
+
+
+def _state_like(global_state, private_state):
+    ref = next(iter({**global_state, **private_state}.values()))
+    return ref.device, ref.dtype
+
+
+def _zero_update(method: FederatedMethod, global_state) -> Dict[str, torch.Tensor]:
+    return {name: torch.zeros_like(global_state[name]) for name in method.model.public_names}
+
+
+# ======================================================================================
+class SequentialExecutor:
+    """One client at a time: download, local SGD with autograd, upload. The reference.
+
+    Private state is updated in place; ``global_state`` is only read.
+    """
+
+    name = "sequential"
+
+    @torch.enable_grad()
+    def local_updates(self, method: FederatedMethod, global_state, private_state, plan: RoundPlan,
+                      weights: np.ndarray) -> LocalUpdateResult:
+        model = method.model
+        device, dtype = _state_like(global_state, private_state)
+        update = _zero_update(method, global_state)
+        losses = torch.zeros(plan.num_clients, dtype=dtype, device=device)
+        for c, user in enumerate(plan.clients.tolist()):
+            # 1. Download the public state and load the client's private state (its own copies).
+            params = {}
+            for name, kind in model.param_kinds.items():
+                if kind == "public_rows":
+                    params[name] = global_state[name].clone()  # (I, d)
+                elif kind == "public_dense":
+                    params[name] = global_state[name].unsqueeze(0).clone()  # (1, ...)
+                elif kind == "private_dense":
+                    params[name] = private_state[name][user].unsqueeze(0).clone()  # (1, ...)
+                else:  # private_rows
+                    params[name] = private_state[name][user].clone()  # (I, d)
+
+            # 2. Local SGD, batch by batch in the planned order.
+            examples = plan.client_examples(c)
+            items = torch.as_tensor(plan.items[examples], device=device)
+            labels = torch.as_tensor(plan.labels[examples], device=device, dtype=dtype)
+            steps = torch.as_tensor(plan.steps[examples], device=device)
+            num_steps = int(plan.num_steps[c])
+            for step in range(num_steps):
+                in_batch = steps == step
+                batch_items = items[in_batch].unsqueeze(0)  # (1, B)
+                batch = LocalBatch(clients=torch.tensor([user], device=device), rows=batch_items, items=batch_items,
+                                   labels=labels[in_batch].unsqueeze(0), mask=torch.ones_like(labels[in_batch]).unsqueeze(0))
+                for group_index, group in enumerate(method.steps):
+                    trainable = [params[name].requires_grad_(True) for name in group]
+                    loss = method.client_loss(model, params, batch).sum()
+                    loss.backward()
+                    if group_index == 0:
+                        losses[c] += loss.detach() / num_steps
+                    if method.grad_clip_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(trainable, method.grad_clip_norm)
+                    with torch.no_grad():
+                        for name, tensor in zip(group, trainable):
+                            tensor -= method.lr(name, plan.round_index) * tensor.grad
+                    for tensor in trainable:
+                        tensor.grad = None
+                        tensor.requires_grad_(False)
+
+            # 3. Upload the change of every public tensor; keep the private ones on the device.
+            for name, kind in model.param_kinds.items():
+                if kind == "public_rows":
+                    update[name] += float(weights[c]) * (params[name] - global_state[name])
+                elif kind == "public_dense":
+                    update[name] += float(weights[c]) * (params[name][0] - global_state[name])
+                elif kind == "private_dense":
+                    private_state[name][user] = params[name][0]
+                else:
+                    private_state[name][user] = params[name]
+        return LocalUpdateResult(update, losses)
+
+
+# ======================================================================================
+class BatchedExecutor:
+    """Many clients at once with tensor operations (see the module docstring).
+
+    Args:
+        chunk_size: clients simulated together (bounds memory: local row tables, padded
+            batches and, for FedMF, ``(chunk, num_items)`` coefficient matrices).
+        analytic_fedmf: use the analytic FedMF kernel when it applies (``"auto"``: when its
+            ``(C, I)`` matrices are not much larger than the examples themselves), ``True``
+            whenever it applies, ``False`` never.
+        one_batch_fast_path: skip local copies for clients with a single local step.
+    """
+
+    name = "batched"
+
+    def __init__(self, chunk_size: int = 1024, analytic_fedmf="auto", one_batch_fast_path: bool = True,
+                 dense_budget: int = 1 << 25):
+        if chunk_size < 1:
+            raise ValueError("chunk_size must be >= 1")
+        self.chunk_size = int(chunk_size)
+        self.analytic_fedmf = analytic_fedmf
+        self.one_batch_fast_path = bool(one_batch_fast_path)
+        self.dense_budget = int(dense_budget)  # max floats in the FedMF kernel's (C, I) matrices
+
+    @torch.enable_grad()
+    def local_updates(self, method: FederatedMethod, global_state, private_state, plan: RoundPlan,
+                      weights: np.ndarray) -> LocalUpdateResult:
+        device, dtype = _state_like(global_state, private_state)
+        update = _zero_update(method, global_state)
+        losses = torch.zeros(plan.num_clients, dtype=dtype, device=device)
+        weights = np.asarray(weights, dtype=np.float64)
+        use_kernel = self._use_fedmf_kernel(method, plan)
+        chunk = self.chunk_size
+        if use_kernel:
+            # Keep the kernel's (C, I) matrices (one per local step) inside the budget.
+            per_client = method.model.num_items * (int(plan.num_steps.max(initial=1)) + 3)
+            chunk = max(1, min(chunk, self.dense_budget // max(per_client, 1)))
+        for start in range(0, plan.num_clients, chunk):
+            positions = np.arange(start, min(start + chunk, plan.num_clients))
+            if use_kernel:
+                self._fedmf_chunk(method, global_state, private_state, plan, positions, weights, update, losses)
+                continue
+            one_step = plan.num_steps[positions] == 1
+            groups = [positions]
+            if self.one_batch_fast_path and self._fast_path_allowed(method):
+                groups = [positions[one_step], positions[~one_step]]
+            for group_positions, direct in zip(groups, (True, False) if len(groups) == 2 else (False,)):
+                if group_positions.size:
+                    self._generic_chunk(method, global_state, private_state, plan, group_positions, weights,
+                                        update, losses, direct_rows=direct)
+        return LocalUpdateResult(update, losses)
+
+    # -- generic autograd path ------------------------------------------------------------
+    @staticmethod
+    def _fast_path_allowed(method: FederatedMethod) -> bool:
+        # Per-client clipping needs per-(client, row) gradients; a row stepped twice per batch
+        # needs a local copy. Otherwise one-batch clients can work on the download directly.
+        row_names = method.model.row_names
+        stepped = [name for group in method.steps for name in group if name in row_names]
+        return method.grad_clip_norm is None and len(stepped) == len(set(stepped))
+
+    def _generic_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses,
+                       direct_rows: bool):
+        model = method.model
+        device, dtype = _state_like(global_state, private_state)
+        # Clients by decreasing number of steps: the clients still stepping at step s are a prefix.
+        order = positions[np.argsort(-plan.num_steps[positions], kind="stable")]
+        sub = plan.subset(order)
+        num_clients = sub.num_clients
+        users = torch.as_tensor(sub.clients, device=device)
+        w = torch.as_tensor(weights[order], dtype=dtype, device=device)  # (C,)
+        counts = torch.as_tensor(np.diff(sub.example_indptr), device=device)
+        ex_client = torch.repeat_interleave(torch.arange(num_clients, device=device), counts)  # (E,)
+        ex_item = torch.as_tensor(sub.items, device=device)
+        ex_label = torch.as_tensor(sub.labels, device=device, dtype=dtype)
+        ex_step = torch.as_tensor(sub.steps, device=device)
+        num_items = model.num_items
+
+        # Row slots: one per (client, item) pair touched (a local copy), or, on the fast path,
+        # one per example (gradient at the download, no copy kept between steps).
+        if direct_rows:
+            slot_client, slot_item = ex_client, ex_item
+            ex_slot = torch.arange(ex_item.numel(), device=device)
+        else:
+            keys, ex_slot = torch.unique(ex_client * num_items + ex_item, sorted=True, return_inverse=True)
+            slot_client, slot_item = keys // num_items, keys % num_items
+        slot_user = users[slot_client]
+
+        params, downloaded = {}, {}
+        for name, kind in model.param_kinds.items():
+            if kind == "public_rows":
+                downloaded[name] = global_state[name][slot_item]  # (R, d)
+            elif kind == "private_rows":
+                table = private_state[name]
+                downloaded[name] = table.view(-1, *table.shape[2:])[slot_user * num_items + slot_item]
+            elif kind == "public_dense":
+                downloaded[name] = global_state[name].unsqueeze(0).expand(num_clients, *global_state[name].shape)
+            else:
+                downloaded[name] = private_state[name][users]  # (C, ...)
+            params[name] = downloaded[name].clone()
+
+        # Examples grouped by step, then client, padded to (C_s, B_s).
+        by_step = torch.argsort(ex_step * num_clients + ex_client, stable=True)
+        step_of_sorted = ex_step[by_step]
+        num_steps = int(sub.num_steps.max(initial=0))
+        step_bounds = torch.searchsorted(step_of_sorted, torch.arange(num_steps + 1, device=device)).tolist()
+        steps_per_client = torch.as_tensor(sub.num_steps, device=device)
+        row_names = model.row_names
+        for step in range(num_steps):
+            idx = by_step[step_bounds[step]:step_bounds[step + 1]]
+            active = int((steps_per_client > step).sum())
+            # Only the row slots this step reads are gathered and differentiated.
+            if direct_rows:
+                step_slots = ex_slot[idx]
+                local_rows = torch.arange(idx.numel(), device=device)
+            else:
+                step_slots, local_rows = torch.unique(ex_slot[idx], return_inverse=True)
+            batch = _padded_batch(ex_client[idx], local_rows, ex_item[idx], ex_label[idx], active, users, dtype)
+            for group_index, group in enumerate(method.steps):
+                live = {}
+                for name in model.param_kinds:
+                    tensor = params[name][step_slots] if name in row_names else params[name][:active]
+                    live[name] = tensor.detach().requires_grad_(name in group)
+                client_loss = method.client_loss(model, live, batch)  # (C_s,)
+                grads = torch.autograd.grad(client_loss.sum(), [live[name] for name in group])
+                if group_index == 0:
+                    losses[torch.as_tensor(order[:active], device=device)] += client_loss.detach() / steps_per_client[:active]
+                if method.grad_clip_norm is not None:
+                    grads = _clip_per_client(group, grads, row_names, slot_client[step_slots], active, method.grad_clip_norm)
+                with torch.no_grad():
+                    for name, grad in zip(group, grads):
+                        step_size = method.lr(name, plan.round_index)
+                        if name in row_names:
+                            params[name].index_add_(0, step_slots, grad, alpha=-step_size)
+                        else:
+                            params[name][:active] -= step_size * grad
+
+        # Upload: weighted deltas scatter-added into the global sum; private state written back.
+        with torch.no_grad():
+            for name, kind in model.param_kinds.items():
+                delta = params[name] - downloaded[name]
+                if kind == "public_rows":
+                    update[name].index_add_(0, slot_item, delta * w[slot_client].unsqueeze(-1))
+                elif kind == "public_dense":
+                    update[name] += torch.tensordot(w, delta, dims=1)
+                elif kind == "private_rows":
+                    table = private_state[name]
+                    table.view(-1, *table.shape[2:]).index_add_(0, slot_user * num_items + slot_item, delta)
+                else:
+                    private_state[name][users] = params[name]
+
+    # -- analytic FedMF kernel --------------------------------------------------------------
+    def _use_fedmf_kernel(self, method: FederatedMethod, plan: RoundPlan) -> bool:
+        if self.analytic_fedmf is False or type(method.model) is not FedMF or not method.is_plain:
+            return False
+        if self.analytic_fedmf is True:
+            return True
+        # "auto": (C, I) matrices per step versus the examples they replace.
+        client_steps = float(plan.num_steps.sum())
+        return client_steps * method.model.num_items <= 8.0 * max(plan.items.size, 1)
+
+    def _fedmf_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses):
+        model = method.model
+        device, dtype = _state_like(global_state, private_state)
+        order = positions[np.argsort(-plan.num_steps[positions], kind="stable")]
+        sub = plan.subset(order)
+        num_clients, num_items = sub.num_clients, model.num_items
+        lr_user, lr_item = method.lr("user_emb", plan.round_index), method.lr("item_emb", plan.round_index)
+        users = torch.as_tensor(sub.clients, device=device)
+        w = torch.as_tensor(weights[order], dtype=dtype, device=device)
+        items_table = global_state["item_emb"]  # Q (I, d), read only
+        user_vectors = private_state["user_emb"][users]  # p_c (C, d), this chunk's copies
+
+        counts = np.diff(sub.example_indptr)
+        ex_client_np = np.repeat(np.arange(num_clients, dtype=np.int64), counts)
+        num_steps = int(sub.num_steps.max(initial=0))
+        # Examples grouped by step (counting sort), keeping client order inside a step.
+        by_step = np.argsort(sub.steps, kind="stable")
+        step_bounds = np.searchsorted(sub.steps[by_step], np.arange(num_steps + 1))
+        flat_all = torch.as_tensor((ex_client_np * num_items + sub.items)[by_step], device=device)
+        label_all = torch.as_tensor(sub.labels[by_step], device=device, dtype=dtype)
+        client_all = torch.as_tensor(ex_client_np[by_step], device=device)
+        # 1 / (size of the example's batch): the mean over the client's batch.
+        batch_id = ex_client_np * num_steps + sub.steps
+        batch_size = np.bincount(batch_id, minlength=num_clients * num_steps)
+        inv_size_all = torch.as_tensor((1.0 / batch_size[batch_id])[by_step], device=device, dtype=dtype)
+        steps_per_client = torch.as_tensor(sub.num_steps, device=device, dtype=dtype)
+
+        past_vectors, past_coeffs = [], []  # p^{(s)} and A_s = -lr_Q G_s, for the active prefix
+        loss_sum = torch.zeros(num_clients, dtype=dtype, device=device)
+        upload = torch.zeros_like(items_table)
+        for step in range(num_steps):
+            lo, hi = int(step_bounds[step]), int(step_bounds[step + 1])
+            active = int((sub.num_steps > step).sum())
+            p = user_vectors[:active]  # (C_s, d)
+            # Logits of every (client, item) at the client's current local state.
+            logits_all = p @ items_table.T  # (C_s, I)
+            for p_old, coeff in zip(past_vectors, past_coeffs):
+                logits_all += coeff[:active] * (p * p_old[:active]).sum(1, keepdim=True)
+            flat = flat_all[lo:hi]
+            z = logits_all.view(-1)[flat]  # (E_s,)
+            y = label_all[lo:hi]
+            inv_size = inv_size_all[lo:hi]
+            # dL_c/dz_e for the mean BCE of the client's batch; summed per (client, item).
+            g = (torch.sigmoid(z) - y) * inv_size
+            coeff_matrix = torch.zeros(active * num_items, dtype=dtype, device=device).index_add_(0, flat, g)
+            coeff_matrix = coeff_matrix.view(active, num_items)  # G_s (C_s, I)
+            bce = torch.nn.functional.softplus(z) - y * z
+            loss_sum[:active] += torch.zeros(active, dtype=dtype, device=device).index_add_(0, client_all[lo:hi], bce * inv_size)
+            # Gradient of p_c: Σ_i G_s[c, i] q_ci with q_ci = Q_i + Σ_{s'} A_{s'}[c, i] p^{(s')}_c.
+            grad_p = coeff_matrix @ items_table  # (C_s, d)
+            for p_old, coeff in zip(past_vectors, past_coeffs):
+                grad_p += (coeff_matrix * coeff[:active]).sum(1, keepdim=True) * p_old[:active]
+            # This step's item-row change of client c is A_s[c, i] p_c (rank one per client).
+            past_vectors.append(p.clone())
+            past_coeffs.append(coeff_matrix.mul_(-lr_item))
+            upload += (past_coeffs[-1] * w[:active, None]).T @ p  # Σ_c w_c A_s[c]ᵀ p_c (I, d)
+            user_vectors[:active] = p - lr_user * grad_p
+
+        update["item_emb"] += upload
+        private_state["user_emb"][users] = user_vectors
+        losses[torch.as_tensor(order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
+
+
+def _padded_batch(client, slot, item, label, active, users, dtype) -> LocalBatch:
+    """Pad one step's examples (sorted by client) into ``(C_s, B_s)`` tensors."""
+    device = client.device
+    counts = torch.bincount(client, minlength=active)  # (C_s,)
+    width = int(counts.max()) if counts.numel() else 0
+    starts = torch.cumsum(counts, 0) - counts
+    column = torch.arange(client.numel(), device=device) - starts[client]
+    rows = torch.zeros(active, width, dtype=torch.int64, device=device)
+    items = torch.zeros(active, width, dtype=torch.int64, device=device)
+    labels = torch.zeros(active, width, dtype=dtype, device=device)
+    mask = torch.zeros(active, width, dtype=dtype, device=device)
+    rows[client, column] = slot
+    items[client, column] = item
+    labels[client, column] = label
+    mask[client, column] = 1.0
+    return LocalBatch(clients=users[:active], rows=rows, items=items, labels=labels, mask=mask)
+
+
+def _clip_per_client(group, grads, row_names, slot_client, active, max_norm):
+    """``clip_grad_norm_`` applied to each client's own gradient (over the group's tensors)."""
+    squared = None
+    for name, grad in zip(group, grads):
+        if name in row_names:
+            per_slot = grad.pow(2).flatten(1).sum(1)
+            part = torch.zeros(active, dtype=grad.dtype, device=grad.device)
+            in_range = slot_client < active
+            part.index_add_(0, slot_client[in_range], per_slot[in_range])
+        else:
+            part = grad.pow(2).flatten(1).sum(1) if grad.dim() > 1 else grad.pow(2)
+        squared = part if squared is None else squared + part
+    scale = (max_norm / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C_s,)
+    clipped = []
+    for name, grad in zip(group, grads):
+        if name in row_names:
+            factor = torch.ones_like(slot_client, dtype=grad.dtype)
+            in_range = slot_client < active
+            factor[in_range] = scale[slot_client[in_range]]
+            clipped.append(grad * factor.view(-1, *([1] * (grad.dim() - 1))))
+        else:
+            clipped.append(grad * scale.view(-1, *([1] * (grad.dim() - 1))))
+    return clipped
+
+
+def make_executor(name: str, **kwargs):
+    """``"sequential"`` or ``"batched"``."""
+    if name == "sequential":
+        return SequentialExecutor()
+    if name == "batched":
+        return BatchedExecutor(**kwargs)
+    raise ValueError(f"unknown executor {name!r}; expected 'sequential' or 'batched'")

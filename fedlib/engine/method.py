@@ -1,0 +1,168 @@
+"""A federated method as a small bundle of named parts (FedJAX style).
+
+A :class:`FederatedMethod` answers four questions and nothing else:
+
+* **what a client keeps private, what it uploads**: the roles of the backbone's
+  parameters (``model.param_kinds``: ``private_*`` stay, ``public_*`` are downloaded and
+  their changes uploaded);
+* **its local loss**: ``client_loss(model, params, batch) -> (C,)`` one mean loss per
+  client (default: BCE with logits, mean over the client's batch);
+* **how it steps**: per-parameter learning rates, the parameter groups stepped in turn per
+  batch (``update_steps``; PFedRec steps its head, then its item rows), optional per-client
+  gradient clipping;
+* **what the server does**: the aggregation weighting, plus optional hooks to mix the new
+  global state with earlier global state (``server_mix``) and to touch private state before
+  a round (``before_round``; FedRKG's guidance).
+
+Example (FedMF with F3CRec's learning rates)::
+
+    model = FedMF(num_users, num_items, dim=32)
+    method = FederatedMethod(
+        model=model,
+        learning_rates={"user_emb": 1.0, "item_emb": 1.0 * num_items},
+        aggregation=Aggregation("uniform"),
+    )
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from fedlib.engine.aggregation import Aggregation, ServerMixFn
+from fedlib.models.base import FederatedModel
+from fedlib.models.mf import FedMF
+from fedlib.models.ncf import FedNCF
+from fedlib.models.personal import PersonalItemTableModel
+from fedlib.models.pfedrec import PFedRec
+
+__all__ = [
+    "LocalBatch", "ClientLossFn", "bce_client_loss", "FederatedMethod",
+    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
+]
+
+
+@dataclass
+class LocalBatch:
+    """One local mini-batch of each of ``C`` clients, padded to a common length ``B``.
+
+    Attributes:
+        clients: ``(C,) int64`` user ids.
+        rows: ``(C, B) int64`` index into the row tables given to ``model.logits``.
+        items: ``(C, B) int64`` global item ids (for losses that need them).
+        labels: ``(C, B)`` 1 / 0 targets (model dtype).
+        mask: ``(C, B)`` 1 for real examples, 0 for padding.
+    """
+
+    clients: torch.Tensor
+    rows: torch.Tensor
+    items: torch.Tensor
+    labels: torch.Tensor
+    mask: torch.Tensor
+
+
+ClientLossFn = Callable[[FederatedModel, Mapping[str, torch.Tensor], LocalBatch], torch.Tensor]
+"""``(model, params, batch) -> (C,)`` each client's loss on its own batch. The executors
+sum it over clients and differentiate once: clients share no parameter inside a step, so
+each client receives exactly the gradient of its own loss."""
+
+
+def bce_client_loss(model: FederatedModel, params: Mapping[str, torch.Tensor], batch: LocalBatch) -> torch.Tensor:
+    """BCE with logits, mean over each client's real examples: ``(C,)``."""
+    logits = model.logits(params, batch.rows)  # (C, B)
+    losses = F.binary_cross_entropy_with_logits(logits, batch.labels, reduction="none")  # (C, B)
+    return (losses * batch.mask).sum(1) / batch.mask.sum(1)
+
+
+@dataclass(frozen=True)
+class FederatedMethod:
+    """See the module docstring.
+
+    Attributes:
+        model: the backbone (roles and logits of its parameters).
+        learning_rates: SGD step size per parameter name (every trainable parameter).
+        lr_decay: every learning rate is multiplied by this after each round, i.e. round ``t``
+            (0-based) uses ``lr × lr_decay**t`` (FedRKG: 0.99 on Amazon-Video, 1.0 elsewhere).
+        update_steps: parameter groups stepped one after another on each batch, the loss
+            being recomputed before each; ``None`` = one step on every parameter.
+        grad_clip_norm: clip each client's gradient (over the parameters of the step) to
+            this L2 norm, as ``torch.nn.utils.clip_grad_norm_`` (FedRKG: 1.0).
+        aggregation: FedAvg weighting.
+        client_loss: local loss (default :func:`bce_client_loss`).
+        server_mix: optional ``(previous_global, aggregated, round) -> global`` hook.
+        before_round: optional ``(state, round_index) -> None`` hook run before the plan
+            (may change ``state.private_state`` / ``state.global_state`` in place).
+        name: label for logs and checkpoints.
+    """
+
+    model: FederatedModel
+    learning_rates: Mapping[str, float]
+    lr_decay: float = 1.0
+    update_steps: Optional[Tuple[Tuple[str, ...], ...]] = None
+    grad_clip_norm: Optional[float] = None
+    aggregation: Aggregation = field(default_factory=Aggregation)
+    client_loss: ClientLossFn = bce_client_loss
+    server_mix: Optional[ServerMixFn] = None
+    before_round: Optional[Callable] = None
+    name: str = ""
+
+    def __post_init__(self):
+        names = set(self.model.param_kinds)
+        missing = names - set(self.learning_rates)
+        if missing:
+            raise ValueError(f"learning_rates misses {sorted(missing)} (use 0.0 to freeze a parameter)")
+        for group in self.steps:
+            unknown = set(group) - names
+            if unknown:
+                raise ValueError(f"update_steps names unknown parameters {sorted(unknown)}")
+
+    def lr(self, name: str, round_index: int) -> float:
+        """Learning rate of parameter ``name`` in round ``round_index``."""
+        return float(self.learning_rates[name]) * float(self.lr_decay) ** int(round_index)
+
+    @property
+    def steps(self) -> Tuple[Tuple[str, ...], ...]:
+        """The parameter groups stepped in turn on each batch."""
+        if self.update_steps is None:
+            return (tuple(self.model.param_kinds),)
+        return tuple(tuple(g) for g in self.update_steps)
+
+    @property
+    def is_plain(self) -> bool:
+        """Default loss, one step on all parameters, no clipping (enables analytic kernels)."""
+        return self.client_loss is bce_client_loss and self.update_steps is None and self.grad_clip_norm is None
+
+
+# -- factories with the learning-rate schemes of the papers' public code ------------------------
+def fedmf_method(model: FedMF, lr: float = 1.0, **kwargs) -> FederatedMethod:
+    """FedMF with F3CRec's scheme: user lr = ``lr``, item lr = ``lr × num_items``; uniform mean."""
+    return FederatedMethod(model, {"user_emb": lr, "item_emb": lr * model.num_items}, name="FedMF", **kwargs)
+
+
+def fedncf_method(model: FedNCF, lr: float = 0.05, lr_eta: float = 170.0, **kwargs) -> FederatedMethod:
+    """FedNCF with F3CRec's scheme: head (and tower) ``lr``, user ``lr × lr_eta``, items ``lr × I × lr_eta``."""
+    rates = {}
+    for name, kind in model.param_kinds.items():
+        if name.startswith("user_emb"):
+            rates[name] = lr * lr_eta
+        elif kind == "public_rows":
+            rates[name] = lr * model.num_items * lr_eta
+        else:
+            rates[name] = lr
+    return FederatedMethod(model, rates, name="FedNCF", **kwargs)
+
+
+def pfedrec_method(model: PFedRec, lr: float = 0.1, lr_eta: float = 80.0, **kwargs) -> FederatedMethod:
+    """PFedRec: head ``lr``, items ``lr × I × lr_eta``; two steps per batch (head, then items)."""
+    rates = {"head_w": lr, "head_b": lr, "item_emb": lr * model.num_items * lr_eta}
+    return FederatedMethod(model, rates, update_steps=model.update_steps, name="PFedRec", **kwargs)
+
+
+def personal_table_method(model: PersonalItemTableModel, lr: float = 0.1, lr_eta: float = 80.0,
+                          grad_clip_norm: Optional[float] = 1.0, **kwargs) -> FederatedMethod:
+    """FedRKG's local recipe: head ``lr``, item tables ``lr × I × lr_eta``, clip to norm 1."""
+    rates = {name: (lr * model.num_items * lr_eta if kind.endswith("rows") else lr)
+             for name, kind in model.param_kinds.items()}
+    return FederatedMethod(model, rates, grad_clip_norm=grad_clip_norm, name="PersonalTable", **kwargs)

@@ -1,0 +1,106 @@
+"""LightGCN: linear propagation on the normalised user-item graph.
+
+Reference:
+    He, Deng, Wang, Li, Zhang, Wang. "LightGCN: Simplifying and Powering Graph Convolution
+    Network for Recommendation." SIGIR 2020. arXiv:2002.02126.
+
+``E^{(k+1)} = Â E^{(k)}`` with ``Â = D^{-1/2} A D^{-1/2}`` on the ``(U + I) × (U + I)``
+bipartite adjacency ``A``; final embeddings ``E = Σ_k α_k E^{(k)}`` with ``α_k = 1/(K+1)``
+(the mean of the layer outputs, including layer 0); logit ``e_u · e_i``. Trained with BPR
+(the paper) or BCE with sampled negatives. Init ``N(0, 0.1²)`` as the authors' code.
+
+Used centralised, and as a server-side or per-domain model (FedPCL-CDR sums the layers
+instead of averaging them: ``combine="sum"``).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedlib.data.splits import Pairs
+from fedlib.models.base import normal_
+
+__all__ = ["LightGCN", "normalized_adjacency", "lightgcn_propagate"]
+
+
+def normalized_adjacency(pairs: Pairs, num_users: int, num_items: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """Sparse ``(U + I, U + I)`` matrix ``D^{-1/2} A D^{-1/2}`` (users first, then items).
+
+    Duplicate (user, item) pairs count once; isolated nodes get degree 0 and zero rows.
+    """
+    keys = torch.unique(torch.as_tensor(pairs.users, dtype=torch.int64) * num_items + torch.as_tensor(pairs.items, dtype=torch.int64))
+    users, items = keys // num_items, keys % num_items
+    n = num_users + num_items
+    row = torch.cat([users, items + num_users])
+    col = torch.cat([items + num_users, users])
+    degree = torch.bincount(row, minlength=n).to(torch.float64)
+    inv_sqrt = torch.where(degree > 0, degree.rsqrt(), torch.zeros_like(degree))
+    values = (inv_sqrt[row] * inv_sqrt[col]).to(dtype)
+    return torch.sparse_coo_tensor(torch.stack([row, col]), values, (n, n), check_invariants=False).coalesce().to(device)
+
+
+def lightgcn_propagate(adjacency: torch.Tensor, user_emb: torch.Tensor, item_emb: torch.Tensor,
+                       num_layers: int = 3, combine: str = "mean"):
+    """Propagate ``[user_emb; item_emb]`` (``(U, d)``, ``(I, d)``) ``num_layers`` times.
+
+    Returns ``(users (U, d), items (I, d))``: the mean (``combine="mean"``, LightGCN) or the
+    sum (``"sum"``) of the layer outputs ``E^{(0)} .. E^{(K)}``.
+    """
+    if combine not in ("mean", "sum"):
+        raise ValueError("combine must be 'mean' or 'sum'")
+    layer = torch.cat([user_emb, item_emb], dim=0)  # (U + I, d)
+    total = layer
+    for _ in range(num_layers):
+        layer = torch.sparse.mm(adjacency, layer)  # (U + I, d)
+        total = total + layer
+    if combine == "mean":
+        total = total / (num_layers + 1)
+    return total[: user_emb.shape[0]], total[user_emb.shape[0]:]
+
+
+class LightGCN(nn.Module):
+    """Centralised LightGCN on the training graph ``train``.
+
+    Args:
+        train: training interactions (the graph).
+        num_users, num_items, dim, num_layers: sizes (paper: d = 64, K = 3).
+        init_std: embedding init std (0.1).
+        combine: ``"mean"`` (paper) or ``"sum"``.
+    """
+
+    def __init__(self, train: Pairs, num_users: int, num_items: int, dim: int = 64, num_layers: int = 3,
+                 init_std: float = 0.1, combine: str = "mean", generator=None):
+        super().__init__()
+        generator = generator if generator is not None else torch.Generator().manual_seed(0)
+        self.num_users, self.num_items, self.num_layers, self.combine = num_users, num_items, num_layers, combine
+        self.user_emb = nn.Parameter(normal_((num_users, dim), init_std, generator, torch.float32, "cpu"))
+        self.item_emb = nn.Parameter(normal_((num_items, dim), init_std, generator, torch.float32, "cpu"))
+        self.register_buffer("adjacency", normalized_adjacency(train, num_users, num_items), persistent=False)
+
+    def propagate(self):
+        """``(users (U, d), items (I, d))`` final embeddings."""
+        return lightgcn_propagate(self.adjacency, self.user_emb, self.item_emb, self.num_layers, self.combine)
+
+    def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """``(B,)`` logits for (user, item) pairs."""
+        all_users, all_items = self.propagate()
+        return (all_users[users] * all_items[items]).sum(-1)
+
+    def bpr_loss(self, users, positives, negatives, l2: float = 1e-4) -> torch.Tensor:
+        """Mean BPR loss ``-log σ(s_ui - s_uj)`` + ``l2 · ‖ego embeddings of the batch‖² / (2B)``."""
+        all_users, all_items = self.propagate()
+        u = all_users[users]  # (B, d)
+        diff = (u * all_items[positives]).sum(-1) - (u * all_items[negatives]).sum(-1)  # (B,)
+        reg = (self.user_emb[users].pow(2).sum() + self.item_emb[positives].pow(2).sum()
+               + self.item_emb[negatives].pow(2).sum()) / (2 * users.numel())
+        return -F.logsigmoid(diff).mean() + l2 * reg
+
+    def bce_loss(self, users, items, labels) -> torch.Tensor:
+        """Mean BCE with logits over (user, item, label) examples."""
+        return F.binary_cross_entropy_with_logits(self(users, items), labels)
+
+    @torch.no_grad()
+    def score_users(self, users: torch.Tensor) -> torch.Tensor:
+        all_users, all_items = self.propagate()
+        return all_users[users] @ all_items.T  # (n, I)

@@ -1,0 +1,157 @@
+"""A per-configuration result cache that makes long grids resumable.
+
+A paper-profile grid can take hours. :meth:`ResultCache.run_grid` saves each cell the
+moment it finishes, one JSON file per configuration named by its
+:func:`~fedlib.reporting.results.config_hash`, so a grid that is interrupted (killed,
+out of memory, laptop closed) resumes at the first unfinished cell and never loses a
+finished one. Several processes may work through disjoint parts of one grid: every file
+is written atomically.
+
+The cache holds results, not checkpoints; keep its folder outside git (``.cache/`` is
+ignored).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedlib.reporting._atomic import atomic_write_text
+from fedlib.reporting.results import canonical_json, config_hash, to_canonical
+
+OnNewResult = Callable[[Mapping[str, Any], Mapping[str, Any], float], None]
+
+
+class ResultCache:
+    """Results of finished configurations, one ``<config_hash>.json`` file each.
+
+    A configuration is any mapping (or dataclass) accepted by
+    :func:`~fedlib.reporting.results.config_hash`; a result is a mapping of names to JSON
+    values (numbers, strings, lists, ...). NaN results are stored as ``null``.
+    """
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+
+    def __repr__(self) -> str:
+        return f"ResultCache({str(self.directory)!r})"
+
+    def path_for(self, config: Mapping[str, Any]) -> Path:
+        """The file that holds (or will hold) the result of ``config``."""
+        return self.directory / f"{config_hash(config)}.json"
+
+    def contains(self, config: Mapping[str, Any]) -> bool:
+        """Whether ``config`` has a saved result."""
+        return self.path_for(config).exists()
+
+    __contains__ = contains
+
+    def get(self, config: Mapping[str, Any], default: Any = None) -> Any:
+        """The saved result of ``config``, or ``default`` when it has none.
+
+        The stored configuration is compared with ``config``: a file that belongs to a
+        different configuration (copied by hand, or a hash collision) is an error rather
+        than a wrong answer.
+        """
+        path = self.path_for(config)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return default
+        try:
+            entry = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"cache entry {path} is not valid JSON ({error}); delete it to recompute") from None
+        if json.dumps(entry.get("config"), sort_keys=True, separators=(",", ":"), ensure_ascii=False) != canonical_json(config):
+            raise ValueError(f"cache entry {path} holds a different configuration; delete it to recompute")
+        return entry["result"]
+
+    def put(self, config: Mapping[str, Any], result: Mapping[str, Any], *, wall_time_s: Optional[float] = None) -> Path:
+        """Save ``result`` for ``config`` (atomically: readers never see a partial file)."""
+        if not isinstance(result, Mapping):
+            raise TypeError(f"a cached result must be a mapping of names to values, not {type(result).__name__}")
+        entry = {
+            "config_hash": config_hash(config),
+            "config": to_canonical(config),
+            "result": to_canonical(result, _path="result", _non_finite="null"),
+            "wall_time_s": wall_time_s,
+            "saved_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        path = self.path_for(config)
+        atomic_write_text(path, json.dumps(entry, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False) + "\n")
+        return path
+
+    def run_grid(
+        self,
+        configs: Iterable[Mapping[str, Any]],
+        fn: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+        *,
+        progress: bool = True,
+        description: Optional[str] = None,
+        on_new_result: Optional[OnNewResult] = None,
+    ) -> pd.DataFrame:
+        """Run ``fn(config)`` for every configuration without a saved result; return all results.
+
+        Finished cells are skipped; each new result is saved as soon as ``fn`` returns, so
+        an exception (or a kill) in one cell loses only that cell, and calling
+        ``run_grid`` again runs just the missing ones. A configuration listed twice is run
+        once. ``on_new_result(config, result, wall_time_s)`` is called for each new result
+        *before* it is cached (use it to :func:`~fedlib.reporting.results.append_run`): a
+        cell that is in the cache then always has its run record.
+
+        Returns one row per configuration, in order: the configuration's entries (nested
+        mappings flattened to ``outer.inner``) followed by the result's. The rows are
+        built from the saved files, so a resumed grid returns exactly what an
+        uninterrupted one would.
+        """
+        configs = list(configs)
+        unique: dict[str, Mapping[str, Any]] = {}
+        for config in configs:
+            unique.setdefault(config_hash(config), config)
+        pending = {key: config for key, config in unique.items() if not self.contains(config)}
+
+        with tqdm(
+            total=len(unique),
+            initial=len(unique) - len(pending),
+            desc=description or f"grid ({len(unique) - len(pending)} cached)",
+            disable=not progress,
+            unit="cell",
+        ) as bar:
+            for config in pending.values():
+                started = time.perf_counter()
+                result = fn(config)
+                wall_time_s = time.perf_counter() - started
+                if not isinstance(result, Mapping):
+                    raise TypeError(f"the grid function returned a {type(result).__name__}; it must return a mapping")
+                if on_new_result is not None:
+                    on_new_result(config, result, wall_time_s)
+                self.put(config, result, wall_time_s=wall_time_s)
+                bar.update(1)
+
+        rows = []
+        for config in configs:
+            config_columns = _flatten(to_canonical(config))
+            result_columns = _flatten(self.get(config))
+            clash = sorted(set(config_columns) & set(result_columns))
+            if clash:
+                raise ValueError(f"result names {clash} repeat configuration names; rename them in the grid function")
+            rows.append({**config_columns, **result_columns})
+        return pd.DataFrame(rows)
+
+
+def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists and scalars are kept as they are."""
+    flat: dict[str, Any] = {}
+    for key, item in value.items():
+        name = f"{prefix}{key}"
+        if isinstance(item, Mapping):
+            flat.update(_flatten(item, prefix=f"{name}."))
+        else:
+            flat[name] = item
+    return flat

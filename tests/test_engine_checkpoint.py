@@ -1,0 +1,127 @@
+"""Checkpoints: atomic saves, and a run killed with SIGKILL resumes to the identical result."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from fedlib.engine import Checkpointer, FederatedConfig, TrainState
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np, torch
+    torch.set_num_threads(1)
+    from fedlib.data.splits import Pairs
+    from fedlib.engine import (Checkpointer, FederatedConfig, RankingEvaluator, fedncf_method, run_federated)
+    from fedlib.models import FedNCF
+
+    mode, directory, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    rng = np.random.default_rng(0)
+    num_users, num_items = 25, 50
+    tr, va, te = ([], []), ([], []), ([], [])
+    for u in range(num_users):
+        n = int(rng.integers(2, 20))
+        chosen = rng.choice(num_items, n + 2, replace=False)
+        tr[0].extend([u] * n); tr[1].extend(chosen[:n].tolist())
+        va[0].append(u); va[1].append(int(chosen[n])); te[0].append(u); te[1].append(int(chosen[n + 1]))
+    train, valid, test = (Pairs.from_arrays(a, b, num_users) for a, b in (tr, va, te))
+    method = fedncf_method(FedNCF(num_users, num_items, 8, variant="neumf", hidden=(8,)), lr=0.05, lr_eta=2.0)
+    config = FederatedConfig(rounds=12, seed=3, batch_size=16, clients_per_round=15, eval_every=2,
+                             selection_metric="NDCG@10")
+    checkpointer = None if mode == "full" else Checkpointer(directory, name="run", every=2)
+    slow = (lambda state, record: time.sleep(0.25)) if mode == "killable" else None
+    state = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)),
+                          checkpointer=checkpointer, on_round_end=slow)
+    torch.save({"global": state.global_state, "private": state.private_state, "history": state.history,
+                "best_round": state.best_round, "best_metrics": state.best_metrics,
+                "test_metrics": state.test_metrics}, out)
+    """
+)
+
+
+def _child(tmp_path, mode, directory):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    out = tmp_path / f"{mode}.pt"
+    return [sys.executable, str(script), mode, str(directory), str(out)], out
+
+
+def _round_in_checkpoint(path):
+    try:
+        return torch.load(path, weights_only=True)["state"]["round_index"]
+    except Exception:  # not there yet
+        return None
+
+
+def test_killed_run_resumes_bit_for_bit(tmp_path):
+    directory = tmp_path / "checkpoints"
+    cmd, full_out = _child(tmp_path, "full", directory)
+    subprocess.run(cmd, check=True, timeout=120)
+
+    cmd, _ = _child(tmp_path, "killable", directory)
+    proc = subprocess.Popen(cmd)
+    ckpt = directory / "run.pt"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        saved = _round_in_checkpoint(ckpt) if ckpt.exists() else None
+        if saved is not None and saved >= 4:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)  # let it run into the next rounds before the kill
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    killed_at = _round_in_checkpoint(ckpt)
+    assert killed_at is not None and 4 <= killed_at < 12
+
+    cmd, _ = _child(tmp_path, "resume", directory)
+    subprocess.run(cmd, check=True, timeout=120)
+    resumed = torch.load(tmp_path / "resume.pt", weights_only=True)
+    full = torch.load(full_out, weights_only=True)
+    for part in ("global", "private"):
+        for name in full[part]:
+            assert torch.equal(full[part][name], resumed[part][name]), (part, name)
+    assert full["history"] == resumed["history"]
+    assert full["best_round"] == resumed["best_round"]
+    assert full["best_metrics"] == resumed["best_metrics"]
+    assert full["test_metrics"] == resumed["test_metrics"]
+    assert not [p for p in directory.iterdir() if p.suffix == ".tmp"]
+
+
+def _state():
+    return TrainState(round_index=3, global_state={"q": torch.arange(6.0).view(3, 2)}, private_state={"p": torch.ones(2)},
+                      history=[{"round": 1, "train_loss": 0.5}])
+
+
+def test_save_is_atomic_and_load_checks_the_config(tmp_path, monkeypatch):
+    config = FederatedConfig(rounds=10, seed=1)
+    ck = Checkpointer(tmp_path, name="x", every=3)
+    assert ck.load(config) is None
+    assert ck.maybe_save(_state(), config)
+    loaded = ck.load(config)
+    assert loaded.round_index == 3 and torch.equal(loaded.global_state["q"], _state().global_state["q"])
+    assert loaded.history == [{"round": 1, "train_loss": 0.5}]
+    # Extending the number of rounds is allowed; changing anything else is not.
+    assert Checkpointer(tmp_path, name="x").load(FederatedConfig(rounds=20, seed=1)) is not None
+    with pytest.raises(ValueError, match="different configuration"):
+        ck.load(FederatedConfig(rounds=10, seed=2))
+
+    # A crash while writing leaves the previous checkpoint intact and no temporary file.
+    def boom(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(torch, "save", boom)
+    broken = _state()
+    broken.round_index = 6
+    with pytest.raises(RuntimeError):
+        ck.save(broken, config)
+    monkeypatch.undo()
+    assert ck.load(config).round_index == 3
+    assert sorted(os.listdir(tmp_path)) == ["x.pt"]
