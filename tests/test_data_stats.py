@@ -7,7 +7,6 @@ from contextlib import redirect_stderr, redirect_stdout
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from fedlib.data.stats import add_stats_command, main, stats_table
 

@@ -121,3 +121,15 @@ def test_wrong_dataset(shared_data):
         fedcsr.build("c2dsr-entertainment-education", root=shared_data)
     with pytest.raises(UnsupportedDatasetError):
         fedcsr.build("ml-100k", root=shared_data)
+
+
+def test_sequences_padding_and_subset(food_kitchen):
+    seqs = food_kitchen.test
+    padded = seqs.padded(maxlen=8, pad_id=food_kitchen.pad_id)
+    assert padded.shape == (len(seqs), 8)
+    for r in (0, 1, len(seqs) - 1):
+        tail = seqs.sequence(r)[-8:]
+        assert padded[r, 8 - tail.size:].tolist() == tail.tolist()
+        assert np.all(padded[r, :8 - tail.size] == food_kitchen.pad_id)
+    picked = seqs.subset([5, 2])
+    assert picked.sequence(0).tolist() == seqs.sequence(5).tolist() and picked.users.tolist() == seqs.users[[5, 2]].tolist()

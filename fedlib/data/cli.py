@@ -19,6 +19,7 @@ Extending (e.g. ``data stats``)
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import sys
 from dataclasses import dataclass
@@ -124,7 +125,17 @@ def _cheap_counts(spec: DatasetSpec, root) -> Tuple[Optional[int], Optional[int]
         return None, None, None, ""
     if sum(p.stat().st_size for p in paths) > _COUNTS_SIZE_LIMIT:
         return None, None, None, "large; not counted"
-    loaded = load_interactions(spec, root=root, allow_partial=True)
+    # "data list" only reports what is on disk: a loader that prefers a full file it could
+    # download (ml-1m) must not reach for the network from here.
+    previous = os.environ.get("FEDLIB_OFFLINE")
+    os.environ["FEDLIB_OFFLINE"] = "1"
+    try:
+        loaded = load_interactions(spec, root=root, allow_partial=True)
+    finally:
+        if previous is None:
+            os.environ.pop("FEDLIB_OFFLINE", None)
+        else:
+            os.environ["FEDLIB_OFFLINE"] = previous
     remark = f"variant {loaded.variant}" if loaded.variant else ""
     return len(loaded.frame), loaded.num_users, loaded.num_items, remark
 

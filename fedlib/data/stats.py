@@ -1,4 +1,4 @@
-"""``data stats``: a paper's dataset-statistics table, computed from the data, beside the paper's.
+"""A paper's dataset-statistics table computed from the data, beside the paper's own values.
 
 Usage::
 

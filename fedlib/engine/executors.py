@@ -285,8 +285,11 @@ class BatchedExecutor:
                 elif kind == "public_dense":
                     update[name] += torch.tensordot(w, delta, dims=1)
                 elif kind == "private_rows":
-                    table = private_state[name]
-                    table.view(-1, *table.shape[2:]).index_add_(0, slot_user * num_items + slot_item, delta)
+                    flat = private_state[name].view(-1, *private_state[name].shape[2:])
+                    if direct_rows:  # one slot per example: duplicates of a row must add up
+                        flat.index_add_(0, slot_user * num_items + slot_item, delta)
+                    else:  # one slot per (client, item): write the local copy back
+                        flat.index_copy_(0, slot_user * num_items + slot_item, params[name])
                 else:
                     private_state[name][users] = params[name]
 

@@ -5,8 +5,9 @@ Conventions used throughout:
 * a *frame* is the ``frame`` of a :class:`fedlib.data.loaders.LoadedInteractions`
   (columns ``user, item, rating, timestamp`` and optionally ``domain``/``split``, raw ids,
   rows in file order);
-* a *position* is the row number in file order; it breaks timestamp ties, so every
-  ordering below is deterministic;
+* a *position* is an interaction's index in the order a protocol works in (file order,
+  or the global chronological order for F3CRec); file order breaks timestamp ties, so
+  every ordering below is deterministic;
 * a *role* is ``TRAIN`` (0), ``VALID`` (1) or ``TEST`` (2), one per interaction.
 """
 from __future__ import annotations
@@ -17,7 +18,10 @@ from typing import Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from fedlib.data import loaders
+from fedlib.data.download import find_file, resolve_file
 from fedlib.data.errors import EmptyUserError, FedlibDataError
+from fedlib.data.registry import get_spec
 from fedlib.data.splits import InteractionSplit, Pairs
 
 TRAIN, VALID, TEST = 0, 1, 2
@@ -51,16 +55,12 @@ class Loaded:
 
 def load_interactions(dataset: str, *, variant=None, root=None, allow_partial=False) -> Loaded:
     """Thin wrapper over :func:`fedlib.data.loaders.load_interactions`."""
-    from fedlib.data import loaders
-
     got = loaders.load_interactions(dataset, variant=variant, root=root, allow_partial=allow_partial)
     return Loaded(got.dataset, got.variant, got.frame, got.status, tuple(got.notes))
 
 
 def load_sequences(dataset: str, *, root=None):
     """Thin wrapper over :func:`fedlib.data.loaders.load_sequences`."""
-    from fedlib.data import loaders
-
     return loaders.load_sequences(dataset, root=root)
 
 
@@ -72,39 +72,10 @@ def lastfm_tag_assignments(root=None) -> Loaded:
     """HetRec Last.fm: one row per tag assignment (user, artist, tag, time), in file order.
 
     FedRKG's LastFM-2K statistics count every tag assignment, and the F3CRec stream is
-    built from distinct (user, artist, tagging day) events; neither is one of the loader's
-    per-pair variants. A loader variant named ``tag_assignments`` is used when the registry
-    offers it; otherwise ``user_taggedartists(-timestamps).dat`` is read here with the
-    loaders' time convention (local midnight Europe/Madrid, unix seconds).
-
-    Frame columns: user, item, rating (1.0), timestamp, tag.
+    built from distinct (user, artist, tagging day) events; both read the loader's
+    ``tag_assignments`` variant (columns user, item, rating 1.0, timestamp, tag).
     """
-    from fedlib.data.registry import get_spec
-
-    if LASTFM_ASSIGNMENTS in get_spec(LASTFM).variant_names:
-        return load_interactions(LASTFM, variant=LASTFM_ASSIGNMENTS, root=root)
-    from fedlib.data.download import find_file, resolve_file
-    from fedlib.data.loaders import madrid_midnight_seconds
-
-    stamped = find_file(LASTFM, f"{LASTFM}/user_taggedartists-timestamps.dat", root)
-    if stamped is not None:
-        raw = pd.read_csv(resolve_file(LASTFM, f"{LASTFM}/user_taggedartists-timestamps.dat", root), sep="\t")
-        seconds = raw["timestamp"].to_numpy(dtype=np.int64) // 1000
-        note = "times from user_taggedartists-timestamps.dat (ms -> s)"
-    else:
-        raw = pd.read_csv(resolve_file(LASTFM, f"{LASTFM}/user_taggedartists.dat", root), sep="\t")
-        seconds = madrid_midnight_seconds(raw["year"], raw["month"], raw["day"])
-        note = ("DERIVED TIMESTAMPS: user_taggedartists-timestamps.dat is missing; times are the day/month/year "
-                "of user_taggedartists.dat at local midnight Europe/Madrid (one-day resolution, ties keep file order)")
-    frame = pd.DataFrame({
-        "user": raw["userID"].to_numpy(dtype=np.int64),
-        "item": raw["artistID"].to_numpy(dtype=np.int64),
-        "rating": np.ones(len(raw), dtype=np.float64),
-        "timestamp": np.asarray(seconds, dtype=np.int64),
-        "tag": raw["tagID"].to_numpy(dtype=np.int64),
-    })
-    return Loaded(LASTFM, LASTFM_ASSIGNMENTS, frame, "partial" if stamped is None else "complete",
-                  (f"one row per tag assignment ({len(frame):,} rows); rating 1.0; {note}",))
+    return load_interactions(LASTFM, variant=LASTFM_ASSIGNMENTS, root=root)
 
 
 # ---------------------------------------------------------------------------------------

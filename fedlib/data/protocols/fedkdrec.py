@@ -17,8 +17,6 @@ copy is accepted only with ``allow_partial=True``), Amazon Industrial (not avail
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 import pandas as pd
 

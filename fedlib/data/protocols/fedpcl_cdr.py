@@ -57,6 +57,8 @@ PAPER_DOMAIN_NAMES = {
     "book": "Book", "movie": "Movie", "music": "Music",
 }
 PAIRS = ("phone_sport", "phone_electronic", "sport_cloth", "electronic_cloth")
+DATASET_DEFAULT = "dataset default"
+"""``min_count`` value meaning "the filter :data:`DATASETS` lists for this dataset"."""
 
 
 def build(
@@ -66,7 +68,7 @@ def build(
     overlap_ratio: Optional[float] = None,
     num_negatives: int = 99,
     valid_holdout: bool = True,
-    min_count: Optional[int] = -1,
+    min_count="dataset default",
     seed: int = 0,
     root=None,
 ) -> DomainSplit:
@@ -77,8 +79,9 @@ def build(
         overlap_ratio: share of the overlapping users kept in every domain (``None``: all).
         num_negatives: 99 (paper) or 98 (reference code).
         valid_holdout: also hold out one random validation interaction per user.
-        min_count: single-pass item-then-user filter; ``-1`` = the dataset's default
-            (none for the processed Amazon pairs, 5 for Douban), ``None`` = no filter.
+        min_count: single-pass item-then-user filter threshold; the default uses the
+            dataset's entry in :data:`DATASETS` (none for the processed Amazon pairs, 5 for
+            Douban); ``None`` = no filter.
         seed: fixes overlap selection, the split and the candidate sets.
     """
     config = _config(dataset)
@@ -96,7 +99,7 @@ def build(
         frame = pd.concat([frame, other], ignore_index=True)
         domains = list(pd.unique(frame["domain"]))
     frames = {d: frame[frame["domain"] == d] for d in domains}
-    k = config["min_count"] if min_count == -1 else min_count
+    k = config["min_count"] if min_count == DATASET_DEFAULT else min_count
     notes = list(loaded.notes) + [
         f"SUBSTITUTE data ({config['label']}): not FedPCL-CDR's own preprocessing; no review text."
     ]
