@@ -14,7 +14,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import textwrap
 

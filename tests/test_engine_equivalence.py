@@ -14,7 +14,7 @@ import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
-from fedlib.engine import (Aggregation, BatchedExecutor, FederatedConfig, FederatedMethod, RankingEvaluator,
+from fedlib.engine import (Aggregation, BatchedExecutor, FederatedConfig, RankingEvaluator,
                            SequentialExecutor, fedmf_method, fedncf_method, init_train_state, make_round_plan,
                            pfedrec_method, personal_table_method, round_generator, run_federated)
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
@@ -105,7 +105,10 @@ def test_fedmf_kernel_generic_path_and_sampled_clients_agree():
     kernel = _run(method, BatchedExecutor(analytic_fedmf=True), split, clients_per_round=6)
     generic = _run(method, BatchedExecutor(analytic_fedmf=False), split, clients_per_round=6)
     no_fast_path = _run(method, BatchedExecutor(analytic_fedmf=False, one_batch_fast_path=False), split, clients_per_round=6)
-    for other in (kernel, generic, no_fast_path):
+    # A tiny memory budget forces the kernel to work in chunks of a couple of clients.
+    chunked_kernel = _run(method, BatchedExecutor(analytic_fedmf=True, dense_budget=2 * NUM_ITEMS * 10), split,
+                          clients_per_round=6)
+    for other in (kernel, generic, no_fast_path, chunked_kernel):
         _assert_same(seq, other)
 
 
@@ -125,7 +128,6 @@ def _pooled_round(method, state, plan, weights):
     This is what a pooled mini-batch across clients computes; it is only right when every
     client has a single batch.
     """
-    model = method.model
     items_table = state.global_state["item_emb"].clone()
     users = torch.as_tensor(plan.clients)
     p = state.private_state["user_emb"][users].clone()

@@ -4,7 +4,6 @@ from __future__ import annotations
 import random
 
 import numpy as np
-import pytest
 import torch
 
 from fedlib.data.sampling import NegativeSampler

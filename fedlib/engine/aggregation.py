@@ -27,7 +27,7 @@ FedPCL-CDR      no parameter averaging (prototypes); FedKDRec/PTF: prediction tr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping
 
 import numpy as np
 import torch

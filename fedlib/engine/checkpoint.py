@@ -17,7 +17,6 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import torch
 

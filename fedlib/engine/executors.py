@@ -34,7 +34,7 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional
+from typing import Dict
 
 import numpy as np
 import torch
@@ -306,36 +306,56 @@ class BatchedExecutor:
     def _fedmf_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses):
         model = method.model
         device, dtype = _state_like(global_state, private_state)
-        order = positions[np.argsort(-plan.num_steps[positions], kind="stable")]
-        sub = plan.subset(order)
-        num_clients, num_items = sub.num_clients, model.num_items
+        num_items = model.num_items
         lr_user, lr_item = method.lr("user_emb", plan.round_index), method.lr("item_emb", plan.round_index)
-        users = torch.as_tensor(sub.clients, device=device)
-        w = torch.as_tensor(weights[order], dtype=dtype, device=device)
+        # A chunk is a contiguous range of clients, so its examples are one contiguous slice.
+        first, last = int(positions[0]), int(positions[-1])
+        examples = slice(int(plan.example_indptr[first]), int(plan.example_indptr[last + 1]))
+        counts = np.diff(plan.example_indptr[first:last + 2])
+        num_steps_of = plan.num_steps[first:last + 1]
+        num_clients = num_steps_of.size
+        # Rank clients by decreasing number of steps: those still stepping at step s are a prefix.
+        order = np.argsort(-num_steps_of, kind="stable")  # rank -> position in the chunk
+        rank = np.empty_like(order)
+        rank[order] = np.arange(num_clients)
+        num_steps_ranked = num_steps_of[order]
+        users = torch.as_tensor(plan.clients[first:last + 1][order], device=device)
+        w = torch.as_tensor(weights[first:last + 1][order], dtype=dtype, device=device)
         items_table = global_state["item_emb"]  # Q (I, d), read only
         user_vectors = private_state["user_emb"][users]  # p_c (C, d), this chunk's copies
 
-        counts = np.diff(sub.example_indptr)
-        ex_client_np = np.repeat(np.arange(num_clients, dtype=np.int64), counts)
-        num_steps = int(sub.num_steps.max(initial=0))
-        # Examples grouped by step (counting sort), keeping client order inside a step.
-        by_step = np.argsort(sub.steps, kind="stable")
-        step_bounds = np.searchsorted(sub.steps[by_step], np.arange(num_steps + 1))
-        flat_all = torch.as_tensor((ex_client_np * num_items + sub.items)[by_step], device=device)
-        label_all = torch.as_tensor(sub.labels[by_step], device=device, dtype=dtype)
-        client_all = torch.as_tensor(ex_client_np[by_step], device=device)
+        # Every (client, step) batch is a contiguous run of the plan (a client visits its examples
+        # in step order). Order the runs by (step, client rank) and read them in that order:
+        # no sort over the examples is needed.
+        steps = plan.steps[examples]
+        total = steps.size
+        num_steps = int(num_steps_ranked.max(initial=0))
+        run_start = np.zeros(total, dtype=bool)
+        run_start[1:] = steps[1:] != steps[:-1]
+        client_starts = np.cumsum(counts) - counts
+        run_start[client_starts[counts > 0]] = True
+        starts = np.flatnonzero(run_start)  # (runs,)
+        lengths = np.diff(np.append(starts, total))
+        run_client = np.repeat(rank, counts)[starts] if total else starts
+        run_order = np.lexsort((run_client, steps[starts]))  # by step, then client rank
+        starts, lengths, run_client = starts[run_order], lengths[run_order], run_client[run_order]
+        by_step = _ranges_np(starts, lengths)  # example indices, step-major
+        step_bounds = np.searchsorted(steps[starts], np.arange(num_steps + 1))
+        step_bounds = np.concatenate([[0], np.cumsum(lengths)])[step_bounds]
+        ex_rank_sorted = np.repeat(run_client, lengths)
+        flat_all = torch.as_tensor(ex_rank_sorted * num_items + plan.items[examples][by_step], device=device)
+        label_all = torch.as_tensor(plan.labels[examples][by_step], device=device, dtype=dtype)
+        client_all = torch.as_tensor(ex_rank_sorted, device=device)
         # 1 / (size of the example's batch): the mean over the client's batch.
-        batch_id = ex_client_np * num_steps + sub.steps
-        batch_size = np.bincount(batch_id, minlength=num_clients * num_steps)
-        inv_size_all = torch.as_tensor((1.0 / batch_size[batch_id])[by_step], device=device, dtype=dtype)
-        steps_per_client = torch.as_tensor(sub.num_steps, device=device, dtype=dtype)
+        inv_size_all = torch.as_tensor(np.repeat(1.0 / lengths, lengths), device=device, dtype=dtype)
+        steps_per_client = torch.as_tensor(num_steps_ranked, device=device, dtype=dtype)
 
         past_vectors, past_coeffs = [], []  # p^{(s)} and A_s = -lr_Q G_s, for the active prefix
         loss_sum = torch.zeros(num_clients, dtype=dtype, device=device)
         upload = torch.zeros_like(items_table)
         for step in range(num_steps):
             lo, hi = int(step_bounds[step]), int(step_bounds[step + 1])
-            active = int((sub.num_steps > step).sum())
+            active = int((num_steps_ranked > step).sum())
             p = user_vectors[:active]  # (C_s, d)
             # Logits of every (client, item) at the client's current local state.
             logits_all = p @ items_table.T  # (C_s, I)
@@ -358,12 +378,18 @@ class BatchedExecutor:
             # This step's item-row change of client c is A_s[c, i] p_c (rank one per client).
             past_vectors.append(p.clone())
             past_coeffs.append(coeff_matrix.mul_(-lr_item))
-            upload += (past_coeffs[-1] * w[:active, None]).T @ p  # Σ_c w_c A_s[c]ᵀ p_c (I, d)
+            upload += past_coeffs[-1].T @ (w[:active, None] * p)  # Σ_c w_c A_s[c, i] p_c (I, d)
             user_vectors[:active] = p - lr_user * grad_p
 
         update["item_emb"] += upload
         private_state["user_emb"][users] = user_vectors
-        losses[torch.as_tensor(order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
+        losses[torch.as_tensor(first + order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
+
+
+def _ranges_np(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[j], starts[j] + lengths[j])``."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts - offsets, lengths)
 
 
 def _padded_batch(client, slot, item, label, active, users, dtype) -> LocalBatch:

@@ -132,6 +132,18 @@ def _select(state: TrainState, metrics: Dict[str, float], config: FederatedConfi
             state.stopped_early = True
 
 
+def _end_of_round(state: TrainState, result, model, evaluator, config: FederatedConfig, keep_best_state: bool) -> dict:
+    """Log the round, evaluate on validation when scheduled, update best/patience."""
+    losses = result.client_losses
+    record = {"round": state.round_index, "train_loss": float(losses.mean()) if losses.numel() else float("nan")}
+    if evaluator is not None and (state.round_index % config.eval_every == 0 or state.round_index == config.rounds):
+        metrics = evaluator(model, state.global_state, state.private_state, "valid")
+        record.update({f"valid/{k}": v for k, v in metrics.items()})
+        _select(state, metrics, config, keep_best_state)
+    state.history.append(record)
+    return record
+
+
 def run_federated(
     method: FederatedMethod,
     train: Pairs,
@@ -172,27 +184,22 @@ def run_federated(
     if state is None:
         state = init_train_state(method, config, device=device)
 
+    plan_options = dict(num_negatives=config.num_negatives, batch_size=config.batch_size,
+                        local_epochs=config.local_epochs, clients_per_round=config.clients_per_round)
     while state.round_index < config.rounds and not state.stopped_early:
         t = state.round_index
-        rng = round_generator(config.seed, t)
         if method.before_round is not None:
             method.before_round(state, t)
-        plan = make_round_plan(train, sampler, rng, round_index=t, num_negatives=config.num_negatives,   # sample
-                               batch_size=config.batch_size, local_epochs=config.local_epochs,
-                               clients_per_round=config.clients_per_round)
+        rng = round_generator(config.seed, t)
+        plan = make_round_plan(train, sampler, rng, round_index=t, **plan_options)       # 1. sample clients, negatives, batches
         weights = method.aggregation.client_weights(plan.num_examples)
-        result = executor.local_updates(method, state.global_state, state.private_state, plan, weights)  # send, train, upload
-        aggregated = method.aggregation.apply(state.global_state, result.update)                          # aggregate
+        result = executor.local_updates(                                                  # 2.-4. send, local update, upload
+            method, state.global_state, state.private_state, plan, weights)
+        new_global = method.aggregation.apply(state.global_state, result.update)         # 5. aggregate
         if method.server_mix is not None:
-            aggregated = method.server_mix(state.global_state, aggregated, t)                             # server-side mixing
-        state.global_state = aggregated
-        state.round_index = t + 1
-        record = {"round": state.round_index, "train_loss": float(result.client_losses.mean()) if plan.num_clients else float("nan")}
-        if evaluator is not None and (state.round_index % config.eval_every == 0 or state.round_index == config.rounds):
-            metrics = evaluator(model, state.global_state, state.private_state, "valid")                 # evaluate
-            record.update({f"valid/{k}": v for k, v in metrics.items()})
-            _select(state, metrics, config, keep_best_state)
-        state.history.append(record)
+            new_global = method.server_mix(state.global_state, new_global, t)            #    mix with earlier global state
+        state.global_state, state.round_index = new_global, t + 1
+        record = _end_of_round(state, result, model, evaluator, config, keep_best_state)  # 6. evaluate on schedule
         if on_round_end is not None:
             on_round_end(state, record)
         if checkpointer is not None:

@@ -142,16 +142,16 @@ def make_round_plan(
 
     batches_per_epoch = -(-num_examples // batch_size)  # (C,) ceil
     num_steps = batches_per_epoch * local_epochs
-    client_of_example = np.repeat(np.arange(clients.size), num_examples)
     position = np.arange(total, dtype=np.int64) - np.repeat(ex_start[:-1], num_examples)  # position within the client
     multi_clients = np.flatnonzero(batches_per_epoch > 1)
     multi = _ranges(ex_start[multi_clients], num_examples[multi_clients])  # examples needing a shuffle
+    multi_owner = np.repeat(np.arange(multi_clients.size, dtype=np.float64), num_examples[multi_clients])
 
     def shuffled_order():
         """Example order of one epoch: each multi-batch client's block permuted uniformly."""
         order = np.arange(total, dtype=np.int64)
         if multi.size:
-            keys = client_of_example[multi] + rng.random(multi.size)  # sort by client, then U[0, 1)
+            keys = multi_owner + rng.random(multi.size)  # sort by client, then by a U[0, 1) key
             order[multi] = multi[np.argsort(keys)]
         return order
 
@@ -163,6 +163,7 @@ def make_round_plan(
         out_items = np.empty(total * local_epochs, dtype=np.int64)
         out_labels = np.empty(total * local_epochs, dtype=np.float32)
         out_steps = np.empty(total * local_epochs, dtype=np.int64)
+        client_of_example = np.repeat(np.arange(clients.size), num_examples)
         for epoch in range(local_epochs):
             order = shuffled_order()
             # Output slot of position j of client c in this epoch: client-major, then epoch, then j.

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 import time
 from datetime import datetime, timezone
 from typing import Optional

@@ -19,9 +19,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.data import loaders
-from fedlib.data.download import find_file, resolve_file
 from fedlib.data.errors import EmptyUserError, FedlibDataError
-from fedlib.data.registry import get_spec
 from fedlib.data.splits import InteractionSplit, Pairs
 
 TRAIN, VALID, TEST = 0, 1, 2
