@@ -8,6 +8,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# tests/quick executes notebooks at the quick profile (minutes each): only `./run quick-check`
+# (which sets FEDLIB_QUICK_CHECK=1) collects it.
+collect_ignore = [] if os.environ.get("FEDLIB_QUICK_CHECK") == "1" else ["quick"]
+
 
 def data_root() -> Path:
     """``$FEDLIB_DATA``, else ``../shared/data`` beside the checkout (the CI layout)."""

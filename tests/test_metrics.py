@@ -439,3 +439,25 @@ def test_paired_ttest_hand_computed():
     assert math.isnan(same.statistic) and same.n == 3
     with pytest.raises(ValueError):
         paired_ttest(a, b[:3])
+
+
+def test_candidate_set_metrics_gathers_the_candidate_scores():
+    """Two users, 5 items; candidates [positive, negatives...] in column 0 first.
+
+    user 0 scores items 0..4 as [0.9, 0.1, 0.5, 0.3, 0.7]; candidates [2, 0, 1] -> the
+    positive (0.5) is beaten by item 0 (0.9): rank 2, HR@1 = 0, MRR = 1/2.
+    user 1 scores [0.2, 0.2, 0.8, 0.0, 0.1]; candidates [1, 0, 3] -> a tie with item 0 counts
+    against the positive (pessimistic): rank 2; optimistic: rank 1.
+    """
+    from fedlib.metrics import candidate_set_metrics
+
+    table = torch.tensor([[0.9, 0.1, 0.5, 0.3, 0.7], [0.2, 0.2, 0.8, 0.0, 0.1]], dtype=torch.float64)
+    users = np.array([0, 1])
+    cands = np.array([[2, 0, 1], [1, 0, 3]])
+    pessimistic = candidate_set_metrics(lambda u: table[u], users, cands, ks=(1,), chunk_size=1)
+    assert pessimistic["HR@1"].tolist() == [0.0, 0.0]
+    assert pessimistic["MRR"].tolist() == [0.5, 0.5]
+    optimistic = candidate_set_metrics(lambda u: table[u], users, cands, ks=(1,), tie_rule="optimistic")
+    assert optimistic["HR@1"].tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError, match="candidates must be"):
+        candidate_set_metrics(lambda u: table[u], users, cands[:1], ks=(1,))

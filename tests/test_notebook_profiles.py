@@ -78,3 +78,15 @@ def test_settings_frame_lists_every_profile(project):
     frame = profiles.settings_frame("99_demo")
     assert list(frame.columns) == ["smoke", "quick", "paper"]
     assert frame.loc["rounds"].tolist() == [1, 5, 100]
+
+
+def test_override_environment_variable(project, monkeypatch):
+    write(project, GOOD)
+    monkeypatch.setenv("FEDLIB_OVERRIDE", '{"rounds": 7}')
+    assert profiles.load_settings("99_demo", "quick").rounds == 7
+    monkeypatch.setenv("FEDLIB_OVERRIDE", '{"epochs": 7}')
+    with pytest.raises(ValueError, match="unknown setting"):
+        profiles.load_settings("99_demo", "quick")
+    monkeypatch.setenv("FEDLIB_OVERRIDE", "[1]")
+    with pytest.raises(ValueError, match="must be a JSON object"):
+        profiles.load_settings("99_demo", "quick")

@@ -41,9 +41,3 @@ def test_notebook_conventions(nb):
     assert len(tagged) == 1 and "PROFILE" in tagged[0].source, "exactly one parameters cell selecting PROFILE"
     assert "What we reproduce" in text or "what we reproduce" in text.lower(), "missing the honest-summary section"
     read_profile_table(nb.stem)  # the profile file exists and is valid
-
-
-def test_smoke_run_of_notebook_00(smoke_records):
-    records = smoke_records("00_fedrec_from_scratch")
-    assert records["profile"] == "smoke"
-    assert records["wall_time_s"] < 60, "the smoke profile must stay under 60 s"

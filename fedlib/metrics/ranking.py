@@ -35,6 +35,7 @@ import torch
 
 __all__ = [
     "FULL_RANKING_METRICS",
+    "candidate_set_metrics",
     "full_ranking_metrics",
     "full_ranking_metrics_from_score_fn",
     "select_csr_rows",
@@ -668,3 +669,42 @@ def paired_ttest(
         return PairedTTestResult(float("nan"), float("nan"), n)
     result = stats.ttest_rel(a[both], b[both], alternative=alternative)
     return PairedTTestResult(float(result.statistic), float(result.pvalue), n)
+
+
+def candidate_set_metrics(
+    score_fn: Callable[[torch.Tensor], torch.Tensor],
+    users: np.ndarray,
+    candidates: np.ndarray,
+    ks: Iterable[int] = (10,),
+    tie_rule: str = "pessimistic",
+    *,
+    chunk_size: int = 1024,
+    device=None,
+) -> Dict[str, torch.Tensor]:
+    r"""Sampled-candidate metrics from a candidate matrix with the positive in column 0.
+
+    For row ``r``, user ``users[r]`` scores the ``1 + n`` items ``candidates[r]``; the
+    positive ``candidates[r, 0]`` is ranked against the ``n`` negatives with
+    :func:`sampled_metrics` (``HR@K``, ``NDCG@K``, ``MRR``; ties per ``tie_rule``).
+
+    Args:
+        score_fn: ``score_fn(user_ids (n,)) -> (n, I)`` scores of every item.
+        users: ``(R,) int64`` user of each candidate row.
+        candidates: ``(R, 1 + n) int64`` item ids (e.g. a protocol's ``test_candidates``).
+
+    Returns:
+        per-row metric vectors ``(R,)``.
+    """
+    users = np.asarray(users, dtype=np.int64)
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if candidates.ndim != 2 or candidates.shape[0] != users.shape[0] or candidates.shape[1] < 2:
+        raise ValueError(f"candidates must be (R, 1 + n) with R = len(users) = {users.shape[0]}, got {candidates.shape}")
+    parts: Dict[str, list] = {}
+    for start in range(0, users.size, chunk_size):
+        user_chunk = torch.as_tensor(users[start : start + chunk_size], device=device)
+        scores = score_fn(user_chunk)  # (n, I)
+        cand = torch.as_tensor(candidates[start : start + chunk_size], device=scores.device)
+        picked = scores.gather(1, cand)  # (n, 1 + negatives)
+        for key, value in sampled_metrics(picked[:, 0], picked[:, 1:], ks=ks, tie_rule=tie_rule).items():
+            parts.setdefault(key, []).append(value)
+    return {key: torch.cat(values) for key, values in parts.items()}

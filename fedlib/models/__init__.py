@@ -16,9 +16,10 @@ from fedlib.models.mf import MF, FedMF
 from fedlib.models.ncf import GMF, MLP, FedNCF, NeuMF
 from fedlib.models.personal import PersonalItemTableModel
 from fedlib.models.pfedrec import PFedRec
+from fedlib.models.popularity import ItemPopularity
 
 __all__ = [
     "PARAM_KINDS", "FederatedModel", "GlobalState", "PrivateState",
-    "FedMF", "MF", "FedNCF", "GMF", "MLP", "NeuMF", "PFedRec", "PersonalItemTableModel",
+    "FedMF", "MF", "FedNCF", "GMF", "MLP", "NeuMF", "PFedRec", "PersonalItemTableModel", "ItemPopularity",
     "LightGCN", "lightgcn_propagate", "normalized_adjacency",
 ]

@@ -20,6 +20,7 @@ A profile's settings are ``base`` updated with its own table. The notebook's sin
 """
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from collections.abc import Mapping
@@ -127,12 +128,32 @@ def read_profile_table(notebook: str) -> dict[str, dict]:
     return tables
 
 
+OVERRIDE_ENV = "FEDLIB_OVERRIDE"
+"""JSON object of settings to override, e.g. ``FEDLIB_OVERRIDE='{"seed": 1}'`` (seed sweeps)."""
+
+
 def load_settings(notebook: str, profile: Optional[str] = None) -> Settings:
-    """Settings of ``notebook`` at ``profile`` (resolved with :func:`resolve_profile`)."""
+    """Settings of ``notebook`` at ``profile`` (resolved with :func:`resolve_profile`).
+
+    ``$FEDLIB_OVERRIDE`` (a JSON object) overrides individual settings, for seed sweeps of
+    the quick profile; only settings the profile file declares can be overridden.
+    """
     profile = resolve_profile(profile)
     tables = read_profile_table(notebook)
     values = dict(tables.get("base", {}))
     values.update(tables[profile])
+    overrides = os.environ.get(OVERRIDE_ENV, "").strip()
+    if overrides:
+        try:
+            changes = json.loads(overrides)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{OVERRIDE_ENV} is not a JSON object: {error}") from error
+        if not isinstance(changes, dict):
+            raise ValueError(f"{OVERRIDE_ENV} must be a JSON object like '{{\"seed\": 1}}'")
+        unknown = set(changes) - set(values)
+        if unknown:
+            raise ValueError(f"{OVERRIDE_ENV} sets unknown setting(s) {sorted(unknown)} of notebook {notebook!r}")
+        values.update(changes)
     return Settings(notebook, profile, values)
 
 

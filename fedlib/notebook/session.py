@@ -62,6 +62,9 @@ def use_profile(profile: Optional[str] = None, notebook: Optional[str] = None) -
     settings = load_settings(notebook, profile)
     source = "parameters cell" if profile else ("FEDLIB_PROFILE" if os.environ.get("FEDLIB_PROFILE") else "default")
     print(f"profile: {settings.profile} (from the {source})")
+    overrides = os.environ.get("FEDLIB_OVERRIDE", "").strip()
+    if overrides:
+        print(f"settings overridden by FEDLIB_OVERRIDE: {overrides}")
     record("profile", settings.profile, show=False)
     return settings
 
