@@ -14,6 +14,10 @@ Three implementations run the **same round plan** from the **same state**:
     model, a new ``torch.optim.SGD`` and a new ``DataLoader``, upload of the full item table,
     mean of the uploaded tables.
 
+Besides, (b) is timed once with F3CRec's upload noise (``Laplace(0, 0.1)`` on the touched rows
+only, and on the full table as in the paper): the extra time is drawing the noise, one
+generator per client, so both executors add the same numbers.
+
 Prints a table, then one JSON line (the last line). ``--rounds`` sets how many rounds of (b)
 are timed (the median round is reported, robust to other processes sharing the cores);
 (a) and (c) are timed on ``--slow-rounds`` rounds (default 2; the fastest counts) with
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import sys
@@ -34,30 +39,31 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from fedlib.data import load_interactions
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
-from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, fedmf_method, init_train_state,
-                           make_round_plan, round_generator)
+from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, UploadNoise, fedmf_method,
+                           init_train_state, make_round_plan, round_generator)
 from fedlib.models import FedMF
 
 FLOPS_PER_SECOND = 10e9  # the "arithmetic floor" reference speed
 
 
-def _data_file() -> Path:
-    root = Path(os.environ.get("FEDLIB_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    return root / "ml-100k" / "u.data"
+def _data_root() -> Path:
+    """``$FEDLIB_DATA``, else ``../shared/data`` beside the checkout (the CI layout)."""
+    return Path(os.environ.get("FEDLIB_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
 def load_ml100k_pairs():
-    """All ML-100K ratings as implicit positives: ``(Pairs, num_items)`` with 0-based ids."""
-    frame = pd.read_csv(_data_file(), sep="\t", header=None, names=["user", "item", "rating", "ts"])
-    users, items = frame["user"].to_numpy() - 1, frame["item"].to_numpy() - 1
-    return Pairs.from_arrays(users, items, int(users.max()) + 1), int(items.max()) + 1
+    """All ML-100K ratings as implicit positives: ``(Pairs, num_items)`` with dense 0-based ids."""
+    frame = load_interactions("ml-100k", root=_data_root()).frame
+    _, users = np.unique(frame["user"].to_numpy(), return_inverse=True)
+    items_ids, items = np.unique(frame["item"].to_numpy(), return_inverse=True)
+    return Pairs.from_arrays(users, items, int(users.max()) + 1), int(items_ids.size)
 
 
 # -- (c) the per-client loop of the public reference implementations --------------------------
@@ -130,11 +136,11 @@ def main(argv=None):
         return make_round_plan(train, sampler, round_generator(args.seed, t), round_index=t,
                                num_negatives=config.num_negatives, batch_size=config.batch_size)
 
-    def batched_round(state, t, executor):
+    def batched_round(state, t, executor, round_method=method):
         plan = plan_for(t)  # part of the round
-        weights = method.aggregation.client_weights(plan.num_examples)
-        result = executor.local_updates(method, state.global_state, state.private_state, plan, weights)
-        state.global_state = method.aggregation.apply(state.global_state, result.update)
+        weights = round_method.aggregation.client_weights(plan.num_examples)
+        result = executor.local_updates(round_method, state.global_state, state.private_state, plan, weights)
+        state.global_state = round_method.aggregation.apply(state.global_state, result.update)
 
     # (b) batched: warm-up round, then time `rounds` consecutive rounds.
     batched = BatchedExecutor()
@@ -153,6 +159,12 @@ def main(argv=None):
         plan_for(t)
         plan_times.append(time.perf_counter() - start)
     plan_s = float(np.median(plan_times))
+    noisy_s = {}
+    for support in ("touched", "full"):
+        noisy_method = dataclasses.replace(method, upload_noise=UploadNoise(0.1, support=support))
+        start = time.perf_counter()
+        batched_round(state, args.rounds + 1, batched, noisy_method)
+        noisy_s[support] = time.perf_counter() - start
 
     # Agreement and the slow implementations, from one common state and plan per round.
     sequential_times, reference_times, max_diff = [], [], 0.0
@@ -196,6 +208,8 @@ def main(argv=None):
         "batched_s_per_round": round(batched_s, 4),
         "batched_s_per_round_min": round(min(round_times), 4),
         "batched_plan_s": round(plan_s, 4),
+        "batched_noise_touched_s_per_round": round(noisy_s["touched"], 3),
+        "batched_noise_full_s_per_round": round(noisy_s["full"], 3),
         "sequential_s_per_round": round(sequential_s, 3),
         "reference_loop_s_per_round": round(reference_s, 3),
         "speedup_vs_sequential": round(sequential_s / batched_s, 1),
@@ -213,6 +227,9 @@ def main(argv=None):
         print(f"{'(b) batched executor (incl. round plan)':<42}{batched_s:>12.4f}{1.0:>12.1f}   "
               f"(median of {args.rounds}; min {min(round_times):.4f})")
         print(f"{'    of which round plan':<42}{plan_s:>12.4f}")
+        for support in ("touched", "full"):
+            label = f"(b) with Laplace(0, 0.1) noise, {support}"
+            print(f"{label:<42}{noisy_s[support]:>12.3f}{noisy_s[support] / batched_s:>12.1f}   (one round)")
         print(f"{'(a) sequential executor':<42}{sequential_s:>12.3f}{sequential_s / batched_s:>12.1f}   "
               f"(fastest of {args.slow_rounds}, {args.slow_threads} thread(s))")
         print(f"{'(c) reference-style per-client loop':<42}{reference_s:>12.3f}{reference_s / batched_s:>12.1f}   "

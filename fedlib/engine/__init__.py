@@ -11,25 +11,37 @@ Typical use (FedMF on a split, batched executor)::
     state = run_federated(method, split.train, config, executor=BatchedExecutor(),
                           evaluator=RankingEvaluator(split.train, split.valid, split.test))
     state.best_metrics, state.test_metrics
+
+F3CRec's noisy uploads (§5.6) and the bytes sent, recorded per round::
+
+    method = fedmf_method(model, lr=1.0, upload_noise=UploadNoise(0.1, support="full"))
+    ledger = CommunicationLedger()
+    state = run_federated(method, split.train, config, ledger=ledger)
+    ledger.per_round()
 """
 from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
 from fedlib.engine.centralised import train_centralised
 from fedlib.engine.checkpoint import Checkpointer
+from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
 from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
 from fedlib.engine.method import (
-    FederatedMethod, LocalBatch, bce_client_loss, fedmf_method, fedncf_method, pfedrec_method,
+    FederatedMethod, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method, pfedrec_method,
     personal_table_method,
 )
-from fedlib.engine.plan import RoundPlan, make_round_plan, round_generator, select_clients
+from fedlib.engine.plan import (
+    RoundPlan, client_noise_generator, make_round_plan, round_generator, round_noise_key, select_clients,
+)
+from fedlib.engine.uploads import ClientRowUpdates, client_upload_noise, record_round_communication
 
 __all__ = [
     "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
-    "train_centralised", "Checkpointer", "RankingEvaluator", "union_pairs",
+    "train_centralised", "Checkpointer", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
     "FederatedConfig", "TrainState", "init_train_state", "run_federated",
-    "FederatedMethod", "LocalBatch", "bce_client_loss",
+    "FederatedMethod", "LocalBatch", "UploadNoise", "bce_client_loss",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
-    "RoundPlan", "make_round_plan", "round_generator", "select_clients",
+    "RoundPlan", "make_round_plan", "round_generator", "round_noise_key", "client_noise_generator", "select_clients",
+    "ClientRowUpdates", "client_upload_noise", "record_round_communication",
 ]

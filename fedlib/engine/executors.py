@@ -30,22 +30,33 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
     per-example loss gradients of step ``s``). So all logits of a step are one ``(C, I)``
     matrix product plus rank-one corrections, and every gradient is a product with a
     ``(C, I)`` matrix of per-example coefficients: no ``(examples × d)`` gather or scatter at all.
+
+Uploads. With ``method.upload_noise`` set, every client adds its own Laplace noise
+(:func:`~fedlib.engine.uploads.client_upload_noise`, drawn from a generator of the round's
+noise key and the client id) before the server averages, so both executors add the same
+numbers. With ``return_client_updates=True`` both also return every client's individual row
+uploads (:class:`~fedlib.engine.uploads.ClientRowUpdates`), the view of a curious server.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 import torch
 
 from fedlib.engine.method import FederatedMethod, LocalBatch
-from fedlib.engine.plan import RoundPlan
+from fedlib.engine.plan import RoundPlan, round_noise_key
+from fedlib.engine.uploads import ClientRowUpdates, client_upload_noise
 from fedlib.models.mf import FedMF
 
 __all__ = ["LocalUpdateResult", "SequentialExecutor", "BatchedExecutor", "make_executor"]
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (total_norm + 1e-6)
+
+#: Default cap on the values returned by ``return_client_updates`` (2^28 values: 1 GiB in
+#: float32). Full-support noise makes every client send every row: ``C × I × d`` values.
+MAX_CLIENT_UPDATE_VALUES = 1 << 28
 
 
 @dataclass
@@ -53,13 +64,17 @@ class LocalUpdateResult:
     """What the server receives from one round of local updates.
 
     Attributes:
-        update: ``name -> Σ_c w_c Δ_c`` for every public tensor (global shapes).
+        update: ``name -> Σ_c w_c (Δ_c + noise_c)`` for every public tensor (global shapes).
         client_losses: ``(C,)`` each client's local loss, averaged over its steps (before
             each step), in the order of ``plan.clients``.
+        client_updates: with ``return_client_updates=True``, ``name ->``
+            :class:`~fedlib.engine.uploads.ClientRowUpdates` for every ``public_rows``
+            tensor: each client's own uploaded row changes (noise included); else ``None``.
     """
 
     update: Dict[str, torch.Tensor]
     client_losses: torch.Tensor
+    client_updates: Optional[Dict[str, ClientRowUpdates]] = None
 
 
 def _state_like(global_state, private_state):
@@ -69,6 +84,33 @@ def _state_like(global_state, private_state):
 
 def _zero_update(method: FederatedMethod, global_state) -> Dict[str, torch.Tensor]:
     return {name: torch.zeros_like(global_state[name]) for name in method.model.public_names}
+
+
+def _check_client_update_size(method: FederatedMethod, global_state, plan: RoundPlan, limit: Optional[int]) -> None:
+    """Refuse a ``return_client_updates`` request whose rows would not fit the cap."""
+    if limit is None:
+        return
+    model = method.model
+    full = method.adds_upload_noise and method.upload_noise.support == "full"
+    num_rows = plan.num_clients * model.num_items if full else int(plan.touched_row_counts(model.num_items).sum())
+    values = sum(num_rows * (global_state[name].numel() // max(global_state[name].shape[0], 1))
+                 for name in model.names("public_rows"))
+    if values > limit:
+        why = f" (with full-support noise every client sends all {model.num_items} rows)" if full else ""
+        raise ValueError(
+            f"return_client_updates would hold {values:,} values, more than max_client_update_values={limit:,}"
+            f"{why}. Inspect fewer clients (plan.subset(...) or clients_per_round) or raise the cap.")
+
+
+def _noise_key(plan: RoundPlan, noise_seed: Optional[int]) -> int:
+    """The round's upload-noise key: from ``(noise_seed, round)`` when a seed is given, else the plan's."""
+    return plan.noise_key if noise_seed is None else round_noise_key(noise_seed, plan.round_index)
+
+
+def _rows_from_keys(keys: torch.Tensor, delta: torch.Tensor, plan: RoundPlan, num_items: int) -> ClientRowUpdates:
+    """Client updates from ``position × I + item`` keys (sorted) and their ``(R, ...)`` deltas."""
+    clients = torch.as_tensor(plan.clients, device=keys.device)[keys // num_items]
+    return ClientRowUpdates(clients=clients, rows=keys % num_items, delta=delta)
 
 
 # ======================================================================================
@@ -82,11 +124,33 @@ class SequentialExecutor:
 
     @torch.enable_grad()
     def local_updates(self, method: FederatedMethod, global_state, private_state, plan: RoundPlan,
-                      weights: np.ndarray) -> LocalUpdateResult:
+                      weights: np.ndarray, *, return_client_updates: bool = False,
+                      noise_seed: Optional[int] = None,
+                      max_client_update_values: Optional[int] = MAX_CLIENT_UPDATE_VALUES) -> LocalUpdateResult:
+        """Run the round's local updates; see :class:`LocalUpdateResult`.
+
+        Args:
+            weights: ``(C,)`` aggregation weights in ``plan.clients`` order.
+            return_client_updates: also return every client's row uploads
+                (``result.client_updates``). Memory: ``R × d`` values per table, ``R`` = Σ_c
+                touched items, or ``C × num_items`` with full-support noise.
+            noise_seed: with ``method.upload_noise``, client ``u``'s noise is drawn from
+                ``client_noise_generator(round_noise_key(noise_seed, plan.round_index), u)``
+                (:func:`~fedlib.engine.run_federated` passes its config's seed); ``None`` =
+                from ``plan.noise_key``.
+            max_client_update_values: refuse (``ValueError``) to return more values than this
+                (``None`` = no cap).
+        """
         model = method.model
         device, dtype = _state_like(global_state, private_state)
         update = _zero_update(method, global_state)
         losses = torch.zeros(plan.num_clients, dtype=dtype, device=device)
+        noisy = method.adds_upload_noise
+        full_support = noisy and method.upload_noise.support == "full"
+        if return_client_updates:
+            _check_client_update_size(method, global_state, plan, max_client_update_values)
+        sent = {name: [] for name in model.names("public_rows")}  # per client: (user, rows, delta)
+        noise_key = _noise_key(plan, noise_seed)
         for c, user in enumerate(plan.clients.tolist()):
             # 1. Download the public state and load the client's private state (its own copies).
             params = {}
@@ -126,17 +190,35 @@ class SequentialExecutor:
                         tensor.grad = None
                         tensor.requires_grad_(False)
 
-            # 3. Upload the change of every public tensor; keep the private ones on the device.
+            # 3. Upload the change of every public tensor (plus this client's noise); keep the
+            #    private ones on the device.
+            touched = torch.unique(items)  # sorted: the rows this client trained on
+            noise = client_upload_noise(method, global_state, user, noise_key, touched) if noisy else {}
             for name, kind in model.param_kinds.items():
                 if kind == "public_rows":
-                    update[name] += float(weights[c]) * (params[name] - global_state[name])
+                    delta = params[name] - global_state[name]  # (I, d), zero on rows not touched
+                    if name in noise:
+                        delta = delta + noise[name] if full_support else delta.index_add(0, touched, noise[name])
+                    update[name] += float(weights[c]) * delta
+                    if return_client_updates:
+                        rows = torch.arange(model.num_items, device=device) if full_support else touched
+                        sent[name].append((torch.full_like(rows, user), rows, delta[rows]))
                 elif kind == "public_dense":
-                    update[name] += float(weights[c]) * (params[name][0] - global_state[name])
+                    delta = params[name][0] - global_state[name]
+                    update[name] += float(weights[c]) * (delta + noise[name] if name in noise else delta)
                 elif kind == "private_dense":
                     private_state[name][user] = params[name][0]
                 else:
                     private_state[name][user] = params[name]
-        return LocalUpdateResult(update, losses)
+        client_updates = None
+        if return_client_updates:
+            client_updates = {}
+            for name, parts in sent.items():
+                table = global_state[name]
+                empty = (torch.zeros(0, dtype=torch.int64, device=device),) * 2 + (table.new_zeros((0, *table.shape[1:])),)
+                clients, rows, delta = (torch.cat(t) for t in zip(*parts)) if parts else empty
+                client_updates[name] = ClientRowUpdates(clients, rows, delta)
+        return LocalUpdateResult(update, losses, client_updates)
 
 
 # ======================================================================================
@@ -165,11 +247,18 @@ class BatchedExecutor:
 
     @torch.enable_grad()
     def local_updates(self, method: FederatedMethod, global_state, private_state, plan: RoundPlan,
-                      weights: np.ndarray) -> LocalUpdateResult:
+                      weights: np.ndarray, *, return_client_updates: bool = False,
+                      noise_seed: Optional[int] = None,
+                      max_client_update_values: Optional[int] = MAX_CLIENT_UPDATE_VALUES) -> LocalUpdateResult:
+        """Run the round's local updates; arguments as in :meth:`SequentialExecutor.local_updates`."""
         device, dtype = _state_like(global_state, private_state)
         update = _zero_update(method, global_state)
         losses = torch.zeros(plan.num_clients, dtype=dtype, device=device)
         weights = np.asarray(weights, dtype=np.float64)
+        if return_client_updates:
+            _check_client_update_size(method, global_state, plan, max_client_update_values)
+        # name -> [(position × I + item keys, deltas)] from every chunk, when inspecting uploads
+        sent = {name: [] for name in method.model.names("public_rows")} if return_client_updates else None
         use_kernel = self._use_fedmf_kernel(method, plan)
         chunk = self.chunk_size
         if use_kernel:
@@ -179,7 +268,7 @@ class BatchedExecutor:
         for start in range(0, plan.num_clients, chunk):
             positions = np.arange(start, min(start + chunk, plan.num_clients))
             if use_kernel:
-                self._fedmf_chunk(method, global_state, private_state, plan, positions, weights, update, losses)
+                self._fedmf_chunk(method, global_state, private_state, plan, positions, weights, update, losses, sent)
                 continue
             one_step = plan.num_steps[positions] == 1
             groups = [positions]
@@ -188,8 +277,83 @@ class BatchedExecutor:
             for group_positions, direct in zip(groups, (True, False) if len(groups) == 2 else (False,)):
                 if group_positions.size:
                     self._generic_chunk(method, global_state, private_state, plan, group_positions, weights,
-                                        update, losses, direct_rows=direct)
-        return LocalUpdateResult(update, losses)
+                                        update, losses, direct_rows=direct, sent=sent)
+        noise_rows = None
+        if method.adds_upload_noise:
+            noise_rows = self._add_upload_noise(method, global_state, plan, weights, update, _noise_key(plan, noise_seed),
+                                                keep=sent is not None)
+        client_updates = None
+        if sent is not None:
+            client_updates = {name: self._client_rows(method, global_state, plan, name, parts,
+                                                      None if noise_rows is None else noise_rows[name])
+                              for name, parts in sent.items()}
+        return LocalUpdateResult(update, losses, client_updates)
+
+    # -- uploads: noise and per-client inspection -------------------------------------------
+    @staticmethod
+    def _add_upload_noise(method, global_state, plan, weights, update, noise_key: int, keep: bool):
+        """Add ``Σ_c w_c noise_c`` to ``update``, one client at a time.
+
+        Each client's noise comes from its own generator (what makes it equal to the
+        sequential executor's), so the draws cannot be fused across clients; the sum is
+        accumulated client by client, so at most one client's noise is held at a time
+        (``num_items × d`` values with full support). With ``keep`` the row noise is also
+        returned, ``name -> [per-client tensors]`` in ``plan.clients`` order, for
+        :meth:`_client_rows`.
+        """
+        model = method.model
+        full_support = method.upload_noise.support == "full"
+        row_names = model.names("public_rows")
+        if not update:  # nothing public, nothing uploaded
+            return {name: [] for name in row_names} if keep else None
+        device = next(iter(update.values())).device
+        positions, items = plan.touched_rows(model.num_items)
+        bounds = np.searchsorted(positions, np.arange(plan.num_clients + 1))
+        items = torch.as_tensor(items, device=device)
+        kept = {name: [] for name in row_names} if keep else None
+        for c, user in enumerate(plan.clients.tolist()):
+            touched = items[bounds[c]:bounds[c + 1]]
+            noise = client_upload_noise(method, global_state, user, noise_key, touched)
+            weight = float(weights[c])
+            for name, tensor in noise.items():
+                if name in row_names and not full_support:
+                    update[name].index_add_(0, touched, tensor, alpha=weight)
+                else:
+                    update[name].add_(tensor, alpha=weight)
+                if keep and name in row_names:
+                    kept[name].append(tensor)
+        return kept
+
+    @staticmethod
+    def _client_rows(method, global_state, plan, name, parts, noise) -> ClientRowUpdates:
+        """Merge the chunks' ``(keys, deltas)`` of table ``name`` into sorted client updates.
+
+        ``keys`` are ``position × I + item``; the one-batch fast path keeps one slot per example,
+        so a key can repeat and its deltas are summed. ``noise``: per-client row noise from
+        :meth:`_add_upload_noise` (``None`` without noise).
+        """
+        num_items = method.model.num_items
+        table = global_state[name]
+        row_shape = table.shape[1:]
+        if parts:
+            keys = torch.cat([k for k, _ in parts])
+            deltas = torch.cat([d for _, d in parts])
+            keys, inverse = torch.unique(keys, sorted=True, return_inverse=True)
+            delta = deltas.new_zeros((keys.numel(), *row_shape)).index_add_(0, inverse, deltas)
+        else:
+            keys = torch.zeros(0, dtype=torch.int64, device=table.device)
+            delta = table.new_zeros((0, *row_shape))
+        if noise is None:
+            return _rows_from_keys(keys, delta, plan, num_items)
+        if method.upload_noise.support == "touched":
+            # Both are sorted by (client position, item) and cover the same touched pairs.
+            noise_rows = torch.cat(noise) if noise else delta.new_zeros(delta.shape)
+            return _rows_from_keys(keys, delta + noise_rows, plan, num_items)
+        # Full support: every client sends every row.
+        full = torch.stack(noise).reshape(-1, *row_shape) if noise else delta.new_zeros((0, *row_shape))
+        full.index_add_(0, keys, delta)
+        all_keys = torch.arange(plan.num_clients * num_items, device=keys.device)
+        return _rows_from_keys(all_keys, full, plan, num_items)
 
     # -- generic autograd path ------------------------------------------------------------
     @staticmethod
@@ -201,7 +365,7 @@ class BatchedExecutor:
         return method.grad_clip_norm is None and len(stepped) == len(set(stepped))
 
     def _generic_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses,
-                       direct_rows: bool):
+                       direct_rows: bool, sent=None):
         model = method.model
         device, dtype = _state_like(global_state, private_state)
         # Clients by decreasing number of steps: the clients still stepping at step s are a prefix.
@@ -282,6 +446,9 @@ class BatchedExecutor:
                 delta = params[name] - downloaded[name]
                 if kind == "public_rows":
                     update[name].index_add_(0, slot_item, delta * w[slot_client].unsqueeze(-1))
+                    if sent is not None:
+                        slot_position = torch.as_tensor(order, device=device)[slot_client]
+                        sent[name].append((slot_position * num_items + slot_item, delta))
                 elif kind == "public_dense":
                     update[name] += torch.tensordot(w, delta, dims=1)
                 elif kind == "private_rows":
@@ -303,7 +470,7 @@ class BatchedExecutor:
         client_steps = float(plan.num_steps.sum())
         return client_steps * method.model.num_items <= 8.0 * max(plan.items.size, 1)
 
-    def _fedmf_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses):
+    def _fedmf_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses, sent=None):
         model = method.model
         device, dtype = _state_like(global_state, private_state)
         num_items = model.num_items
@@ -383,6 +550,17 @@ class BatchedExecutor:
 
         update["item_emb"] += upload
         private_state["user_emb"][users] = user_vectors
+        if sent is not None:
+            # Client c's change of row i: Σ_s A_s[c, i] p_c^{(s)}, read at the touched pairs only.
+            pair_keys = torch.unique(flat_all)  # rank × I + item, sorted
+            pair_rank = pair_keys // num_items
+            delta = items_table.new_zeros((pair_keys.numel(), items_table.shape[1]))
+            for p_old, coeff in zip(past_vectors, past_coeffs):
+                in_step = pair_rank < p_old.shape[0]  # clients still stepping (a prefix of the ranks)
+                rank_s, key_s = pair_rank[in_step], pair_keys[in_step]
+                delta[in_step] += coeff.reshape(-1)[key_s].unsqueeze(-1) * p_old[rank_s]
+            pair_position = torch.as_tensor(first + order, device=device)[pair_rank]
+            sent["item_emb"].append((pair_position * num_items + pair_keys % num_items, delta))
         losses[torch.as_tensor(first + order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
 
 

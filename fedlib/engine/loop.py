@@ -4,9 +4,10 @@
 
     for each round t:
         plan   ← sample clients, their negatives and batch order     (seeded by (seed, t))
-        send the global state θ to the sampled clients
-        each client c: local SGD on its own copy → upload Δ_c        (executor)
-        θ      ← θ + Σ_c w_c Δ_c                                    (aggregation)
+        send the global state θ to the sampled clients               (ledger: download)
+        each client c: local SGD on its own copy → upload Δ_c + ε_c  (executor; ε_c = optional noise)
+                                                                     (ledger: upload)
+        θ      ← θ + Σ_c w_c (Δ_c + ε_c)                            (aggregation)
         θ      ← server_mix(θ_previous, θ)                           (optional hook)
         every k rounds: evaluate on validation, keep the best, stop after `patience`
 
@@ -26,9 +27,11 @@ import torch
 from fedlib.data.sampling import NegativeSampler
 from fedlib.device import default_device
 from fedlib.data.splits import Pairs
+from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.executors import BatchedExecutor
 from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import make_round_plan, round_generator
+from fedlib.engine.uploads import record_round_communication
 
 __all__ = ["FederatedConfig", "TrainState", "init_train_state", "run_federated"]
 
@@ -157,6 +160,7 @@ def run_federated(
     device=None,
     keep_best_state: bool = True,
     on_round_end: Optional[Callable[[TrainState, dict], None]] = None,
+    ledger: Optional[CommunicationLedger] = None,
 ) -> TrainState:
     """Train ``method`` federatedly on ``train`` for ``config.rounds`` rounds.
 
@@ -171,6 +175,11 @@ def run_federated(
         device: where a fresh state is created (default :func:`fedlib.default_device`).
         keep_best_state: keep a copy of the best-on-validation state (restored for the test).
         on_round_end: ``callback(state, record)`` after each round (progress bars, logging).
+        ledger: a :class:`~fedlib.engine.communication.CommunicationLedger` to charge every
+            round's messages to: each sampled client downloads the public tensors in full and
+            uploads full tables or touched rows + indices (``method.upload_mode``) plus the
+            public dense tensors (see :func:`~fedlib.engine.uploads.record_round_communication`).
+            Only rounds run by this call are recorded (not those restored from a checkpoint).
 
     Returns:
         The final :class:`TrainState` (``best_*`` and ``test_metrics`` filled when evaluating).
@@ -193,8 +202,12 @@ def run_federated(
         rng = round_generator(config.seed, t)
         plan = make_round_plan(train, sampler, rng, round_index=t, **plan_options)       # 1. sample clients, negatives, batches
         weights = method.aggregation.client_weights(plan.num_examples)
+        if ledger is not None:
+            record_round_communication(ledger, method, state.global_state, plan)       #    bytes sent both ways
+        # Noise of client u in round t: a function of (seed, t, u) only (not of the plan's draws).
+        noise = {"noise_seed": config.seed} if method.adds_upload_noise else {}
         result = executor.local_updates(                                                  # 2.-4. send, local update, upload
-            method, state.global_state, state.private_state, plan, weights)
+            method, state.global_state, state.private_state, plan, weights, **noise)
         new_global = method.aggregation.apply(state.global_state, result.update)         # 5. aggregate
         if method.server_mix is not None:
             new_global = method.server_mix(state.global_state, new_global, t)            #    mix with earlier global state

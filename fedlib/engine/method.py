@@ -12,7 +12,9 @@ A :class:`FederatedMethod` answers four questions and nothing else:
   gradient clipping;
 * **what the server does**: the aggregation weighting, plus optional hooks to mix the new
   global state with earlier global state (``server_mix``) and to touch private state before
-  a round (``before_round``; FedRKG's guidance).
+  a round (``before_round``; FedRKG's guidance);
+* **what goes over the wire**: the full public tables or only the touched rows
+  (``upload_mode``), optionally perturbed by Laplace noise (``upload_noise``, F3CRec §5.6).
 
 Example (FedMF with F3CRec's learning rates)::
 
@@ -25,6 +27,7 @@ Example (FedMF with F3CRec's learning rates)::
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Tuple
 
@@ -39,7 +42,7 @@ from fedlib.models.personal import PersonalItemTableModel
 from fedlib.models.pfedrec import PFedRec
 
 __all__ = [
-    "LocalBatch", "ClientLossFn", "bce_client_loss", "FederatedMethod",
+    "LocalBatch", "ClientLossFn", "bce_client_loss", "UploadNoise", "UPLOAD_MODES", "FederatedMethod",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
 ]
 
@@ -76,6 +79,54 @@ def bce_client_loss(model: FederatedModel, params: Mapping[str, torch.Tensor], b
     return (losses * batch.mask).sum(1) / batch.mask.sum(1)
 
 
+UPLOAD_MODES = ("full", "rows")
+NOISE_SUPPORTS = ("full", "touched")
+
+
+@dataclass(frozen=True)
+class UploadNoise:
+    r"""Laplace noise each client adds to what it uploads (F3CRec §5.6).
+
+    A client that took part in round ``t`` uploads, for every public tensor ``θ``,
+    ``θ_c + ε_c`` with ``ε_c ~ Laplace(0, scale)`` i.i.d. per coordinate (density
+    ``exp(−|x|/b) / 2b``, standard deviation ``√2·b``). The server's aggregate is then
+    ``θ + Σ_c w_c (Δ_c + ε_c)``.
+
+    Attributes:
+        scale: Laplace scale ``b ≥ 0`` (F3CRec's λ ∈ {0, 0.1, …, 0.5}).
+        support: which rows of a ``public_rows`` table receive noise.
+
+            * ``"full"``: every row of the full table the client uploads, as F3CRec writes
+              ``Q_u ← Q_u + Laplace(0, λ)``. Rows the client never touched change too, so
+              the server can no longer read the set of touched items off the upload.
+              Costs ``num_items × d`` random numbers per client and round.
+            * ``"touched"``: only the rows the client trained on this round (its positives
+              and sampled negatives). Much cheaper, but which rows moved is still visible.
+
+            Public dense tensors (e.g. a shared MLP) are always noised entirely.
+
+    Each client draws fresh noise every round from its own generator,
+    :func:`~fedlib.engine.plan.client_noise_generator` ``(round key, client id)`` with the round
+    key a function of ``(seed, round)``, so runs are reproducible (also when resumed) and every
+    executor adds the same numbers. Averaging shrinks it: with
+    uniform weights over ``C`` clients the aggregate carries noise of variance ``2b²/C`` per
+    coordinate, while each individual upload carries ``2b²``.
+
+    Noise is not a formal privacy guarantee here: nothing bounds how much one interaction
+    changes a table (see :mod:`fedlib.engine.privacy`).
+    """
+
+    scale: float
+    support: str = "full"
+
+    def __post_init__(self):
+        scale = float(self.scale)
+        if not math.isfinite(scale) or scale < 0:
+            raise ValueError(f"UploadNoise.scale must be a finite number >= 0, got {self.scale!r}")
+        if self.support not in NOISE_SUPPORTS:
+            raise ValueError(f"UploadNoise.support must be one of {NOISE_SUPPORTS}, got {self.support!r}")
+
+
 @dataclass(frozen=True)
 class FederatedMethod:
     """See the module docstring.
@@ -95,6 +146,12 @@ class FederatedMethod:
         before_round: optional ``(state, round_index) -> None`` hook run before the plan
             (may change ``state.private_state`` / ``state.global_state`` in place).
         name: label for logs and checkpoints.
+        upload_noise: Laplace noise added by each client to its upload (``None`` = none).
+        upload_mode: what a client sends for a ``public_rows`` table. ``"full"``: the whole
+            table (F3CRec); ``"rows"``: only the rows it touched plus their int64 indices
+            (many FedRec papers). The aggregate is the same either way (untouched rows carry
+            a zero change); the mode decides the bytes counted by the communication ledger
+            and rules out full-support noise (rows that are not sent cannot carry noise).
     """
 
     model: FederatedModel
@@ -107,8 +164,18 @@ class FederatedMethod:
     server_mix: Optional[ServerMixFn] = None
     before_round: Optional[Callable] = None
     name: str = ""
+    upload_noise: Optional[UploadNoise] = None
+    upload_mode: str = "full"
 
     def __post_init__(self):
+        if self.upload_mode not in UPLOAD_MODES:
+            raise ValueError(f"upload_mode must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
+        if self.upload_noise is not None and not isinstance(self.upload_noise, UploadNoise):
+            raise TypeError(f"upload_noise must be an UploadNoise or None, got {type(self.upload_noise).__name__}")
+        if self.upload_mode == "rows" and self.upload_noise is not None and self.upload_noise.support == "full":
+            raise ValueError(
+                "upload_mode='rows' sends only the touched rows, so noise cannot cover the full table: "
+                "use UploadNoise(scale, support='touched') or upload_mode='full'")
         names = set(self.model.param_kinds)
         missing = names - set(self.learning_rates)
         if missing:
@@ -128,6 +195,11 @@ class FederatedMethod:
         if self.update_steps is None:
             return (tuple(self.model.param_kinds),)
         return tuple(tuple(g) for g in self.update_steps)
+
+    @property
+    def adds_upload_noise(self) -> bool:
+        """Whether clients perturb their uploads (noise configured with a scale > 0)."""
+        return self.upload_noise is not None and float(self.upload_noise.scale) > 0.0
 
     @property
     def is_plain(self) -> bool:

@@ -9,7 +9,11 @@ number for number. A plan fixes
 3. the order in which each client visits them: one shuffle per local epoch, cut into
    batches of ``batch_size`` (the last batch of an epoch may be smaller). A client whose
    examples fit in one batch is not shuffled: the order inside a batch does not change a
-   mean loss.
+   mean loss;
+4. a ``noise_key`` from which each client's upload noise can be derived
+   (:func:`client_noise_generator`), so every executor adds the same noise. The round loop
+   derives the key from ``(seed, round_index)`` instead (:func:`round_noise_key`), which
+   makes the noise of client ``u`` in round ``t`` a function of ``(seed, t, u)`` alone.
 
 Randomness comes only from the generator passed in; :func:`round_generator` derives one
 per round from ``(seed, round_index)``, so a resumed run redraws exactly the same plans.
@@ -20,11 +24,20 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 
-__all__ = ["RoundPlan", "round_generator", "make_round_plan", "select_clients"]
+__all__ = ["RoundPlan", "round_generator", "round_noise_key", "client_noise_generator", "make_round_plan",
+           "select_clients"]
+
+#: ``round_generator`` stream of the upload-noise keys (0 is the round plan).
+NOISE_STREAM = 1
+
+#: Largest ``clients × items`` for which :meth:`RoundPlan.touched_rows` dedupes with a boolean
+#: ``(C, I)`` mask (linear time, 16 MB at most) instead of sorting the examples.
+TOUCHED_MASK_LIMIT = 1 << 24
 
 
 def round_generator(seed: int, round_index: int, stream: int = 0) -> np.random.Generator:
@@ -33,6 +46,28 @@ def round_generator(seed: int, round_index: int, stream: int = 0) -> np.random.G
     ``stream`` separates independent uses inside a round (0 = the round plan).
     """
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(seed), int(round_index), int(stream)])))
+
+
+def round_noise_key(seed: int, round_index: int) -> int:
+    """The upload-noise key of round ``round_index`` of a run seeded ``seed`` (a pure function).
+
+    What the executors use when given ``noise_seed`` (the round loop passes its config's
+    seed), instead of the key stored in the plan.
+    """
+    return int(round_generator(seed, round_index, NOISE_STREAM).integers(0, 2**63 - 1))
+
+
+def client_noise_generator(noise_key: int, client_id: int) -> torch.Generator:
+    """The CPU ``torch.Generator`` of one client's upload noise in one round.
+
+    A pure function of ``(noise_key, client_id)``, with ``noise_key`` the round's key:
+    :func:`round_noise_key` ``(seed, round_index)``, or :attr:`RoundPlan.noise_key` when no
+    seed is given. Giving each client its own stream makes its noise independent of which
+    other clients take part, of the executor and of how clients are chunked.
+    """
+    words = np.random.SeedSequence([int(noise_key), int(client_id)]).generate_state(2, dtype=np.uint32)
+    # torch seeds are 64-bit; keep the top bit clear so the value fits an int64 on every path.
+    return torch.Generator().manual_seed((int(words[0]) & 0x7FFFFFFF) << 32 | int(words[1]))
 
 
 @dataclass(frozen=True)
@@ -50,6 +85,9 @@ class RoundPlan:
         num_steps: ``(C,) int64`` local steps of each client.
         num_examples: ``(C,) int64`` examples per client and epoch (positives × (1 + negatives)).
         batch_size, local_epochs: as configured.
+        noise_key: seed material of the clients' upload noise when the executor is given
+            no ``noise_seed`` (see :func:`client_noise_generator`); drawn after every other
+            field, so the other fields do not depend on it.
     """
 
     round_index: int
@@ -62,10 +100,39 @@ class RoundPlan:
     num_examples: np.ndarray
     batch_size: int
     local_epochs: int
+    noise_key: int = 0
 
     @property
     def num_clients(self) -> int:
         return int(self.clients.size)
+
+    def example_positions(self) -> np.ndarray:
+        """``(E,) int64`` position (index into :attr:`clients`) of the client owning each example."""
+        return np.repeat(np.arange(self.num_clients, dtype=np.int64), np.diff(self.example_indptr))
+
+    def touched_rows(self, num_items: int):
+        """Every (client, item) pair a client trains on this round, each once.
+
+        Returns:
+            ``(positions, items)``, two ``(R,) int64`` arrays sorted by position (index into
+            :attr:`clients`), then item id. ``R = Σ_c`` distinct items of client ``c``
+            (positives and sampled negatives): the rows of a ``public_rows`` table that the
+            client changes.
+        """
+        num_items = int(num_items)
+        keys = self.example_positions() * num_items + self.items
+        if self.num_clients * num_items <= TOUCHED_MASK_LIMIT:
+            mask = np.zeros(self.num_clients * num_items, dtype=bool)
+            mask[keys] = True
+            keys = np.flatnonzero(mask)
+        else:
+            keys = np.unique(keys)
+        return keys // num_items, keys % num_items
+
+    def touched_row_counts(self, num_items: int) -> np.ndarray:
+        """``(C,) int64`` number of distinct items each client trains on this round."""
+        positions, _ = self.touched_rows(num_items)
+        return np.bincount(positions, minlength=self.num_clients).astype(np.int64)
 
     def client_examples(self, c: int) -> slice:
         """Slice of client ``c``'s examples (``c`` = position in :attr:`clients`)."""
@@ -81,7 +148,7 @@ class RoundPlan:
         take = np.arange(indptr[-1], dtype=np.int64) + np.repeat(starts - indptr[:-1], counts)
         return RoundPlan(self.round_index, self.clients[positions], indptr, self.items[take], self.labels[take],
                          self.steps[take], self.num_steps[positions], self.num_examples[positions],
-                         self.batch_size, self.local_epochs)
+                         self.batch_size, self.local_epochs, self.noise_key)
 
 
 def select_clients(candidates: np.ndarray, clients_per_round: Optional[int], rng: np.random.Generator) -> np.ndarray:
@@ -171,8 +238,10 @@ def make_round_plan(
             out_items[slot] = items[order]
             out_labels[slot] = labels[order]
             out_steps[slot] = epoch * batches_per_epoch[client_of_example] + position // batch_size
+    noise_key = int(rng.integers(0, 2**63 - 1))  # last draw: nothing above depends on it
     return RoundPlan(
         round_index=int(round_index), clients=clients, example_indptr=ex_start * local_epochs,
         items=out_items, labels=out_labels, steps=out_steps, num_steps=num_steps.astype(np.int64),
         num_examples=num_examples.astype(np.int64), batch_size=int(batch_size), local_epochs=int(local_epochs),
+        noise_key=noise_key,
     )
