@@ -115,7 +115,7 @@ def _cmd_run(args) -> int:
         print("give a notebook name or --all (not both)", file=sys.stderr)
         return 2
     names = [nb.stem for nb in list_notebooks()] if args.all else [args.notebook]
-    if args.output and len(names) > 1:
+    if args.output and args.all:
         print("--output takes one notebook; use --in-place or the default build/ folder with --all", file=sys.stderr)
         return 2
     for name in names:

@@ -71,8 +71,8 @@ def _append_to_file(name: str, payload: Any) -> None:
         handle.write(json.dumps({"name": name, "value": payload}) + "\n")
 
 
-def record(name: str, value: Any, *, show: bool = True) -> Any:
-    """Record ``value`` under ``name`` in the executed notebook; returns ``value`` unchanged."""
+def record(name: str, value: Any, *, show: bool = True) -> None:
+    """Record ``value`` under ``name`` in the executed notebook (shown as one short line)."""
     if not name or not isinstance(name, str):
         raise ValueError("a record needs a non-empty string name")
     payload = _jsonable(value)
@@ -81,12 +81,17 @@ def record(name: str, value: Any, *, show: bool = True) -> Any:
         from IPython import get_ipython
         from IPython.display import display
     except ImportError:  # plain Python: the file (if any) is the only sink
-        return value
+        return None
     if get_ipython() is None:
-        return value
-    text = f"recorded {name} = {payload!r}" if show else ""
+        return None
+    if not show:
+        text = ""
+    elif isinstance(payload, (int, float, str, bool)) or payload is None:
+        text = f"recorded {name} = {payload!r}"
+    else:
+        text = f"recorded {name}"  # tables are shown by the notebook itself, once
     display({RECORD_MIME: {"name": name, "value": payload}, "text/plain": text}, raw=True)
-    return value
+    return None
 
 
 def read_records(ipynb_path: str | Path) -> dict[str, Any]:

@@ -69,7 +69,7 @@ def use_profile(profile: Optional[str] = None, notebook: Optional[str] = None) -
     return settings
 
 
-def finish(notebook: Optional[str] = None) -> float:
+def finish(notebook: Optional[str] = None) -> None:
     """Print and record the notebook's wall time in seconds (the last code cell)."""
     notebook = notebook or _active.get("notebook")
     began = _started.get(notebook)
@@ -79,4 +79,3 @@ def finish(notebook: Optional[str] = None) -> float:
     print(f"wall time: {wall:.1f} s ({wall / 60:.1f} min)")
     record("wall_time_s", wall, show=False)
     record(FINISHED_KEY, True, show=False)
-    return wall
