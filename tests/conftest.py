@@ -20,6 +20,22 @@ def data_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+def xdg_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("xdg-cache")
+
+
+@pytest.fixture
+def isolated_data_env(monkeypatch, xdg_cache):
+    """No network, a private cache folder (user caches are never touched), verification on."""
+    from fedlib.data import download
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
+    monkeypatch.setenv("FEDLIB_OFFLINE", "1")
+    monkeypatch.delenv("FEDLIB_VERIFY", raising=False)
+    download._FAILED_URLS.clear()
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     root = data_root()
     if not root.is_dir():

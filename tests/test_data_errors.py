@@ -14,6 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import data_root
 
 from fedlib.data import download
 from fedlib.data.download import download_dataset, resolve_file, verify_file
@@ -36,22 +37,7 @@ TOY_RATINGS = b"1\t10\t4\t100\n2\t11\t5\t200\n"
 TOY_SHA = hashlib.sha256(TOY_RATINGS).hexdigest()
 
 
-def _reference_root() -> Path:
-    env = os.environ.get("FEDLIB_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture(scope="session")
-def xdg_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("xdg-cache")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, xdg_cache):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
-    monkeypatch.setenv("FEDLIB_OFFLINE", "1")
-    monkeypatch.delenv("FEDLIB_VERIFY", raising=False)
-    download._FAILED_URLS.clear()
+pytestmark = pytest.mark.usefixtures("isolated_data_env")  # offline, private cache (tests/conftest.py)
 
 
 @pytest.fixture
@@ -61,7 +47,7 @@ def online(monkeypatch):
 
 @pytest.fixture(scope="session")
 def reference_root() -> Path:
-    root = _reference_root()
+    root = data_root()
     if not (root / "ml-1m").is_dir():
         pytest.skip(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
     return root

@@ -10,7 +10,6 @@ import functools
 import gzip
 import json
 import lzma
-import os
 import shutil
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import data_root
 
 from fedlib.data import download
 from fedlib.data.loaders import (
@@ -33,26 +33,12 @@ from fedlib.data.registry import DISENCDR_PAIRS
 CONTRACT_COLUMNS = ["user", "item", "rating", "timestamp"]
 
 
-def _reference_root() -> Path:
-    env = os.environ.get("FEDLIB_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture(scope="session")
-def xdg_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("xdg-cache")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, xdg_cache):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
-    monkeypatch.setenv("FEDLIB_OFFLINE", "1")
-    monkeypatch.delenv("FEDLIB_VERIFY", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_data_env")  # offline, private cache (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
 def root() -> Path:
-    path = _reference_root()
+    path = data_root()
     if not (path / "ml-100k").is_dir():
         pytest.skip(f"reference data collection not found at {path} (set FEDLIB_DATA to it)")
     return path

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 import pytest
+from conftest import data_root
 
 from fedlib.data import cli as data_cli
 from fedlib.data import download
@@ -37,27 +37,12 @@ EXPECTED_STATUS = {
 }
 
 
-def _reference_root() -> Path:
-    env = os.environ.get("FEDLIB_DATA")
-    return Path(env) if env else Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture(scope="session")
-def xdg_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("xdg-cache")
-
-
-@pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch, xdg_cache):
-    """No network, and a private cache folder so user caches are never touched."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg_cache))
-    monkeypatch.setenv("FEDLIB_OFFLINE", "1")
-    monkeypatch.delenv("FEDLIB_VERIFY", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_data_env")  # offline, private cache (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
 def reference_root() -> Path:
-    root = _reference_root()
+    root = data_root()
     if not (root / "manifest.json").is_file():
         pytest.skip(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
     return root

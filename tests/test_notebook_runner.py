@@ -1,5 +1,4 @@
 """The runner: executes a .py notebook at a profile, never clobbers the committed .ipynb."""
-import shutil
 
 import nbformat
 import pytest

@@ -7,7 +7,6 @@ import pytest
 from fedlib.notebook.records import read_records
 from fedlib.notebook.runner import list_notebooks, pairing_problems
 from fedlib.notebook.profiles import read_profile_table
-from fedlib.paths import project_root
 
 NOTEBOOKS = list_notebooks()
 IDS = [nb.stem for nb in NOTEBOOKS]
