@@ -18,6 +18,13 @@ F3CRec's noisy uploads (§5.6) and the bytes sent, recorded per round::
     ledger = CommunicationLedger()
     state = run_federated(method, split.train, config, ledger=ledger)
     ledger.per_round()
+
+FedRKG's local differential privacy (clip each local step's gradient of ``P_u`` to 0.1, add
+Gaussian noise) and its ε under user-level adjacency (Opacus' RDP accountant)::
+
+    noise = GradientNoise(clip_norm=0.1, noise_multiplier=1.0, params=("personal_item_emb",))
+    method = personal_table_method(model, gradient_noise=noise)
+    dp_epsilon(noise, steps_per_round=1, rounds=1000, sample_rate=1.0, delta=1e-5)
 """
 from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
 from fedlib.engine.centralised import train_centralised
@@ -27,21 +34,25 @@ from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
 from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
 from fedlib.engine.method import (
-    FederatedMethod, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method, pfedrec_method,
-    personal_table_method,
+    FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method,
+    pfedrec_method, personal_table_method,
 )
+from fedlib.engine.privacy import dp_epsilon
 from fedlib.engine.plan import (
     RoundPlan, client_noise_generator, make_round_plan, round_generator, round_noise_key, select_clients,
 )
-from fedlib.engine.uploads import ClientRowUpdates, client_upload_noise, record_round_communication
+from fedlib.engine.uploads import (
+    ClientRowUpdates, client_gradient_noise, client_upload_noise, gradient_noise_shapes, record_round_communication,
+)
 
 __all__ = [
     "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
     "train_centralised", "Checkpointer", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
     "FederatedConfig", "TrainState", "init_train_state", "run_federated",
-    "FederatedMethod", "LocalBatch", "UploadNoise", "bce_client_loss",
+    "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "dp_epsilon", "bce_client_loss",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
     "RoundPlan", "make_round_plan", "round_generator", "round_noise_key", "client_noise_generator", "select_clients",
-    "ClientRowUpdates", "client_upload_noise", "record_round_communication",
+    "ClientRowUpdates", "client_upload_noise", "client_gradient_noise", "gradient_noise_shapes",
+    "record_round_communication",
 ]

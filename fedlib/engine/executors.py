@@ -20,7 +20,7 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
     weighted upload sum ``Σ_c w_c Δ_c``; memory is bounded by processing ``chunk_size``
     clients at a time.
 
-  Two shortcuts, both exact:
+  Two shortcuts, both exact and both off with ``gradient_noise``:
 
   - **one-batch clients** (all their data in one batch, one epoch) need no local copies:
     the gradient is taken at the downloaded rows and scattered directly;
@@ -30,6 +30,14 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
     per-example loss gradients of step ``s``). So all logits of a step are one ``(C, I)``
     matrix product plus rank-one corrections, and every gradient is a product with a
     ``(C, I)`` matrix of per-example coefficients: no ``(examples × d)`` gather or scatter at all.
+
+Gradient noise. With ``method.gradient_noise`` set (DP-SGD at the client level), each step's
+covered gradient is clipped per client and Gaussian noise drawn from the client's own
+generator of ``(round noise key, client id, local step)``
+(:func:`~fedlib.engine.uploads.client_gradient_noise`) is added, in both executors in the
+same order. The batched executor then takes neither shortcut (the FedMF kernel assumes
+plain SGD, the one-batch path has no per-client row gradients to clip); with full-support
+noise on a row table every client's local copy covers the whole table.
 
 Uploads. With ``method.upload_noise`` set, every client adds its own Laplace noise
 (:func:`~fedlib.engine.uploads.client_upload_noise`, drawn from a generator of the round's
@@ -47,7 +55,8 @@ import torch
 
 from fedlib.engine.method import FederatedMethod, LocalBatch
 from fedlib.engine.plan import RoundPlan, round_noise_key
-from fedlib.engine.uploads import ClientRowUpdates, client_upload_noise
+from fedlib.engine.privacy import clip_factors, clip_per_sample
+from fedlib.engine.uploads import ClientRowUpdates, client_gradient_noise, client_upload_noise, gradient_noise_shapes
 from fedlib.models.mf import FedMF
 
 __all__ = ["LocalUpdateResult", "SequentialExecutor", "BatchedExecutor", "make_executor"]
@@ -91,10 +100,12 @@ def _check_client_update_size(method: FederatedMethod, global_state, plan: Round
     if limit is None:
         return
     model = method.model
-    full = method.adds_upload_noise and method.upload_noise.support == "full"
-    num_rows = plan.num_clients * model.num_items if full else int(plan.touched_row_counts(model.num_items).sum())
-    values = sum(num_rows * (global_state[name].numel() // max(global_state[name].shape[0], 1))
-                 for name in model.names("public_rows"))
+    every_row = {name: method.uploads_every_row(name) for name in model.names("public_rows")}
+    full = any(every_row.values())
+    touched = 0 if all(every_row.values()) else int(plan.touched_row_counts(model.num_items).sum())
+    values = sum((plan.num_clients * model.num_items if all_rows else touched)
+                 * (global_state[name].numel() // max(global_state[name].shape[0], 1))
+                 for name, all_rows in every_row.items())
     if values > limit:
         why = f" (with full-support noise every client sends all {model.num_items} rows)" if full else ""
         raise ValueError(
@@ -105,6 +116,17 @@ def _check_client_update_size(method: FederatedMethod, global_state, plan: Round
 def _noise_key(plan: RoundPlan, noise_seed: Optional[int]) -> int:
     """The round's upload-noise key: from ``(noise_seed, round)`` when a seed is given, else the plan's."""
     return plan.noise_key if noise_seed is None else round_noise_key(noise_seed, plan.round_index)
+
+
+def _noises_every_row(method: FederatedMethod) -> bool:
+    """Whether full-support gradient noise reaches a row table: every client changes every row."""
+    return (method.adds_gradient_noise and method.gradient_noise.support == "full"
+            and any(name in method.model.row_names for name in method.gradient_noise_names))
+
+
+def _local_step_index(method: FederatedMethod, batch: int, group_index: int) -> int:
+    """``k`` of the ``group_index``-th update step on the client's ``batch``-th batch (stream ``1 + k``)."""
+    return batch * len(method.steps) + group_index
 
 
 def _rows_from_keys(keys: torch.Tensor, delta: torch.Tensor, plan: RoundPlan, num_items: int) -> ClientRowUpdates:
@@ -151,6 +173,7 @@ class SequentialExecutor:
             _check_client_update_size(method, global_state, plan, max_client_update_values)
         sent = {name: [] for name in model.names("public_rows")}  # per client: (user, rows, delta)
         noise_key = _noise_key(plan, noise_seed)
+        covered = set(method.gradient_noise_names)
         for c, user in enumerate(plan.clients.tolist()):
             # 1. Download the public state and load the client's private state (its own copies).
             params = {}
@@ -170,6 +193,7 @@ class SequentialExecutor:
             labels = torch.as_tensor(plan.labels[examples], device=device, dtype=dtype)
             steps = torch.as_tensor(plan.steps[examples], device=device)
             num_steps = int(plan.num_steps[c])
+            touched = torch.unique(items)  # sorted: the rows this client trains on this round
             for step in range(num_steps):
                 in_batch = steps == step
                 batch_items = items[in_batch].unsqueeze(0)  # (1, B)
@@ -181,8 +205,13 @@ class SequentialExecutor:
                     loss.backward()
                     if group_index == 0:
                         losses[c] += loss.detach() / num_steps
-                    if method.grad_clip_norm is not None:
-                        torch.nn.utils.clip_grad_norm_(trainable, method.grad_clip_norm)
+                    if method.step_clip_norm is not None:
+                        torch.nn.utils.clip_grad_norm_(trainable, method.step_clip_norm)
+                    noised = [name for name in group if name in covered]
+                    if noised:  # DP step: clip the covered gradient jointly, add this client's noise
+                        local_step = _local_step_index(method, step, group_index)
+                        _privatise_client_gradient(method, group, noised, params, global_state, private_state,
+                                                   user, noise_key, local_step, touched)
                     with torch.no_grad():
                         for name, tensor in zip(group, trainable):
                             tensor -= method.lr(name, plan.round_index) * tensor.grad
@@ -192,7 +221,6 @@ class SequentialExecutor:
 
             # 3. Upload the change of every public tensor (plus this client's noise); keep the
             #    private ones on the device.
-            touched = torch.unique(items)  # sorted: the rows this client trained on
             noise = client_upload_noise(method, global_state, user, noise_key, touched) if noisy else {}
             for name, kind in model.param_kinds.items():
                 if kind == "public_rows":
@@ -201,7 +229,8 @@ class SequentialExecutor:
                         delta = delta + noise[name] if full_support else delta.index_add(0, touched, noise[name])
                     update[name] += float(weights[c]) * delta
                     if return_client_updates:
-                        rows = torch.arange(model.num_items, device=device) if full_support else touched
+                        every_row = method.uploads_every_row(name)
+                        rows = torch.arange(model.num_items, device=device) if every_row else touched
                         sent[name].append((torch.full_like(rows, user), rows, delta[rows]))
                 elif kind == "public_dense":
                     delta = params[name][0] - global_state[name]
@@ -219,6 +248,34 @@ class SequentialExecutor:
                 clients, rows, delta = (torch.cat(t) for t in zip(*parts)) if parts else empty
                 client_updates[name] = ClientRowUpdates(clients, rows, delta)
         return LocalUpdateResult(update, losses, client_updates)
+
+
+def _privatise_client_gradient(method, group, noised, params, global_state, private_state, user, noise_key,
+                               local_step, touched):
+    """One client's DP step in the sequential executor, in place on ``params[name].grad``.
+
+    The covered gradients (``noised``) are clipped jointly to ``clip_norm``
+    (:func:`~fedlib.engine.privacy.clip_per_sample` on a one-client stack), then the client's
+    noise of this local step is added: on the whole table, or (``support="touched"``) on
+    its ``touched`` rows only.
+    """
+    row_names = method.model.row_names
+    # Dense tensors already carry a client axis of 1; full row tables get one.
+    stacked = {name: params[name].grad.unsqueeze(0) if name in row_names else params[name].grad for name in noised}
+    clipped = clip_per_sample(stacked, method.gradient_noise.clip_norm)
+    noise = {}
+    if method.adds_gradient_noise:
+        shapes = gradient_noise_shapes(method, group, global_state, private_state, touched.numel())
+        noise = client_gradient_noise(method, shapes, user, noise_key, local_step, params[noised[0]])
+    for name in noised:
+        if name in row_names:
+            grad = clipped[name][0]  # (I, d)
+            if name in noise:
+                full = method.gradient_noise.support == "full"
+                grad = grad + noise[name] if full else grad.index_add(0, touched, noise[name])
+        else:
+            grad = clipped[name] + noise[name].unsqueeze(0) if name in noise else clipped[name]  # (1, ...)
+        params[name].grad = grad
 
 
 # ======================================================================================
@@ -265,6 +322,15 @@ class BatchedExecutor:
             # Keep the kernel's (C, I) matrices (one per local step) inside the budget.
             per_client = method.model.num_items * (int(plan.num_steps.max(initial=1)) + 3)
             chunk = max(1, min(chunk, self.dense_budget // max(per_client, 1)))
+        elif _noises_every_row(method):
+            # Every client's local copy covers every row of the row tables: C × I × row values.
+            model = method.model
+            one_row = {name: global_state[name][0] if kind == "public_rows" else private_state[name][0, 0]
+                       for name, kind in model.param_kinds.items() if name in model.row_names}
+            row_values = sum(row.numel() for row in one_row.values())
+            chunk = max(1, min(chunk, self.dense_budget // max(model.num_items * row_values, 1)))
+        noisy = method.adds_upload_noise or method.adds_gradient_noise
+        noise_key = _noise_key(plan, noise_seed) if noisy else 0
         for start in range(0, plan.num_clients, chunk):
             positions = np.arange(start, min(start + chunk, plan.num_clients))
             if use_kernel:
@@ -277,10 +343,10 @@ class BatchedExecutor:
             for group_positions, direct in zip(groups, (True, False) if len(groups) == 2 else (False,)):
                 if group_positions.size:
                     self._generic_chunk(method, global_state, private_state, plan, group_positions, weights,
-                                        update, losses, direct_rows=direct, sent=sent)
+                                        update, losses, direct_rows=direct, sent=sent, noise_key=noise_key)
         noise_rows = None
         if method.adds_upload_noise:
-            noise_rows = self._add_upload_noise(method, global_state, plan, weights, update, _noise_key(plan, noise_seed),
+            noise_rows = self._add_upload_noise(method, global_state, plan, weights, update, noise_key,
                                                 keep=sent is not None)
         client_updates = None
         if sent is not None:
@@ -346,9 +412,13 @@ class BatchedExecutor:
         if noise is None:
             return _rows_from_keys(keys, delta, plan, num_items)
         if method.upload_noise.support == "touched":
-            # Both are sorted by (client position, item) and cover the same touched pairs.
-            noise_rows = torch.cat(noise) if noise else delta.new_zeros(delta.shape)
-            return _rows_from_keys(keys, delta + noise_rows, plan, num_items)
+            # Noise rows are sorted by (client position, item) over the touched pairs; the keys
+            # cover those pairs, or every pair when gradient noise changed every row.
+            noise_rows = torch.cat(noise) if noise else delta.new_zeros((0, *row_shape))
+            positions, items = plan.touched_rows(num_items)
+            noise_keys = torch.as_tensor(positions * num_items + items, device=keys.device)
+            delta = delta.index_add(0, torch.searchsorted(keys, noise_keys), noise_rows)
+            return _rows_from_keys(keys, delta, plan, num_items)
         # Full support: every client sends every row.
         full = torch.stack(noise).reshape(-1, *row_shape) if noise else delta.new_zeros((0, *row_shape))
         full.index_add_(0, keys, delta)
@@ -358,14 +428,16 @@ class BatchedExecutor:
     # -- generic autograd path ------------------------------------------------------------
     @staticmethod
     def _fast_path_allowed(method: FederatedMethod) -> bool:
-        # Per-client clipping needs per-(client, row) gradients; a row stepped twice per batch
-        # needs a local copy. Otherwise one-batch clients can work on the download directly.
+        # Per-client clipping needs per-(client, row) gradients (gradient noise clips too); a
+        # row stepped twice per batch needs a local copy. Otherwise one-batch clients can work
+        # on the download directly.
         row_names = method.model.row_names
         stepped = [name for group in method.steps for name in group if name in row_names]
-        return method.grad_clip_norm is None and len(stepped) == len(set(stepped))
+        return (method.grad_clip_norm is None and method.gradient_noise is None
+                and len(stepped) == len(set(stepped)))
 
     def _generic_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses,
-                       direct_rows: bool, sent=None):
+                       direct_rows: bool, sent=None, noise_key: int = 0):
         model = method.model
         device, dtype = _state_like(global_state, private_state)
         # Clients by decreasing number of steps: the clients still stepping at step s are a prefix.
@@ -382,14 +454,27 @@ class BatchedExecutor:
         num_items = model.num_items
 
         # Row slots: one per (client, item) pair touched (a local copy), or, on the fast path,
-        # one per example (gradient at the download, no copy kept between steps).
+        # one per example (gradient at the download, no copy kept between steps), or, with
+        # full-support gradient noise, one per (client, item) pair of the whole table. Slots
+        # are sorted by (client, item) in the last two cases: a client's slots are contiguous.
+        slot_touched = None  # with whole-table slots: which ones the client trains on
         if direct_rows:
             slot_client, slot_item = ex_client, ex_item
             ex_slot = torch.arange(ex_item.numel(), device=device)
+        elif _noises_every_row(method):
+            ex_slot = ex_client * num_items + ex_item
+            slot_client = torch.arange(num_clients, device=device).repeat_interleave(num_items)
+            slot_item = torch.arange(num_items, device=device).repeat(num_clients)
+            slot_touched = torch.zeros(num_clients * num_items, dtype=torch.bool, device=device)
+            slot_touched[ex_slot] = True
         else:
             keys, ex_slot = torch.unique(ex_client * num_items + ex_item, sorted=True, return_inverse=True)
             slot_client, slot_item = keys // num_items, keys % num_items
         slot_user = users[slot_client]
+        # First slot of each client (C + 1,): the noise rows of the clients stepping at step s
+        # (a prefix of the ranks) are the slot prefix [0, slot_bounds[C_s]).
+        slot_bounds = torch.searchsorted(slot_client, torch.arange(num_clients + 1, device=device)).tolist()
+        covered = set(method.gradient_noise_names)
 
         params, downloaded = {}, {}
         for name, kind in model.param_kinds.items():
@@ -430,15 +515,30 @@ class BatchedExecutor:
                 grads = torch.autograd.grad(client_loss.sum(), [live[name] for name in group])
                 if group_index == 0:
                     losses[torch.as_tensor(order[:active], device=device)] += client_loss.detach() / steps_per_client[:active]
-                if method.grad_clip_norm is not None:
-                    grads = _clip_per_client(group, grads, row_names, slot_client[step_slots], active, method.grad_clip_norm)
+                if method.step_clip_norm is not None:
+                    grads = _clip_per_client(group, grads, row_names, slot_client[step_slots], active,
+                                             method.step_clip_norm)
+                noise = {}
+                noised = [name for name in group if name in covered]
+                if noised:  # DP step: clip the covered gradient of each client jointly, then noise
+                    at = [group.index(name) for name in noised]
+                    clipped = _clip_per_client(noised, [grads[i] for i in at], row_names, slot_client[step_slots],
+                                               active, method.gradient_noise.clip_norm, exact=True)
+                    grads = list(grads)
+                    for i, grad in zip(at, clipped):
+                        grads[i] = grad
+                    if method.adds_gradient_noise:
+                        noise = self._step_noise(method, group, global_state, private_state, sub.clients[:active],
+                                                 slot_bounds, noise_key, _local_step_index(method, step, group_index))
                 with torch.no_grad():
                     for name, grad in zip(group, grads):
                         step_size = method.lr(name, plan.round_index)
                         if name in row_names:
                             params[name].index_add_(0, step_slots, grad, alpha=-step_size)
+                            if name in noise:  # every slot of the stepping clients, not only this batch's
+                                params[name][:slot_bounds[active]].add_(noise[name], alpha=-step_size)
                         else:
-                            params[name][:active] -= step_size * grad
+                            params[name][:active] -= step_size * (grad + noise[name] if name in noise else grad)
 
         # Upload: weighted deltas scatter-added into the global sum; private state written back.
         with torch.no_grad():
@@ -448,7 +548,11 @@ class BatchedExecutor:
                     update[name].index_add_(0, slot_item, delta * w[slot_client].unsqueeze(-1))
                     if sent is not None:
                         slot_position = torch.as_tensor(order, device=device)[slot_client]
-                        sent[name].append((slot_position * num_items + slot_item, delta))
+                        keys_sent, delta_sent = slot_position * num_items + slot_item, delta
+                        if slot_touched is not None and not method.uploads_every_row(name):
+                            # whole-table slots, but this table changes on the touched rows only
+                            keys_sent, delta_sent = keys_sent[slot_touched], delta_sent[slot_touched]
+                        sent[name].append((keys_sent, delta_sent))
                 elif kind == "public_dense":
                     update[name] += torch.tensordot(w, delta, dims=1)
                 elif kind == "private_rows":
@@ -459,6 +563,29 @@ class BatchedExecutor:
                         flat.index_copy_(0, slot_user * num_items + slot_item, params[name])
                 else:
                     private_state[name][users] = params[name]
+
+    @staticmethod
+    def _step_noise(method, group, global_state, private_state, users, slot_bounds, noise_key, local_step):
+        """Gradient noise of the stepping clients (ranks ``0..C_s-1``) for one update step.
+
+        Each client draws from its own generator (what makes it equal to the sequential
+        executor's), so the draws are per client, in rank order; the results are then
+        concatenated once per tensor: row noise ``(slot_bounds[C_s], *row)`` aligned with the
+        slot prefix, dense noise ``(C_s, ...)``.
+        """
+        row_names = method.model.row_names
+        like = next(iter({**global_state, **private_state}.values()))  # dtype and device of the noise
+        full = method.gradient_noise.support == "full"
+        shapes = None
+        parts = {}
+        for rank, user in enumerate(np.asarray(users).tolist()):
+            if shapes is None or not full:  # full-table shapes are the same for every client
+                shapes = gradient_noise_shapes(method, group, global_state, private_state,
+                                               slot_bounds[rank + 1] - slot_bounds[rank])
+            for name, tensor in client_gradient_noise(method, shapes, user, noise_key, local_step, like).items():
+                parts.setdefault(name, []).append(tensor)
+        return {name: torch.cat(tensors) if name in row_names else torch.stack(tensors)
+                for name, tensors in parts.items()}
 
     # -- analytic FedMF kernel --------------------------------------------------------------
     def _use_fedmf_kernel(self, method: FederatedMethod, plan: RoundPlan) -> bool:
@@ -588,10 +715,17 @@ def _padded_batch(client, slot, item, label, active, users, dtype) -> LocalBatch
     return LocalBatch(clients=users[:active], rows=rows, items=items, labels=labels, mask=mask)
 
 
-def _clip_per_client(group, grads, row_names, slot_client, active, max_norm):
-    """``clip_grad_norm_`` applied to each client's own gradient (over the group's tensors)."""
+def _clip_per_client(names, grads, row_names, slot_client, active, max_norm, exact: bool = False):
+    """Clip each client's own gradient over the tensors ``names`` (jointly), ``C_s`` clients at once.
+
+    Row gradients are ragged, ``(R_s, ...)`` with ``slot_client`` their client ranks; dense ones
+    ``(C_s, ...)``. The factor is ``torch.nn.utils.clip_grad_norm_``'s
+    ``min(1, C / (‖g‖ + 1e-6))`` for the step clip, or with ``exact`` the DP one
+    ``min(1, C / ‖g‖)`` of :func:`~fedlib.engine.privacy.clip_factors` (as
+    :func:`~fedlib.engine.privacy.clip_per_sample`, which the sequential executor uses).
+    """
     squared = None
-    for name, grad in zip(group, grads):
+    for name, grad in zip(names, grads):
         if name in row_names:
             per_slot = grad.pow(2).flatten(1).sum(1)
             part = torch.zeros(active, dtype=grad.dtype, device=grad.device)
@@ -600,9 +734,12 @@ def _clip_per_client(group, grads, row_names, slot_client, active, max_norm):
         else:
             part = grad.pow(2).flatten(1).sum(1) if grad.dim() > 1 else grad.pow(2)
         squared = part if squared is None else squared + part
-    scale = (max_norm / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C_s,)
+    if exact:
+        scale = clip_factors(squared.sqrt(), max_norm)  # (C_s,)
+    else:
+        scale = (max_norm / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C_s,)
     clipped = []
-    for name, grad in zip(group, grads):
+    for name, grad in zip(names, grads):
         if name in row_names:
             factor = torch.ones_like(slot_client, dtype=grad.dtype)
             in_range = slot_client < active

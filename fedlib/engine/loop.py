@@ -205,7 +205,7 @@ def run_federated(
         if ledger is not None:
             record_round_communication(ledger, method, state.global_state, plan)       #    bytes sent both ways
         # Noise of client u in round t: a function of (seed, t, u) only (not of the plan's draws).
-        noise = {"noise_seed": config.seed} if method.adds_upload_noise else {}
+        noise = {"noise_seed": config.seed} if method.adds_upload_noise or method.adds_gradient_noise else {}
         result = executor.local_updates(                                                  # 2.-4. send, local update, upload
             method, state.global_state, state.private_state, plan, weights, **noise)
         new_global = method.aggregation.apply(state.global_state, result.update)         # 5. aggregate

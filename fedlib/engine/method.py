@@ -9,7 +9,8 @@ A :class:`FederatedMethod` answers four questions and nothing else:
   client (default: BCE with logits, mean over the client's batch);
 * **how it steps**: per-parameter learning rates, the parameter groups stepped in turn per
   batch (``update_steps``; PFedRec steps its head, then its item rows), optional per-client
-  gradient clipping;
+  gradient clipping, optionally with Gaussian noise in every local step
+  (``gradient_noise``, FedRKG's LDP, §5.2);
 * **what the server does**: the aggregation weighting, plus optional hooks to mix the new
   global state with earlier global state (``server_mix``) and to touch private state before
   a round (``before_round``; FedRKG's guidance);
@@ -42,7 +43,7 @@ from fedlib.models.personal import PersonalItemTableModel
 from fedlib.models.pfedrec import PFedRec
 
 __all__ = [
-    "LocalBatch", "ClientLossFn", "bce_client_loss", "UploadNoise", "UPLOAD_MODES", "FederatedMethod",
+    "LocalBatch", "ClientLossFn", "bce_client_loss", "UploadNoise", "GradientNoise", "UPLOAD_MODES", "FederatedMethod",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
 ]
 
@@ -128,6 +129,109 @@ class UploadNoise:
 
 
 @dataclass(frozen=True)
+class GradientNoise:
+    r"""DP-SGD inside local training: clip each client's step gradient, add Gaussian noise.
+
+    In every local step ``k`` (one parameter group of :attr:`FederatedMethod.steps` on one
+    batch) of every client ``u`` that steps a covered parameter::
+
+        g   = ∇ L_u  over the covered parameters of the step     (joint vector, all tensors)
+        ĝ   = g · min(1, C / ‖g‖₂)                               (privacy.clip_per_sample)
+        g̃   = ĝ + N(0, (σ·C)² I)                                 (every covered coordinate)
+        θ  ← θ − lr · g̃
+
+    with ``C = clip_norm`` and ``σ = noise_multiplier``. This is FedRKG §5.2: "clip the
+    L2-norm of each gradient to C" during local training, then Gaussian noise on the
+    gradients of ``P_u`` "with σ proportional to C", the privacy loss given by a moments (RDP)
+    accountant (:func:`~fedlib.engine.privacy.dp_epsilon`).
+
+    **Adjacency** is user-level: the unit protected is one client = one user's whole local
+    data. The clipped unit is therefore the client's mini-batch gradient (not a single
+    example), and every noisy step the client takes counts as one Gaussian mechanism.
+
+    **What is noised.** Covered parameters: ``params`` (e.g. ``("personal_item_emb",)``:
+    FedRKG noises the gradient of its item table ``P_u`` only), or every parameter when
+    ``None``. Per covered tensor, the noise ``N(0, (σC)²)`` goes on
+
+    * a dense tensor (private head, shared MLP): every entry of the client's copy;
+    * a ``private_rows`` table (FedRKG's personal ``P_u``): with ``support="full"`` every
+      row of the client's whole table, since the client holds all of it and the
+      mechanism's output is the whole gradient (``num_items × d`` draws per step);
+    * a ``public_rows`` table (FedMF's or PFedRec's item table): with ``support="full"``
+      every row of the client's downloaded copy, so its upload changes every row and does
+      not reveal which items it trained on (``upload_mode="rows"`` is then refused:
+      untouched rows would not be sent).
+
+    ``support="touched"`` noises, in both kinds of table, only the rows the client trains
+    on this round (its positives and sampled negatives, at every step, including steps
+    whose batch does not use them). It is much cheaper, but which rows move still
+    depends on the client's data, so the ε of :func:`~fedlib.engine.privacy.dp_epsilon`
+    does not cover that: treat it as a utility experiment, not a guarantee.
+
+    **Randomness.** The noise of client ``u`` in local step ``k`` of a round is drawn from
+    :func:`~fedlib.engine.plan.client_noise_generator` ``(round key, u, stream=1 + k)``
+    (``k = batch × len(steps) + group``) in one fixed order
+    (:func:`~fedlib.engine.uploads.client_gradient_noise`), so it does not depend on the
+    executor, the chunking or the other participants, and is reproducible (also when
+    resumed).
+
+    **With** :attr:`FederatedMethod.grad_clip_norm`: when ``params`` is ``None`` this clip
+    replaces it (``grad_clip_norm`` must then be ``None`` or equal to ``clip_norm``); with a
+    ``params`` subset, ``grad_clip_norm`` first clips the step's whole gradient (FedRKG's
+    ``clip_grad_norm_(all params, 1.0)``), then the covered part is clipped to ``clip_norm``
+    and noised.
+
+    Attributes:
+        clip_norm: ``C > 0``, L2 bound of a client's covered gradient per step (FedRKG's
+            "sensitivity", 0.1 in Table 5).
+        noise_multiplier: ``σ ≥ 0``, noise std over ``C`` (``0``: clipping only, no noise).
+        params: covered parameter names (``None`` = all).
+        support: ``"full"`` (default) or ``"touched"``, the rows of a row table that get
+            noise (see above).
+    """
+
+    clip_norm: float
+    noise_multiplier: float
+    params: Optional[Tuple[str, ...]] = None
+    support: str = "full"
+
+    def __post_init__(self):
+        clip_norm = float(self.clip_norm)
+        if not math.isfinite(clip_norm) or clip_norm <= 0:
+            raise ValueError(f"GradientNoise.clip_norm must be a finite number > 0, got {self.clip_norm!r}")
+        multiplier = float(self.noise_multiplier)
+        if not math.isfinite(multiplier) or multiplier < 0:
+            raise ValueError(f"GradientNoise.noise_multiplier must be a finite number >= 0, got {self.noise_multiplier!r}")
+        if self.params is not None:
+            if isinstance(self.params, str):
+                raise TypeError(f"GradientNoise.params must be a tuple of names, e.g. ({self.params!r},), not a string")
+            names = tuple(self.params)
+            if not names or not all(isinstance(name, str) for name in names):
+                raise ValueError(f"GradientNoise.params must be a non-empty tuple of parameter names, got {self.params!r}")
+            object.__setattr__(self, "params", names)  # accept a list, store a hashable tuple
+        if self.support not in NOISE_SUPPORTS:
+            raise ValueError(f"GradientNoise.support must be one of {NOISE_SUPPORTS}, got {self.support!r}")
+
+    @classmethod
+    def from_std(cls, clip_norm: float, noise_std: float, params: Optional[Tuple[str, ...]] = None,
+                 support: str = "full") -> "GradientNoise":
+        """From the noise standard deviation instead of the multiplier: ``σ = noise_std / clip_norm``.
+
+        Papers often state the std (FedRKG: "sensitivity 0.1 and σ = 0.001", i.e.
+        ``GradientNoise.from_std(0.1, 0.001)``, multiplier 0.01).
+        """
+        clip_norm = float(clip_norm)
+        if not math.isfinite(clip_norm) or clip_norm <= 0:
+            raise ValueError(f"clip_norm must be a finite number > 0, got {clip_norm!r}")
+        return cls(clip_norm, float(noise_std) / clip_norm, params, support)
+
+    @property
+    def noise_std(self) -> float:
+        """Standard deviation ``σ·C`` of the noise on each coordinate."""
+        return float(self.noise_multiplier) * float(self.clip_norm)
+
+
+@dataclass(frozen=True)
 class FederatedMethod:
     """See the module docstring.
 
@@ -139,7 +243,8 @@ class FederatedMethod:
         update_steps: parameter groups stepped one after another on each batch, the loss
             being recomputed before each; ``None`` = one step on every parameter.
         grad_clip_norm: clip each client's gradient (over the parameters of the step) to
-            this L2 norm, as ``torch.nn.utils.clip_grad_norm_`` (FedRKG: 1.0).
+            this L2 norm, as ``torch.nn.utils.clip_grad_norm_`` (FedRKG: 1.0). See
+            :class:`GradientNoise` for how the two combine.
         aggregation: FedAvg weighting.
         client_loss: local loss (default :func:`bce_client_loss`).
         server_mix: optional ``(previous_global, aggregated, round) -> global`` hook.
@@ -152,6 +257,8 @@ class FederatedMethod:
             (many FedRec papers). The aggregate is the same either way (untouched rows carry
             a zero change); the mode decides the bytes counted by the communication ledger
             and rules out full-support noise (rows that are not sent cannot carry noise).
+        gradient_noise: clipping plus Gaussian noise in every local step (DP-SGD at the
+            client level, FedRKG's LDP); ``None`` = none. See :class:`GradientNoise`.
     """
 
     model: FederatedModel
@@ -166,6 +273,7 @@ class FederatedMethod:
     name: str = ""
     upload_noise: Optional[UploadNoise] = None
     upload_mode: str = "full"
+    gradient_noise: Optional[GradientNoise] = None
 
     def __post_init__(self):
         if self.upload_mode not in UPLOAD_MODES:
@@ -184,6 +292,34 @@ class FederatedMethod:
             unknown = set(group) - names
             if unknown:
                 raise ValueError(f"update_steps names unknown parameters {sorted(unknown)}")
+        self._check_gradient_noise(names)
+
+    def _check_gradient_noise(self, names) -> None:
+        noise = self.gradient_noise
+        if noise is None:
+            return
+        if not isinstance(noise, GradientNoise):
+            raise TypeError(f"gradient_noise must be a GradientNoise or None, got {type(noise).__name__}")
+        if noise.params is not None:
+            unknown = sorted(set(noise.params) - names)
+            if unknown:
+                raise ValueError(f"GradientNoise.params names unknown parameters {unknown}; "
+                                 f"the model has {sorted(names)}")
+            stepped = {name for group in self.steps for name in group}
+            never = sorted(set(noise.params) - stepped)
+            if never:
+                raise ValueError(f"GradientNoise.params names parameters no update step trains: {never}")
+        elif self.grad_clip_norm is not None and float(self.grad_clip_norm) != float(noise.clip_norm):
+            raise ValueError(
+                f"grad_clip_norm={self.grad_clip_norm} and GradientNoise.clip_norm={noise.clip_norm} both clip every "
+                "parameter: GradientNoise's clip replaces grad_clip_norm, so set grad_clip_norm=None (or equal), or "
+                "restrict the noise to some parameters with GradientNoise(params=...)")
+        if self.upload_mode == "rows" and self.adds_gradient_noise and noise.support == "full":
+            covered = [name for name in self.model.names("public_rows") if name in self.gradient_noise_names]
+            if covered:
+                raise ValueError(
+                    f"upload_mode='rows' sends only the touched rows, but full-support gradient noise changes every "
+                    f"row of {covered}: use GradientNoise(..., support='touched') or upload_mode='full'")
 
     def lr(self, name: str, round_index: int) -> float:
         """Learning rate of parameter ``name`` in round ``round_index``."""
@@ -202,9 +338,55 @@ class FederatedMethod:
         return self.upload_noise is not None and float(self.upload_noise.scale) > 0.0
 
     @property
+    def adds_gradient_noise(self) -> bool:
+        """Whether local steps add Gaussian noise (``gradient_noise`` with a multiplier > 0)."""
+        return self.gradient_noise is not None and float(self.gradient_noise.noise_multiplier) > 0.0
+
+    @property
+    def gradient_noise_names(self) -> Tuple[str, ...]:
+        """Parameters whose gradients ``gradient_noise`` clips and noises, in declaration order."""
+        if self.gradient_noise is None:
+            return ()
+        covered = self.gradient_noise.params
+        return tuple(name for name in self.model.param_kinds if covered is None or name in covered)
+
+    @property
+    def step_clip_norm(self) -> Optional[float]:
+        """The ``clip_grad_norm_``-style clip of a step's whole gradient, if any.
+
+        ``grad_clip_norm``, except when ``gradient_noise`` covers every parameter: its own
+        clip then replaces it.
+        """
+        if self.gradient_noise is not None and self.gradient_noise.params is None:
+            return None
+        return self.grad_clip_norm
+
+    @property
+    def noised_steps_per_batch(self) -> int:
+        """Update steps per batch that use ``gradient_noise`` (groups with a covered parameter).
+
+        A client's noisy local steps per round are its batches times this: the
+        ``steps_per_round`` of :func:`~fedlib.engine.privacy.dp_epsilon`.
+        """
+        covered = set(self.gradient_noise_names)
+        return sum(1 for group in self.steps if covered & set(group))
+
+    def uploads_every_row(self, name: str) -> bool:
+        """Whether a client's upload of ``public_rows`` table ``name`` changes every row.
+
+        True with full-support upload noise, or full-support gradient noise (multiplier > 0)
+        on that table; otherwise only the rows the client trained on change.
+        """
+        if self.adds_upload_noise and self.upload_noise.support == "full":
+            return True
+        return (self.adds_gradient_noise and self.gradient_noise.support == "full"
+                and name in self.gradient_noise_names)
+
+    @property
     def is_plain(self) -> bool:
-        """Default loss, one step on all parameters, no clipping (enables analytic kernels)."""
-        return self.client_loss is bce_client_loss and self.update_steps is None and self.grad_clip_norm is None
+        """Default loss, one step on all parameters, no clipping or gradient noise (enables analytic kernels)."""
+        return (self.client_loss is bce_client_loss and self.update_steps is None and self.grad_clip_norm is None
+                and self.gradient_noise is None)
 
 
 # -- factories with the learning-rate schemes of the papers' public code ------------------------

@@ -10,7 +10,7 @@ number for number. A plan fixes
    batches of ``batch_size`` (the last batch of an epoch may be smaller). A client whose
    examples fit in one batch is not shuffled: the order inside a batch does not change a
    mean loss;
-4. a ``noise_key`` from which each client's upload noise can be derived
+4. a ``noise_key`` from which each client's upload and gradient noise can be derived
    (:func:`client_noise_generator`), so every executor adds the same noise. The round loop
    derives the key from ``(seed, round_index)`` instead (:func:`round_noise_key`), which
    makes the noise of client ``u`` in round ``t`` a function of ``(seed, t, u)`` alone.
@@ -57,15 +57,23 @@ def round_noise_key(seed: int, round_index: int) -> int:
     return int(round_generator(seed, round_index, NOISE_STREAM).integers(0, 2**63 - 1))
 
 
-def client_noise_generator(noise_key: int, client_id: int) -> torch.Generator:
-    """The CPU ``torch.Generator`` of one client's upload noise in one round.
+def client_noise_generator(noise_key: int, client_id: int, stream: int = 0) -> torch.Generator:
+    """The CPU ``torch.Generator`` of one client's noise in one round.
 
-    A pure function of ``(noise_key, client_id)``, with ``noise_key`` the round's key:
+    A pure function of ``(noise_key, client_id, stream)``, with ``noise_key`` the round's key:
     :func:`round_noise_key` ``(seed, round_index)``, or :attr:`RoundPlan.noise_key` when no
     seed is given. Giving each client its own stream makes its noise independent of which
     other clients take part, of the executor and of how clients are chunked.
+
+    ``stream`` separates the uses inside one client's round: ``0`` is its upload noise
+    (:class:`~fedlib.engine.method.UploadNoise`), ``1 + k`` the gradient noise of its local
+    step ``k`` (:class:`~fedlib.engine.method.GradientNoise`).
     """
-    words = np.random.SeedSequence([int(noise_key), int(client_id)]).generate_state(2, dtype=np.uint32)
+    if int(stream) < 0:
+        raise ValueError(f"stream must be >= 0, got {stream}")
+    # Stream 0 keeps the two-word entropy it always had, so upload noise is unchanged.
+    entropy = [int(noise_key), int(client_id)] + ([int(stream)] if int(stream) else [])
+    words = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     # torch seeds are 64-bit; keep the top bit clear so the value fits an int64 on every path.
     return torch.Generator().manual_seed((int(words[0]) & 0x7FFFFFFF) << 32 | int(words[1]))
 

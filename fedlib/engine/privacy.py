@@ -13,7 +13,9 @@ Three papers in this library perturb what clients send:
   not 4. And the paper calls η a standard deviation, while the code passes it as the
   Laplace *scale* b (standard deviation ``√2·b``).
 * **FedRKG** (§5.2) uses Gaussian noise with gradient clipping and a moments/RDP
-  accountant (Opacus); see :func:`gaussian_mechanism` for its granularity.
+  accountant (Opacus); see :func:`gaussian_mechanism` for its granularity. The engine runs
+  it inside local training (:class:`~fedlib.engine.method.GradientNoise`) and
+  :func:`dp_epsilon` turns its settings into an ε.
 
 Conventions:
 
@@ -45,9 +47,13 @@ __all__ = [
     "laplace_epsilon",
     "l1_sensitivity_of_l2_clip",
     "per_sample_norms",
+    "clip_factors",
     "clip_per_sample",
+    "gaussian_noise_like",
     "gaussian_mechanism",
     "rdp_epsilon",
+    "dp_epsilon",
+    "ADJACENCIES",
     "noise_multiplier_for_epsilon",
 ]
 
@@ -190,6 +196,22 @@ def per_sample_norms(grads: Grads) -> torch.Tensor:
     return torch.stack(squared).sum(dim=0).sqrt()
 
 
+def clip_factors(norms: torch.Tensor, max_norm: float) -> torch.Tensor:
+    r"""``(C,)`` clipping factors ``min(1, C / ‖g_c‖₂)`` for gradients of the given norms.
+
+    The one formula every clipping path of the library shares: :func:`clip_per_sample` and
+    the batched executor's per-client clipping (whose gradients are ragged row slots rather
+    than a ``(C, ...)`` stack) both multiply by these factors. A zero norm gets factor 1.
+
+    Args:
+        norms: ``(C,)`` L2 norms ``≥ 0``.
+        max_norm: clipping threshold ``C > 0``.
+    """
+    max_norm = _check_positive_finite(max_norm, "max_norm")
+    # A zero-norm row would divide by zero; its factor is irrelevant (0 · anything = 0).
+    return (max_norm / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
+
+
 def clip_per_sample(
     grads: Grads, max_norm: float, *, return_norms: bool = False
 ) -> Union[Grads, Tuple[Grads, torch.Tensor]]:
@@ -217,14 +239,30 @@ def clip_per_sample(
     """
     max_norm = _check_positive_finite(max_norm, "max_norm")
     norms = per_sample_norms(grads)
-    # A zero-norm row would divide by zero; its factor is irrelevant (0 · anything = 0).
-    factor = (max_norm / norms.clamp_min(torch.finfo(norms.dtype).tiny)).clamp(max=1.0)
+    factor = clip_factors(norms, max_norm)
 
     def scale(tensor: torch.Tensor) -> torch.Tensor:
         return tensor * factor.to(tensor.dtype).reshape((-1,) + (1,) * (tensor.ndim - 1))
 
     clipped = scale(grads) if isinstance(grads, torch.Tensor) else {name: scale(t) for name, t in grads.items()}
     return (clipped, norms) if return_norms else clipped
+
+
+def gaussian_noise_like(tensor: torch.Tensor, std: float, generator: torch.Generator) -> torch.Tensor:
+    """i.i.d. ``N(0, std²)`` noise with the shape, dtype and device of ``tensor``.
+
+    Drawn with ``torch.randn`` on the generator's device (float64 for float64 tensors,
+    float32 otherwise), then moved: a CPU generator gives the same numbers on any device.
+    ``std = 0`` gives zeros.
+    """
+    _require_float(tensor, "tensor")
+    std = _check_non_negative_finite(std, "std")
+    _check_generator(generator)
+    if std == 0.0:
+        return torch.zeros_like(tensor)
+    dtype = _sampling_dtype(tensor.dtype)
+    noise = torch.randn(tensor.shape, generator=generator, device=generator.device, dtype=dtype) * std
+    return noise.to(device=tensor.device, dtype=tensor.dtype)
 
 
 def gaussian_mechanism(
@@ -262,6 +300,9 @@ def gaussian_mechanism(
     ``rdp_epsilon(0.01, 1.0, 1000, 1e-5)`` is about 5.5·10⁶ (read as Opacus'
     ``noise_multiplier = 0.001`` it is larger still). Either way there is no meaningful
     guarantee: the table measures the utility cost of clipping plus very small noise.
+    (:func:`dp_epsilon` gives the same number from a
+    :class:`~fedlib.engine.method.GradientNoise`, and 4× larger RDP under the paper's
+    replace adjacency.)
 
     Args:
         clipped_sum: tensor or dict of tensors (already clipped / summed).
@@ -281,9 +322,7 @@ def gaussian_mechanism(
         _require_float(tensor, "clipped_sum")
         if std == 0.0:
             return tensor.clone()
-        dtype = _sampling_dtype(tensor.dtype)
-        noise = torch.randn(tensor.shape, generator=generator, device=generator.device, dtype=dtype) * std
-        return tensor + noise.to(device=tensor.device, dtype=tensor.dtype)
+        return tensor + gaussian_noise_like(tensor, std, generator)
 
     if isinstance(clipped_sum, torch.Tensor):
         return noisy(clipped_sum)
@@ -347,6 +386,96 @@ def rdp_epsilon(
     accountant = RDPAccountant()
     accountant.history = [(noise_multiplier, sample_rate, steps)]
     return float(accountant.get_epsilon(delta=delta, alphas=list(alphas) if alphas is not None else None))
+
+
+#: Neighbouring relations :func:`dp_epsilon` accounts for (both user-level: the unit is one
+#: client's whole local data).
+ADJACENCIES = ("add_remove", "replace")
+
+
+def dp_epsilon(
+    gradient_noise,
+    *,
+    steps_per_round: int,
+    rounds: int,
+    sample_rate: float,
+    delta: float,
+    adjacency: str = "add_remove",
+) -> float:
+    r"""User-level ε of one client that trains with :class:`~fedlib.engine.method.GradientNoise`.
+
+    Accounting model (one client ``u``; the same bound holds for every client):
+
+    * **user-level**: the protected unit is ``u``'s whole local data (all its interactions,
+      hence also the negatives sampled for it). Nothing about other clients is assumed.
+    * **per round**: when ``u`` takes part it runs ``k = steps_per_round`` noisy local steps;
+      each is a Gaussian mechanism on a gradient clipped to ``C`` with noise std ``σ·C``
+      (``σ = gradient_noise.noise_multiplier``). RDP adds up over adaptive steps, and ``k``
+      Gaussian mechanisms of multiplier ``σ`` have exactly the RDP curve ``α·k / (2σ²)`` of one
+      Gaussian mechanism of multiplier ``σ/√k``: a round is one mechanism of multiplier
+      ``σ/√k``.
+    * **over rounds**: ``u`` takes part in a round with probability ``q = sample_rate``
+      (``clients_per_round / num_clients``; 1.0 when every client trains every round, as in
+      FedRKG, and then nothing is amplified). The ``rounds`` rounds are composed by Opacus'
+      RDP accountant (:func:`rdp_epsilon`) as ``rounds`` steps of the sampled Gaussian
+      mechanism ``(σ/√k, q)``. Sampling is per round, not per local step: a participating
+      client runs all its ``k`` steps, so ``rdp_epsilon(σ, q, k·rounds, δ)`` would be too
+      optimistic for ``q < 1`` (for ``q = 1`` both agree). Opacus' amplification assumes
+      Poisson sampling; the engine samples a fixed number of clients per round, the usual
+      approximation.
+    * **adjacency** (``Δ`` = L2 sensitivity of one clipped step):
+
+      - ``"add_remove"`` (default; the convention of DP-SGD, Opacus and user-level
+        DP-FedAvg): ``u``'s data present versus absent, i.e. a clipped gradient versus
+        none, ``Δ = C``: the accountant sees ``σ``;
+      - ``"replace"``: any two local datasets of ``u`` (how FedRKG §5.2 defines its LDP,
+        "two global datasets differ only in the local dataset of a single client"; its own
+        bound ``2ηT_int·E·C`` has the same factor 2): two clipped gradients can differ by
+        ``Δ = 2C``, so the accountant sees ``σ/2``. Opacus' amplification formula is for
+        add/remove, so this needs ``sample_rate = 1`` (not amplifying is a valid, if
+        loose, bound for ``q < 1``: pass 1.0).
+
+    Args:
+        gradient_noise: a :class:`~fedlib.engine.method.GradientNoise`.
+        steps_per_round: noisy local steps of the client per round, ``≥ 0``: its batches per
+            round (``plan.num_steps``, local epochs included) times
+            :attr:`~fedlib.engine.method.FederatedMethod.noised_steps_per_batch`. Clients
+            differ; the largest count bounds them all.
+        rounds: rounds the client may take part in, ``≥ 0``.
+        sample_rate: ``q ∈ (0, 1]``.
+        delta: target ``δ ∈ (0, 1)`` (e.g. ``1e-5``, or below ``1 / num_clients``).
+        adjacency: one of :data:`ADJACENCIES`.
+
+    Returns:
+        ε of ``(ε, δ)``-DP; ``0`` without steps, ``inf`` with ``noise_multiplier = 0``.
+
+    Example (FedRKG Table 5, "sensitivity 0.1 and σ = 0.001", read as clip norm 0.1 and noise
+    std 0.001, one noisy step per round over 1000 rounds, every client every round)::
+
+        dp_epsilon(GradientNoise.from_std(0.1, 0.001), steps_per_round=1, rounds=1000,
+                   sample_rate=1.0, delta=1e-5)   # ≈ 5.5e6: no meaningful guarantee
+    """
+    from fedlib.engine.method import GradientNoise  # local import: method imports this module
+
+    if not isinstance(gradient_noise, GradientNoise):
+        raise TypeError(
+            f"gradient_noise must be a GradientNoise, got {type(gradient_noise).__name__} "
+            "(for a bare noise multiplier use GradientNoise(clip_norm, noise_multiplier) or rdp_epsilon)")
+    if adjacency not in ADJACENCIES:
+        raise ValueError(f"adjacency must be one of {ADJACENCIES}, got {adjacency!r}")
+    for value, name in ((steps_per_round, "steps_per_round"), (rounds, "rounds")):
+        if isinstance(value, bool) or int(value) != value or int(value) < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    steps_per_round, rounds = int(steps_per_round), int(rounds)
+    sample_rate, rounds, delta = _validate_accounting_args(sample_rate, rounds, delta)
+    if adjacency == "replace" and sample_rate < 1.0:
+        raise ValueError(
+            "amplification by client sampling is only accounted for add/remove adjacency; with "
+            "adjacency='replace' pass sample_rate=1.0 (a valid bound without amplification)")
+    if steps_per_round == 0 or rounds == 0:
+        return 0.0
+    sigma = float(gradient_noise.noise_multiplier) / (2.0 if adjacency == "replace" else 1.0)
+    return rdp_epsilon(sigma / math.sqrt(steps_per_round), sample_rate, rounds, delta)
 
 
 def noise_multiplier_for_epsilon(

@@ -1,12 +1,15 @@
 r"""What a client sends the server: noisy uploads, per-client inspection, bytes on the wire.
 
-Three pieces shared by both executors and the round loop:
+Four pieces shared by both executors and the round loop:
 
 * :func:`client_upload_noise` draws one client's Laplace noise for one round
   (:class:`~fedlib.engine.method.UploadNoise`). The draw is a pure function of
   ``(round noise key, client id)`` and the shapes involved, and it happens in one fixed order
   (public tensors in declaration order; touched rows sorted by item id), so the sequential
   and the batched executor add exactly the same numbers.
+* :func:`client_gradient_noise` draws, the same way, one client's Gaussian noise for one
+  local step (:class:`~fedlib.engine.method.GradientNoise`); what it perturbs ends up in the
+  upload (public tables) or in the client's private state.
 * :class:`ClientRowUpdates` holds the individual uploads of a ``public_rows`` table, one row
   per (client, item) pair a client sends a change for: what an honest-but-curious server
   sees before averaging (input of :mod:`fedlib.methods.inference_attack`).
@@ -25,16 +28,18 @@ receives ``Σ_c w_c upload_c = Q + Σ_c w_c (Δ_c + noise_c)`` (``Σ_c w_c = 1``
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Dict, Mapping
+from typing import Dict, Mapping, Sequence, Tuple
 
 import torch
 
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import RoundPlan, client_noise_generator
-from fedlib.engine.privacy import laplace_noise_like
+from fedlib.engine.privacy import gaussian_noise_like, laplace_noise_like
 
-__all__ = ["ClientRowUpdates", "client_upload_noise", "record_round_communication"]
+__all__ = ["ClientRowUpdates", "client_upload_noise", "client_gradient_noise", "gradient_noise_shapes",
+           "record_round_communication"]
 
 
 @dataclass
@@ -111,6 +116,57 @@ def client_upload_noise(method, global_state: Mapping[str, torch.Tensor], client
         elif kind == "public_dense":
             out[name] = laplace_noise_like(global_state[name], noise.scale, generator)
     return out
+
+
+def gradient_noise_shapes(method, group: Sequence[str], global_state: Mapping[str, torch.Tensor],
+                          private_state: Mapping[str, torch.Tensor], num_touched_rows: int) -> Dict[str, Tuple[int, ...]]:
+    """Shapes of one client's gradient noise in a step of ``group``: ``name -> shape``.
+
+    Covered parameters of the group only (:attr:`~fedlib.engine.method.FederatedMethod.gradient_noise_names`),
+    in declaration order, per client (no client axis): a row table ``(num_items, *row)``
+    with ``support="full"``, ``(num_touched_rows, *row)`` with ``"touched"``; a dense tensor
+    its own shape (a private one: one user's slice).
+    """
+    model = method.model
+    full = method.gradient_noise.support == "full"
+    in_group = set(group)
+    shapes = {}
+    for name in method.gradient_noise_names:
+        if name not in in_group:
+            continue
+        kind = model.param_kinds[name]
+        if kind == "public_rows":
+            shapes[name] = (model.num_items if full else int(num_touched_rows), *global_state[name].shape[1:])
+        elif kind == "private_rows":
+            shapes[name] = (model.num_items if full else int(num_touched_rows), *private_state[name].shape[2:])
+        elif kind == "public_dense":
+            shapes[name] = tuple(global_state[name].shape)
+        else:  # private_dense: (num_users, ...) stacked
+            shapes[name] = tuple(private_state[name].shape[1:])
+    return shapes
+
+
+def client_gradient_noise(method, shapes: Mapping[str, Tuple[int, ...]], client_id: int, noise_key: int,
+                          local_step: int, like: torch.Tensor) -> Dict[str, torch.Tensor]:
+    r"""One client's Gaussian gradient noise for one local step: ``name -> N(0, (σC)²)`` noise.
+
+    All tensors come from a single draw of ``Σ numel`` normals, split in the order of
+    ``shapes`` (:func:`gradient_noise_shapes`, declaration order), from
+    :func:`~fedlib.engine.plan.client_noise_generator` ``(noise_key, client_id, stream=1 + local_step)``.
+    Row noise of a ``"touched"`` table is aligned with the client's sorted touched items.
+
+    Args:
+        method: the :class:`~fedlib.engine.method.FederatedMethod` (``gradient_noise`` set).
+        shapes: per-client noise shapes of the step.
+        client_id: the user id.
+        noise_key: the round's key (as for :func:`client_upload_noise`).
+        local_step: ``k = batch × len(method.steps) + group`` (0-based, within the round).
+        like: any tensor of the state: dtype and device of the noise.
+    """
+    generator = client_noise_generator(noise_key, client_id, stream=1 + int(local_step))
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    flat = gaussian_noise_like(like.new_empty(sum(sizes)), method.gradient_noise.noise_std, generator)
+    return {name: part.view(shape) for (name, shape), part in zip(shapes.items(), flat.split(sizes))}
 
 
 def record_round_communication(ledger: CommunicationLedger, method, global_state: Mapping[str, torch.Tensor],
