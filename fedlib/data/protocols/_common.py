@@ -286,3 +286,14 @@ def sparsity_percent(interactions: int, users: int, items: int) -> float:
     if users == 0 or items == 0:
         return float("nan")
     return 100.0 * (1.0 - interactions / (users * items))
+
+
+def interaction_statistics(split: InteractionSplit) -> pd.DataFrame:
+    """One-row table: users, items, interactions (train + valid + test), sparsity (%)."""
+    inter = len(split.train) + len(split.valid) + len(split.test)
+    return pd.DataFrame([{
+        "users": split.num_users,
+        "items": split.num_items,
+        "interactions": inter,
+        "sparsity": round(sparsity_percent(inter, split.num_users, split.num_items), 2),
+    }])

@@ -101,13 +101,7 @@ def split_from_frame(
 
 def statistics(split: InteractionSplit) -> pd.DataFrame:
     """Table 5 columns: users, items, interactions, sparsity (%)."""
-    inter = len(split.train) + len(split.valid) + len(split.test)
-    return pd.DataFrame([{
-        "users": split.num_users,
-        "items": split.num_items,
-        "interactions": inter,
-        "sparsity": round(C.sparsity_percent(inter, split.num_users, split.num_items), 2),
-    }])
+    return C.interaction_statistics(split)
 
 
 def _config(dataset: str) -> dict:

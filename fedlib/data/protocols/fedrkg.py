@@ -143,13 +143,7 @@ def item_first_appearance_rank(items: np.ndarray) -> np.ndarray:
 
 def statistics(split: InteractionSplit) -> pd.DataFrame:
     """Table C.1 columns for one dataset: #users, #items, #interactions, sparsity (%)."""
-    inter = len(split.train) + len(split.valid) + len(split.test)
-    return pd.DataFrame([{
-        "users": split.num_users,
-        "items": split.num_items,
-        "interactions": inter,
-        "sparsity": round(C.sparsity_percent(inter, split.num_users, split.num_items), 2),
-    }])
+    return C.interaction_statistics(split)
 
 
 def _test_pairs_also_in_train(split: InteractionSplit) -> int:
