@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from fedlib.data.sampling import NegativeSampler
-from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, FederatedConfig, FederatedMethod, GradientNoise, SequentialExecutor,
                            UploadNoise, bce_client_loss, client_gradient_noise, client_noise_generator, dp_epsilon,
                            fedmf_method, gradient_noise_shapes, init_train_state, make_round_plan, pfedrec_method,
@@ -24,18 +23,9 @@ from fedlib.engine import (BatchedExecutor, FederatedConfig, FederatedMethod, Gr
 from fedlib.engine.privacy import rdp_epsilon
 from fedlib.models import FedMF, PersonalItemTableModel, PFedRec
 
-NUM_USERS, NUM_ITEMS, DIM, BATCH = 14, 60, 8, 16
+from engine_toys import BATCH, DIM, NUM_ITEMS, NUM_USERS, toy_train  # noqa: F401
 EXECUTORS = {"sequential": SequentialExecutor(), "batched": BatchedExecutor(chunk_size=5)}
 
-
-def toy_train(seed=0):
-    """1..18 positives per user: 1 to 6+ local batches of 16 (with 4 negatives per positive)."""
-    rng = np.random.default_rng(seed)
-    users, items = [], []
-    for u, n in enumerate([1, 2, 3, 18, 5, 9, 14, 2, 7, 16, 1, 11, 4, 6]):
-        users += [u] * n
-        items += rng.choice(NUM_ITEMS, size=n, replace=False).tolist()
-    return Pairs.from_arrays(users, items, NUM_USERS)
 
 
 def _plan(train, batch_size=BATCH, round_index=0):

@@ -15,17 +15,8 @@ from fedlib.engine import (Aggregation, BatchedExecutor, CommunicationLedger, Fe
 from fedlib.engine import plan as plan_module
 from fedlib.models import FedMF, FedNCF, PFedRec
 
-NUM_USERS, NUM_ITEMS, DIM, BATCH = 14, 60, 8, 16
+from engine_toys import BATCH, DIM, NUM_ITEMS, NUM_USERS, toy_train  # noqa: F401
 
-
-def toy_train(seed=0):
-    """1..18 positives per user: one-batch clients and clients with many local steps."""
-    rng = np.random.default_rng(seed)
-    users, items = [], []
-    for u, n in enumerate([1, 2, 3, 18, 5, 9, 14, 2, 7, 16, 1, 11, 4, 6]):
-        users += [u] * n
-        items += rng.choice(NUM_ITEMS, size=n, replace=False).tolist()
-    return Pairs.from_arrays(users, items, NUM_USERS)
 
 
 def _round(method, executor, plan, **kwargs):
