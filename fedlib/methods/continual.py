@@ -43,9 +43,9 @@ loss, a ``server_mix`` hook) and ``after_block`` stores what the next block need
 :mod:`fedlib.methods.f3crec`.
 
 A client loss that needs extra rows in every local batch (F3CRec's replay items, which are
-not among the batch's positives/negatives) declares a ``prepare_round(plan, global_state)``
-method; :class:`PlanAugmentingExecutor` calls it before handing the (augmented) round plan
-to the engine's executor. See that class for why this is needed.
+not among the batch's positives/negatives) declares a
+``prepare_round(plan, global_state, private_state)`` method; :class:`PlanAugmentingExecutor`
+calls it before handing the (augmented) round plan to the engine's executor. See that class for why this is needed.
 """
 from __future__ import annotations
 
@@ -205,8 +205,8 @@ class PlanAugmentingExecutor:
     batch (the batched executor gathers exactly those rows per client), so a loss term on
     other items, e.g. F3CRec's distillation on the previous block's top-N items, can neither
     read their *local* values nor send gradients into them. A loss object that defines
-    ``prepare_round(plan, global_state) -> RoundPlan`` may add such rows to every local step
-    of the plan as extra examples (marked by negative labels its own loss recognises), and
+    ``prepare_round(plan, global_state, private_state) -> RoundPlan`` may add such rows to every
+    local step of the plan as extra examples (marked by negative labels its own loss recognises), and
     ``finish_round()`` to release what it kept for the round. The inner executor then treats
     them as ordinary touched rows: local copies, gradients, uploads, in both executors alike.
 
@@ -221,7 +221,7 @@ class PlanAugmentingExecutor:
         prepare = getattr(method.client_loss, "prepare_round", None)
         if prepare is None:
             return self.inner.local_updates(method, global_state, private_state, plan, weights, **kwargs)
-        augmented = prepare(plan, global_state)
+        augmented = prepare(plan, global_state, private_state)
         try:
             return self.inner.local_updates(method, global_state, private_state, augmented, weights, **kwargs)
         finally:
@@ -432,8 +432,10 @@ def run_continual(
             if (base.num_users, base.num_items) != (split.num_users, split.num_items):
                 raise ValueError("base was trained on a different block 0")
             result = base
+            scoring_model = model
         else:
             block_method = method.make_method(ctx)
+            scoring_model = block_method.model
             state = initial_block_state(ctx, config.seed, device=device)
             if on_block_start is not None:
                 on_block_start(ctx, state)
@@ -442,7 +444,8 @@ def run_continual(
                                   state=state, device=device, on_round_end=on_round_end)
             best_global = state.best_global_state if state.best_global_state is not None else state.global_state
             best_private = state.best_private_state if state.best_private_state is not None else state.private_state
-            users, per_user = evaluator.per_user(model, best_global, best_private, "test")
+            # The method's model scores: a method may wrap the backbone (RLP2's error compensation).
+            users, per_user = evaluator.per_user(block_method.model, best_global, best_private, "test")
             result = BlockResult(
                 index=t, name=split.name, num_users=split.num_users, num_items=split.num_items,
                 best_round=state.best_round, rounds_run=state.round_index, stopped_early=state.stopped_early,
@@ -460,7 +463,7 @@ def run_continual(
             accuracy[m][t, t] = result.test_metrics[m]
         if accuracy_matrix:
             for s in range(t):
-                past = _evaluator(stream[s], ks)(model, result.global_state, result.private_state, "test")
+                past = _evaluator(stream[s], ks)(scoring_model, result.global_state, result.private_state, "test")
                 for m in metric_names:
                     accuracy[m][t, s] = past[m]
         if result is not base:

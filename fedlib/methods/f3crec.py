@@ -485,7 +485,7 @@ class ReplayDistillationLoss:
         self._round: Optional[int] = None
 
     # -- called by PlanAugmentingExecutor ----------------------------------------------------
-    def prepare_round(self, plan: RoundPlan, global_state) -> RoundPlan:
+    def prepare_round(self, plan: RoundPlan, global_state, private_state=None) -> RoundPlan:
         """Keep the downloaded state (for Eq. 2) and add replay/context rows to the plan."""
         self._download, self._round = global_state, plan.round_index
         rng = round_generator(self.seed, plan.round_index, REPLAY_STREAM)
