@@ -1,0 +1,370 @@
+"""F3CRec: from recorded runs to the paper's Tables 1–8 (paper vs ours) and Figures 3–4.
+
+Every number here is read from ``runs.jsonl`` records written by
+:func:`fedlib.experiments.f3crec.run_grid` (or by the notebook), matched to table cells by the
+configuration hash of :func:`fedlib.experiments.f3crec.cell`. Derived cells (``Improv``, the
+ablations' relative decrease, the static/dynamic analyses) carry the id of the run they are
+computed from, an empty ``run_metric`` and a note saying how they are derived.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedlib.experiments.f3crec import (ABLATIONS, BACKBONES, DATASETS, METHODS, NOISE_SCALES, OFFLINE_DATASETS,
+                                       PAPER, SENSITIVITY_GRID, cell, eps_scale)
+from fedlib.metrics import paired_ttest
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
+from fedlib.reporting.results import config_hash, latest_records
+
+__all__ = ["data_statistics_records", "table1", "table2", "ablation_table", "user_tables", "table7", "table8",
+           "all_tables", "improvement_over_second_best", "sensitivity_frame", "significance"]
+
+SHORT = {"N@20": "N@20", "R@20": "R@20"}
+DERIVED = "derived"
+
+
+def _missing_note(row: pd.Series) -> str:
+    if str(row.get("dataset", "")) not in OFFLINE_DATASETS:
+        return NEEDS_DOWNLOAD_NOTE
+    return "not run at this profile"
+
+
+def _lookup(records) -> Dict[str, Any]:
+    return latest_records(records)
+
+
+def _seeds(records) -> List[int]:
+    return sorted({int(r.seed) for r in records}) or [0]
+
+
+def _cell_index(records, cells: Iterable[tuple[dict, dict]]) -> Dict[str, dict]:
+    """config hash -> table keys, for every (keys, cell config) pair and every recorded seed."""
+    index = {}
+    for seed in _seeds(records):
+        for keys, config in cells:
+            index[config_hash({**config, "seed": seed})] = keys
+    return index
+
+
+def _aggregate(records, index: Mapping[str, dict], metric_cells: Callable[[str], Optional[dict]]) -> pd.DataFrame:
+    return aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=metric_cells)
+
+
+def _runs_of(records, index: Mapping[str, dict], **keys) -> list:
+    """Records whose cell keys include ``keys`` (every seed)."""
+    out = []
+    for record in _lookup(records).values():
+        cell_keys = index.get(record.config_hash)
+        if cell_keys is not None and all(cell_keys.get(k) == v for k, v in keys.items()):
+            out.append(record)
+    return sorted(out, key=lambda r: r.seed)
+
+
+def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, **kwargs) -> pd.DataFrame:
+    """:func:`compare_with_paper` against ``paper_tables/f3crec/<table_id>``; an empty ``ours`` is fine."""
+    if ours.empty:
+        ours = pd.DataFrame(columns=[*keys, "value"])
+    return compare_with_paper(ours, load_paper_table(PAPER, table_id), list(keys), profile=profile,
+                              missing_note=_missing_note, **kwargs)
+
+
+def _derived_row(keys: dict, value: float, runs: Sequence, note: str, unit: str) -> dict:
+    return {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
+            "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
+
+
+# ======================================================================================
+# Table 1: data blocks
+# ======================================================================================
+STATISTIC_NAMES = {"users": "# of accumulated users", "items": "# of accumulated items",
+                   "interactions": "# of interactions", "sparsity": "sparsity"}
+
+
+def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
+    """Record each dataset's block statistics as a run (once per configuration)."""
+    from fedlib.data.stats import stats_table
+
+    known = _lookup(records)
+    out = []
+    for dataset in datasets:
+        config = {"paper": PAPER, "kind": "data_blocks", "dataset": dataset, "seed": 0}
+        if config_hash(config) in known:
+            out.append(known[config_hash(config)])
+            continue
+        started = time.perf_counter()
+        wide = stats_table(DATASETS[dataset], "f3crec", compare=False)
+        metrics = {f"{stat}/{row['block']}": float(row[stat]) for _, row in wide.iterrows() for stat in STATISTIC_NAMES}
+        out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
+    return out
+
+
+def table1(records, profile: str) -> pd.DataFrame:
+    index = {config_hash({"paper": PAPER, "kind": "data_blocks", "dataset": d, "seed": 0}): {"dataset": d, "method": ""}
+             for d in DATASETS}
+
+    def metric_cells(name):
+        stat, block = name.split("/")
+        return {"metric": STATISTIC_NAMES[stat], "block": block}
+
+    ours = _aggregate(records, index, metric_cells)
+    if len(ours):
+        ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
+        ours.loc[ours["dataset"] == "Lastfm-2K", "note"] = (
+            "closest variant of the paper's Lastfm-2K preprocessing; see the data-protocol notes")
+    return _compare(ours, "table1", ["dataset", "method", "metric", "block"], profile)
+
+
+# ======================================================================================
+# Table 2: the main comparison
+# ======================================================================================
+def _block_metric(name: str) -> Optional[dict]:
+    if "/" not in name:
+        return None
+    metric, block = name.split("/", 1)
+    if metric in SHORT and block in ("D1", "D2", "D3", "Avg"):
+        return {"metric": metric, "block": block}
+    return None
+
+
+def _table2_index(records, datasets, cell_kwargs) -> Dict[str, dict]:
+    pairs = [({"dataset": d, "backbone": b, "method": m}, cell(d, b, m, **cell_kwargs))
+             for d in datasets for b in BACKBONES for m in METHODS]
+    return _cell_index(records, pairs)
+
+
+def significance(records, dataset: str, backbone: str, cell_kwargs: Mapping, baseline: str) -> Optional[float]:
+    """p-value of the paired t-test F3CRec vs ``baseline`` on N@20 over the test users of D1–D3 (seed 0 runs)."""
+    runs = {}
+    for method in ("F3CRec", baseline):
+        h = config_hash({**cell(dataset, backbone, method, **cell_kwargs), "seed": _seeds(records)[0]})
+        runs[method] = _lookup(records).get(h)
+    if any(r is None for r in runs.values()):
+        return None
+    ours, theirs = [], []
+    for block in ("D1", "D2", "D3"):
+        a, b = runs["F3CRec"].extra, runs[baseline].extra
+        if a.get(f"users/{block}") != b.get(f"users/{block}"):
+            raise ValueError(f"{dataset}/{backbone}: F3CRec and {baseline} evaluated different users on {block}")
+        ours += a[f"N@20 per user/{block}"]
+        theirs += b[f"N@20 per user/{block}"]
+    return float(paired_ttest(np.asarray(ours), np.asarray(theirs)).pvalue)
+
+
+def table2(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    index = _table2_index(records, datasets, dict(cell_kwargs))
+    ours = _aggregate(records, index, _block_metric)
+    rows = []
+    if len(ours):
+        avg = ours[ours["block"] == "Avg"].set_index(["dataset", "backbone", "method", "metric"])["value"]
+        for (d, b, m, metric), value in avg.items():
+            if m == "FT" or (d, b, "FT", metric) not in avg.index:
+                continue
+            runs = _runs_of(records, index, dataset=d, backbone=b, method=m)
+            ft = avg[(d, b, "FT", metric)]
+            rows.append(_derived_row({"dataset": d, "backbone": b, "method": m, "metric": metric, "block": "Improv"},
+                                     100.0 * (value / ft - 1.0), runs, "100·(Avg / FT Avg − 1)", "percent"))
+    ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
+    table = _compare(ours, "table2", ["dataset", "backbone", "method", "metric", "block"], profile)
+    # The paper's '*': paired t-test of F3CRec against the best baseline on N@20 (p ≤ 0.05).
+    table["p_value_ours"] = np.nan
+    table["marker_ours"] = ""
+    for (d, b), group in table[(table["metric"] == "N@20") & (table["block"] == "Avg")].groupby(["dataset", "backbone"]):
+        baselines = group[group["method"].isin([m for m in METHODS if m != "F3CRec"])].dropna(subset=["value_ours"])
+        if baselines.empty or group[group["method"] == "F3CRec"]["value_ours"].isna().all():
+            continue
+        best = baselines.sort_values("value_ours").iloc[-1]["method"]
+        p = significance(records, d, b, cell_kwargs, best)
+        if p is None:
+            continue
+        mask = (table["dataset"] == d) & (table["backbone"] == b) & (table["method"] == "F3CRec") & \
+               (table["metric"] == "N@20") & (table["block"] == "Avg")
+        better = float(table.loc[mask, "value_ours"].iloc[0]) > float(baselines.set_index("method").loc[best, "value_ours"])
+        table.loc[mask, "p_value_ours"] = p
+        table.loc[mask, "marker_ours"] = "*" if (p <= 0.05 and better) else ""
+        table.loc[mask, "note"] = (table.loc[mask, "note"].fillna("").astype(str) +
+                                   f" paired t-test vs best baseline {best}: p = {p:.3g}").str.strip()
+    return table
+
+
+# ======================================================================================
+# Tables 3 and 6: ablations
+# ======================================================================================
+def ablation_table(records, profile: str, table_id: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-2K"),
+                   cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Table 3 (client: w/o c.c, w/o a.r.m) or Table 6 (server: w/o s.c, w/o i.t.m)."""
+    variants = {"table3": ("w/o c.c", "w/o a.r.m"), "table6": ("w/o s.c", "w/o i.t.m")}[table_id]
+    pairs = [({"dataset": d, "backbone": "FedMF", "method": m, "stat": "score"}, cell(d, "FedMF", m, **cell_kwargs))
+             for d in datasets for m in ("F3CRec", "FT") + variants]
+    index = _cell_index(records, pairs)
+
+    def metric_cells(name):
+        found = _block_metric(name)
+        return {"metric": found["metric"]} if found and found["block"] == "Avg" else None
+
+    ours = _aggregate(records, index, metric_cells)
+    rows = []
+    if len(ours):
+        score = ours.set_index(["dataset", "method", "metric"])["value"]
+        for (d, m, metric), value in score.items():
+            if m in ("F3CRec", "FT") or (d, "F3CRec", metric) not in score.index:
+                continue
+            runs = _runs_of(records, index, dataset=d, method=m)
+            rows.append(_derived_row({"dataset": d, "backbone": "FedMF", "method": m, "metric": metric,
+                                      "stat": "decrease_vs_F3CRec"},
+                                     100.0 * (value / score[(d, "F3CRec", metric)] - 1.0), runs,
+                                     "100·(variant / F3CRec − 1)", "percent"))
+    ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
+    return _compare(ours, table_id, ["dataset", "backbone", "method", "metric", "stat"], profile)
+
+
+# ======================================================================================
+# Tables 4 and 5: static vs dynamic users; Table 7: static vs dynamic items
+# ======================================================================================
+def _analysis_runs(records, datasets, cell_kwargs, methods) -> Dict[tuple, Any]:
+    known, out = _lookup(records), {}
+    seed = _seeds(records)[0]
+    for d in datasets:
+        for m in methods:
+            record = known.get(config_hash({**cell(d, "FedMF", m, analysis=True, **cell_kwargs), "seed": seed}))
+            if record is not None:
+                out[(d, m)] = record
+    return out
+
+
+def user_groups(analysis: Mapping[str, Any], fraction: float = 0.2) -> Dict[str, np.ndarray]:
+    """Static (bottom ``fraction`` of mean Δ) and dynamic (top) users among those in D0's test set."""
+    users = np.asarray(analysis["users"])
+    shift_users, shift = np.asarray(analysis["shift_users"]), np.asarray(analysis["shift_mean"])
+    keep = np.isin(shift_users, users)
+    shift_users, shift = shift_users[keep], shift[keep]
+    order = np.argsort(shift, kind="stable")
+    k = max(1, int(round(fraction * order.size)))
+    return {"static user": shift_users[order[:k]], "dynamic user": shift_users[order[-k:]]}
+
+
+def user_tables(records, profile: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-2K"),
+                cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
+    """Tables 4 (degradation rate ``(a00 − a10)/a00``) and 5 (``a10``: D0 test after D1)."""
+    runs = _analysis_runs(records, datasets, cell_kwargs, ("F3CRec", "w/o a.r.m", "SPP"))
+    rows4, rows5 = [], []
+    for d in datasets:
+        reference = runs.get((d, "F3CRec"))
+        if reference is None or "shift_users" not in reference.extra.get("users_D0", {}):
+            continue
+        groups = user_groups(reference.extra["users_D0"])
+        for m in ("F3CRec", "w/o a.r.m", "SPP"):
+            record = runs.get((d, m))
+            if record is None:
+                continue
+            analysis = record.extra["users_D0"]
+            position = {u: i for i, u in enumerate(analysis["users"])}
+            for setting, members in groups.items():
+                idx = [position[u] for u in members]
+                a00 = float(np.mean(np.asarray(analysis["a00"])[idx]))
+                a10 = float(np.mean(np.asarray(analysis["a10"])[idx]))
+                keys = {"dataset": d, "backbone": "FedMF", "method": m, "setting": setting}
+                note = f"{len(idx)} users grouped by F3CRec's mean Δ in D1 (run {reference.config_hash})"
+                rows4.append(_derived_row({**keys, "metric": "N@20 degradation rate (a00-a10)/a00"},
+                                          (a00 - a10) / a00, [record], note, "fraction"))
+                rows5.append(_derived_row({**keys, "metric": "N@20 on previous task (D0 test) after training on D1"},
+                                          a10, [record], note, "fraction"))
+    out = {}
+    for table_id, rows in (("table4", rows4), ("table5", rows5)):
+        out[table_id] = _compare(pd.DataFrame(rows), table_id, ["dataset", "backbone", "method", "setting", "metric"],
+                                 profile, unmatched="keep")
+    return out
+
+
+def table7(records, profile: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-2K"),
+           cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    runs = _analysis_runs(records, datasets, cell_kwargs, ("F3CRec", "w/o i.t.m"))
+    metric = "ranking change rate |rank_t-1 - rank_t|/rank_t-1"
+    rows = []
+    for (d, m), record in runs.items():
+        items = record.extra["items"]
+        keys = {"dataset": d, "backbone": "FedMF", "method": m, "metric": metric}
+        note = "items grouped by φ_i (bottom/top 20%), mean item rank over old users, averaged over D0→D1→D2→D3"
+        rows.append(_derived_row({**keys, "setting": "static items"}, items["static_items"], [record], note, "fraction"))
+        rows.append(_derived_row({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
+        rows.append(_derived_row({**keys, "setting": "diff (dynamic - static)"},
+                                 items["dynamic_items"] - items["static_items"], [record], note, "fraction"))
+    return _compare(pd.DataFrame(rows), "table7", ["dataset", "backbone", "method", "setting", "metric"], profile)
+
+
+# ======================================================================================
+# Table 8: Laplace noise on uploads
+# ======================================================================================
+def table8(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
+           scales: Sequence[float] = NOISE_SCALES) -> pd.DataFrame:
+    pairs = [({"dataset": d, "backbone": "FedMF", "method": "F3CRec", "setting": f"noise lambda={s:g}"},
+              cell(d, "FedMF", "F3CRec", upload_noise=s, **cell_kwargs)) for d in datasets for s in scales]
+    index = _cell_index(records, pairs)
+    names = {"N@20/Avg": "NDCG@20", "R@20/Avg": "Recall@20"}
+    ours = _aggregate(records, index, lambda n: {"metric": names[n]} if n in names else None)
+    return _compare(ours, "table8", ["dataset", "backbone", "method", "setting", "metric"], profile)
+
+
+# ======================================================================================
+# Figures 3 and 4
+# ======================================================================================
+def improvement_over_second_best(table2_frame: pd.DataFrame, which: str = "value_ours") -> pd.DataFrame:
+    """Figure 3: F3CRec's relative N@20 (Avg) gain over the best other method, per dataset and backbone."""
+    avg = table2_frame[(table2_frame["metric"] == "N@20") & (table2_frame["block"] == "Avg")]
+    rows = []
+    for (d, b), group in avg.groupby(["dataset", "backbone"]):
+        values = group.set_index("method")[which].dropna()
+        if "F3CRec" not in values or len(values) < 2:
+            continue
+        others = values.drop("F3CRec")
+        second = others.idxmax()
+        rows.append({"dataset": d, "backbone": b, "second_best": second,
+                     "improvement_percent": 100.0 * (values["F3CRec"] / others.max() - 1.0), "source": which})
+    return pd.DataFrame(rows)
+
+
+def sensitivity_frame(records, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
+                      grid: Mapping[str, Sequence[float]] = SENSITIVITY_GRID) -> pd.DataFrame:
+    """Figure 4 data: N@20 (Avg over D1–D3) of F3CRec/FedMF as ε, λ_KD or β varies alone."""
+    known, seed, rows = _lookup(records), _seeds(records)[0], []
+    for d in datasets:
+        sweeps = [("ε", m * eps_scale(d), {"eps": m * eps_scale(d)}) for m in grid["eps_multiple"]]
+        sweeps += [("λ_KD", v, {"lambda_kd": v}) for v in grid["lambda_kd"]]
+        sweeps += [("β", v, {"beta": v}) for v in grid["beta"]]
+        for parameter, value, params in sweeps:
+            record = known.get(config_hash({**cell(d, "FedMF", "F3CRec", params=params, **cell_kwargs), "seed": seed}))
+            if record is not None:
+                rows.append({"dataset": d, "parameter": parameter, "value": value,
+                             "N@20": record.metrics["N@20/Avg"], "valid N@20 (D1)": record.metrics.get("valid N@20/D1"),
+                             "run_id": record.config_hash})
+    return pd.DataFrame(rows)
+
+
+def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS,
+               cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
+    """Every table id -> its paper-vs-ours frame."""
+    pairs = [d for d in datasets if d in ("ML-100K", "Lastfm-2K")]
+    tables = {"table1": table1(records, profile), "table2": table2(records, profile, datasets, cell_kwargs),
+              "table3": ablation_table(records, profile, "table3", pairs, cell_kwargs),
+              "table6": ablation_table(records, profile, "table6", pairs, cell_kwargs)}
+    tables.update(user_tables(records, profile, pairs, cell_kwargs))
+    tables["table7"] = table7(records, profile, pairs, cell_kwargs)
+    tables["table8"] = table8(records, profile, datasets, cell_kwargs)
+    return dict(sorted(tables.items()))
+
+
+def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
+    """Record Table 1's statistics if needed, build every table and write ``results/f3crec[/profile]/``."""
+    from fedlib.reporting import read_runs, write_results_table
+
+    records = read_runs(PAPER, profile)
+    data_statistics_records(profile, [d for d in datasets if d in OFFLINE_DATASETS], records)
+    records = read_runs(PAPER, profile)
+    tables = all_tables(records, profile, datasets, cell_kwargs)
+    for table_id, frame in tables.items():
+        write_results_table(PAPER, table_id, frame, profile)
+    return tables
