@@ -469,6 +469,36 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Pat
                           description=f"f3crec {profile} worker {worker}/{workers}")
 
 
+def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, *, cache_dir: Optional[Path] = None,
+              description: str = "cells") -> pd.DataFrame:
+    """What the notebook calls: train ``cells`` and record each run at ``profile``.
+
+    ``paper``: through the resumable cache (:func:`run_grid`), so cells finished by the command
+    line or an earlier session are not trained again. ``quick``/``smoke``: every cell is trained
+    live (the committed notebook must show a real run), its block-0 model shared in a temporary
+    folder. Returns one row per cell: its keys and metrics.
+    """
+    import tempfile
+
+    from tqdm.auto import tqdm
+
+    from fedlib.reporting import append_run
+
+    if profile == "paper":
+        frame = run_grid(cells, profile, cache_dir=Path(cache_dir or ".cache/f3crec/paper"), progress=True)
+        return frame
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="f3crec-base-") as base_dir:
+        for config in tqdm(list(cells), desc=description, unit="cell"):
+            started = time.perf_counter()
+            result = run_cell(config, cache_dir=Path(base_dir))
+            wall = time.perf_counter() - started
+            append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
+            rows.append({**{k: config[k] for k in ("dataset", "backbone", "method", "split", "upload_noise")},
+                         **result["metrics"]})
+    return pd.DataFrame(rows)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.f3crec",
                                      description="Run parts of the F3CRec paper-profile grid (resumable).")

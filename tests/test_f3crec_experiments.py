@@ -1,0 +1,137 @@
+"""F3CRec experiment grid and table builders: cells, cached base block, derived cells, provenance."""
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from fedlib.experiments import f3crec as X
+from fedlib.experiments import f3crec_tables as T
+from fedlib.methods.continual import FineTuning
+from fedlib.reporting import read_runs
+from fedlib.reporting.consistency import check_results_table
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = {"rounds": 2, "patience": 2, "seed": 0}
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    """A throw-away project root (results go there) that sees the real paper tables."""
+    (tmp_path / "paper_tables").symlink_to(os.path.join(REPO, "paper_tables"))
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_cell_rejects_unknown_names_with_the_valid_choices():
+    with pytest.raises(ValueError, match="unknown dataset 'ML-1M'.*ML-100K"):
+        X.cell("ML-1M", "FedMF", "FT")
+    with pytest.raises(ValueError, match="unknown backbone 'LightGCN'.*FedMF"):
+        X.cell("ML-100K", "LightGCN", "FT")
+    with pytest.raises(ValueError, match="unknown method 'EWC'"):
+        X.cell("ML-100K", "FedMF", "EWC")
+
+
+def test_cell_defaults_follow_the_paper_settings():
+    c = X.cell("ML-Latest-Small", "FedMF", "F3CRec")
+    assert c["rounds"] == 150 and c["patience"] == 30 and c["split"] == "chronological"
+    assert c["method_params"] == {"lambda_kd": 0.1, "eps": 5e-5, "top_n": 30, "beta": 0.9}
+    ablation = X.cell("ML-100K", "FedMF", "w/o i.t.m")["method_params"]
+    assert ablation["itemwise"] is False and ablation["eps"] == 6e-3
+    # a changed setting changes the configuration (and so its hash / cache entry)
+    assert X.config_hash(X.cell("ML-100K", "FedMF", "FT")) != X.config_hash(X.cell("ML-100K", "FedMF", "FT", seed=1))
+
+
+def test_reg_lambda_pulls_a_fixed_fraction_per_step():
+    c = X.cell("ML-100K", "FedNCF", "Reg")
+    lr_item = 0.05 * 1152 * 170.0
+    assert X.reg_lambda(c, 1152) == pytest.approx(X.REG_PULL / (2 * lr_item))
+    # one SGD step on λ‖q − q_old‖² moves q by 2 λ lr_item (q − q_old) = pull · (q − q_old)
+    assert 2 * X.reg_lambda(c, 1152) * lr_item == pytest.approx(X.REG_PULL)
+
+
+def test_upload_noise_wrapper_spares_block_zero():
+    stream = X.load_stream(X.cell("synthetic", "FedMF", "FT", **TINY))
+    config = X.cell("synthetic", "FedMF", "F3CRec", upload_noise=0.3, **TINY)
+    method = X.make_method(config, stream[1].num_items)
+    assert isinstance(method, X.WithUploadNoise) and method.scale == 0.3
+
+    class Ctx:
+        previous = None
+        base_method = X.make_backbone(config).make_method(X.make_backbone(config).make_model(5, 7))
+
+    assert method.make_method(Ctx()).upload_noise is None
+
+
+def test_base_block_is_trained_once_and_reloaded(tmp_path):
+    config = X.cell("synthetic", "FedMF", "FT", **TINY)
+    stream = X.load_stream(config)
+    first = X.base_block(config, stream, tmp_path, "cpu")
+    files = list((tmp_path / "base").glob("*.pt"))
+    assert len(files) == 1
+    again = X.base_block(X.cell("synthetic", "FedMF", "KD", **TINY), stream, tmp_path, "cpu")  # other method, same base
+    for name, value in first.global_state.items():
+        assert torch.equal(value, again.global_state[name])
+    assert first.test_metrics == again.test_metrics
+
+
+def test_user_groups_split_by_mean_shift():
+    analysis = {"users": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9], "shift_users": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 42],
+                "shift_mean": [5.0, 1.0, 9.0, 3.0, 7.0, 2.0, 8.0, 4.0, 6.0, 0.0, 100.0]}
+    groups = T.user_groups(analysis, fraction=0.2)
+    assert sorted(groups["static user"].tolist()) == [1, 9]  # shifts 1 and 0; user 42 is not in D0's test
+    assert sorted(groups["dynamic user"].tolist()) == [2, 6]
+
+
+def test_grid_records_runs_and_tables_are_consistent(project):
+    cells = X.table2_cells(["synthetic"], ["FedMF"], ["FT", "KD", "Reg", "F3CRec"], **TINY)
+    cells += X.ablation_cells(["synthetic"], **TINY)[:1] + X.analysis_cells(["synthetic"], **TINY)[:1]
+    frame = X.run_cells(cells, "smoke")
+    assert len(frame) == len(cells)
+    records = read_runs("f3crec", "smoke")
+    assert len(records) == len(cells)
+    tables = T.all_tables(records, "smoke", ["synthetic"], TINY)
+    table2 = tables["table2"]
+    ours = table2[table2["dataset"] == "synthetic"].set_index(["method", "metric", "block"])["value_ours"]
+    for method in ("FT", "KD", "Reg", "F3CRec"):
+        parts = [ours[(method, "N@20", b)] for b in ("D1", "D2", "D3")]
+        assert ours[(method, "N@20", "Avg")] == pytest.approx(np.mean(parts))
+    assert ours[("F3CRec", "N@20", "Improv")] == pytest.approx(
+        100 * (ours[("F3CRec", "N@20", "Avg")] / ours[("FT", "N@20", "Avg")] - 1))
+    # paper cells of real datasets stay visible, with the reason they are empty
+    hetrec = table2[(table2["dataset"] == "HetRec2011") & (table2["value_paper"].notna())]
+    assert (hetrec["note"] == "dataset needs download").all() and hetrec["value_ours"].isna().all()
+    # every table passes the results-file checks, provenance included
+    from fedlib.reporting.results import latest_records
+    runs = latest_records(records)
+    for table_id, table in tables.items():
+        problems = check_results_table(table, table_id=table_id, runs=runs, paper="f3crec")
+        assert problems == [], (table_id, problems[:3])
+    # the analysis cell produced the user and item analyses
+    analysis = [r for r in records if r.config.get("analysis")][0]
+    assert {"users", "a00", "a10", "shift_users", "shift_mean"} <= set(analysis.extra["users_D0"])
+    items = analysis.extra["items"]
+    assert len(items["static_by_transition"]) == 3 and all(v >= 0 for v in items["dynamic_by_transition"])
+
+
+def test_item_analysis_on_identical_blocks_is_zero():
+    config = X.cell("synthetic", "FedMF", "FT", **TINY)
+    stream = X.load_stream(config)
+    base = X.base_block(config, stream, None, "cpu")
+    backbone = X.make_backbone(config)
+    result = X.item_analysis(stream, backbone, [base, base])
+    assert result["static_items"] == 0.0 and result["dynamic_items"] == 0.0
+    assert not math.isnan(result["static_items"])
+
+
+def test_run_cell_metrics_names():
+    result = X.run_cell(X.cell("synthetic", "FedMF", "FT", **TINY), device="cpu")
+    metrics = result["metrics"]
+    for block in ("D0", "D1", "D2", "D3"):
+        assert {f"N@20/{block}", f"R@20/{block}", f"best_round/{block}"} <= set(metrics)
+    assert metrics["N@20/Avg"] == pytest.approx(np.mean([metrics[f"N@20/D{t}"] for t in (1, 2, 3)]))
+    assert len(result["extra"]["accuracy"]["N@20"]) == 4
+    assert isinstance(FineTuning(), X.ContinualMethod)
+    assert isinstance(pd.DataFrame(result["extra"]["accuracy"]["N@20"]), pd.DataFrame)
