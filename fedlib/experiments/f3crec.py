@@ -55,7 +55,8 @@ __all__ = [
     "PAPER", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "METHODS", "ABLATIONS", "PAPER_SETTINGS",
     "cell", "method_params", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block", "run_cell",
     "table2_cells", "ablation_cells", "noise_cells", "sensitivity_cells", "audit_cells", "analysis_cells",
-    "SENSITIVITY_GRID", "NOISE_SCALES", "WithUploadNoise",
+    "SENSITIVITY_GRID", "NOISE_SCALES", "WithUploadNoise", "BASELINE_GRID", "SELECTED", "tuning_cells",
+    "select_hyperparameters", "run_cells", "run_grid", "grid_cells",
 ]
 
 PAPER = "f3crec"
@@ -112,18 +113,24 @@ def eps_scale(dataset: str) -> float:
     return {"ML-100K": 1e-3, "HetRec2011": 1e-3, "Lastfm-2K": 1e-4, "ML-Latest-Small": 1e-5, "synthetic": 1e-3}[dataset]
 
 
-def method_params(method: str, dataset: str) -> Dict[str, Any]:
-    """Hyperparameters of ``method`` (a Table 2 method or an ablation label) on ``dataset``."""
+def method_params(method: str, dataset: str, tuned: bool = True) -> Dict[str, Any]:
+    """Hyperparameters of ``method`` (a Table 2 method or an ablation label) on ``dataset``.
+
+    ``tuned=True`` applies :data:`SELECTED` (values chosen once on validation data from the
+    FedMF tuning sweep, :func:`select_hyperparameters`); ``tuned=False`` gives the untuned
+    defaults around which that sweep varies one parameter at a time.
+    """
     eps = PAPER_SETTINGS[dataset]["eps"]
-    f3 = {"lambda_kd": 0.1, "eps": eps, "top_n": 30, "beta": 0.9}
+    selected = SELECTED.get(dataset, {}) if tuned else {}
+    f3 = {"lambda_kd": 0.1, "eps": eps, "top_n": 30, "beta": 0.9, **selected.get("F3CRec", {})}
     if method == "F3CRec":
         return dict(f3)
     if method in ABLATIONS:
         return {**f3, **ABLATIONS[method]}
     if method == "KD":
-        return {"lambda_kd": 0.1, "top_n": 30}
+        return {"lambda_kd": 0.1, "top_n": 30, **selected.get("KD", {})}
     if method == "Reg":
-        return {"pull": REG_PULL}
+        return {"pull": REG_PULL, **selected.get("Reg", {})}
     if method in ("FT", "RLP2", "SPP"):
         return {}
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS + tuple(ABLATIONS)}")
@@ -132,13 +139,16 @@ def method_params(method: str, dataset: str) -> Dict[str, Any]:
 def cell(dataset: str, backbone: str, method: str, *, rounds: Optional[int] = None, patience: int = 30,
          seed: int = 0, split: str = "chronological", upload_noise: float = 0.0, params: Optional[Mapping] = None,
          analysis: bool = False, batch_size: int = 512, num_negatives: int = 4, dim: int = 32,
-         num_blocks: int = 4) -> Dict[str, Any]:
-    """The configuration of one continual run (every setting that changes its numbers)."""
+         num_blocks: int = 4, tuned: bool = True) -> Dict[str, Any]:
+    """The configuration of one continual run (every setting that changes its numbers).
+
+    ``params`` override the method's hyperparameters (:func:`method_params`, ``tuned`` or not).
+    """
     if dataset not in DATASETS:
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {list(DATASETS)}")
     if backbone not in BACKBONES:
         raise ValueError(f"unknown backbone {backbone!r}; expected one of {list(BACKBONES)}")
-    merged = method_params(method, dataset)
+    merged = method_params(method, dataset, tuned=tuned)
     merged.update(dict(params or {}))
     return {
         "paper": PAPER, "version": VERSION, "dataset": dataset, "backbone": backbone, "method": method,
@@ -174,21 +184,89 @@ def noise_cells(datasets: Sequence[str], scales: Sequence[float] = NOISE_SCALES,
 
 def sensitivity_cells(datasets: Sequence[str], grid: Mapping[str, Sequence[float]] = SENSITIVITY_GRID,
                       **kwargs) -> List[Dict[str, Any]]:
-    """Figure 4 (FedMF, F3CRec): ε, λ_KD and β varied one at a time around the defaults."""
+    """Figure 4 (FedMF, F3CRec): ε, λ_KD and β varied one at a time around the untuned defaults.
+
+    The same runs are the tuning sweep: :func:`select_hyperparameters` picks each value on
+    validation N@20.
+    """
     cells = []
     for d in datasets:
         for multiple in grid["eps_multiple"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"eps": multiple * eps_scale(d)}, **kwargs))
+            cells.append(cell(d, "FedMF", "F3CRec", params={"eps": multiple * eps_scale(d)}, tuned=False, **kwargs))
         for value in grid["lambda_kd"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"lambda_kd": value}, **kwargs))
+            cells.append(cell(d, "FedMF", "F3CRec", params={"lambda_kd": value}, tuned=False, **kwargs))
         for value in grid["beta"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"beta": value}, **kwargs))
+            cells.append(cell(d, "FedMF", "F3CRec", params={"beta": value}, tuned=False, **kwargs))
     return cells
+
+
+#: Baseline sweeps of the tuning part (FedMF): KD's λ_KD and Reg's pull.
+BASELINE_GRID = {"KD": ("lambda_kd", (1e-3, 1e-2, 1e-1, 1.0)), "Reg": ("pull", (0.01, 0.1, 0.5))}
+
+
+def tuning_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
+    """The validation sweep behind :data:`SELECTED`: Figure 4's F3CRec sweeps plus KD's λ and Reg's pull."""
+    cells = sensitivity_cells(datasets, **kwargs)
+    for d in datasets:
+        for method, (name, values) in BASELINE_GRID.items():
+            cells += [cell(d, "FedMF", method, params={name: v}, tuned=False, **kwargs) for v in values]
+    return cells
+
+
+def _mean_validation(record) -> float:
+    values = [record.metrics.get(f"valid N@20/D{t}") for t in (1, 2, 3)]
+    return float(np.mean(values)) if all(v is not None for v in values) else -math.inf
+
+
+def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Each swept value with the best mean validation N@20 over D1–D3, one parameter at a time.
+
+    Returns ``{dataset: {"F3CRec": {"eps", "lambda_kd", "beta"}, "KD": {"lambda_kd"}, "Reg": {"pull"}}}``
+    (FedMF runs; the values are then used for every backbone). A dataset whose sweep is
+    incomplete is left out. Ties keep the first value of the grid.
+    """
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(records)
+    seed = int(kwargs.get("seed", 0))
+    out: Dict[str, Dict[str, Dict[str, float]]] = {}
+
+    def best(d, method, name, values, as_param=lambda v: v):
+        scored = []
+        for v in values:
+            config = {**cell(d, "FedMF", method, params={name: as_param(v)}, tuned=False, **kwargs), "seed": seed}
+            record = known.get(config_hash(config))
+            if record is None:
+                return None
+            scored.append((_mean_validation(record), -len(scored), as_param(v)))
+        return max(scored)[2]
+
+    for d in datasets:
+        choice = {"F3CRec": {}, "KD": {}, "Reg": {}}
+        eps = best(d, "F3CRec", "eps", SENSITIVITY_GRID["eps_multiple"], lambda m: m * eps_scale(d))
+        lam = best(d, "F3CRec", "lambda_kd", SENSITIVITY_GRID["lambda_kd"])
+        beta = best(d, "F3CRec", "beta", SENSITIVITY_GRID["beta"])
+        kd = best(d, "KD", *BASELINE_GRID["KD"])
+        pull = best(d, "Reg", *BASELINE_GRID["Reg"])
+        if None in (eps, lam, beta, kd, pull):
+            continue
+        choice["F3CRec"] = {"eps": eps, "lambda_kd": lam, "beta": beta}
+        choice["KD"] = {"lambda_kd": kd}
+        choice["Reg"] = {"pull": pull}
+        out[d] = choice
+    return out
+
+
+#: Hyperparameters chosen once on validation (``select_hyperparameters`` on the recorded
+#: paper-profile tuning sweep, FedMF, seed 0); ``tests/test_f3crec_experiments.py`` checks
+#: that they equal what the recorded runs select. Empty for a dataset = untuned defaults.
+SELECTED: Dict[str, Dict[str, Dict[str, float]]] = {}
 
 
 def audit_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
     """The split audit: FT and F3CRec (FedMF) with the code's chronological incremental split."""
-    return [cell(dataset, "FedMF", m, split=s, **kwargs) for s in ("random", "chronological") for m in ("FT", "F3CRec")]
+    return [cell(dataset, "FedMF", m, split=s, tuned=False, **kwargs)
+            for s in ("random", "chronological") for m in ("FT", "F3CRec")]
 
 
 # ======================================================================================
@@ -426,13 +504,15 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
 # ======================================================================================
 # Command line: resumable paper-profile grids
 # ======================================================================================
-PARTS = ("table2", "ablation", "analysis", "noise", "sensitivity", "audit")
+PARTS = ("tuning", "table2", "ablation", "analysis", "noise", "sensitivity", "audit")
 
 
 def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
     """The cells of one part of the paper-profile grid."""
     if part == "table2":
         return table2_cells(datasets, **kwargs)
+    if part == "tuning":
+        return tuning_cells(datasets, **kwargs)
     if part == "ablation":
         return ablation_cells([d for d in datasets if d in ("ML-100K", "Lastfm-2K")], **kwargs)
     if part == "analysis":
@@ -486,10 +566,13 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, *, cache_dir: Op
 
     if profile == "paper":
         frame = run_grid(cells, profile, cache_dir=Path(cache_dir or ".cache/f3crec/paper"), progress=True)
-        return frame
+        metrics = {c: c.split(".", 1)[1] for c in frame.columns if c.startswith("metrics.")}
+        keys = ["dataset", "backbone", "method", "split", "upload_noise"]
+        return frame[keys + list(metrics)].rename(columns=metrics)
     rows = []
+    unique = list({config_hash(c): c for c in cells}.values())  # a cell listed twice is trained once
     with tempfile.TemporaryDirectory(prefix="f3crec-base-") as base_dir:
-        for config in tqdm(list(cells), desc=description, unit="cell"):
+        for config in tqdm(unique, desc=description, unit="cell"):
             started = time.perf_counter()
             result = run_cell(config, cache_dir=Path(base_dir))
             wall = time.perf_counter() - started
