@@ -215,7 +215,9 @@ def tuning_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
 
 def _mean_validation(record) -> float:
     values = [record.metrics.get(f"valid N@20/D{t}") for t in (1, 2, 3)]
-    return float(np.mean(values)) if all(v is not None for v in values) else -math.inf
+    if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
+        return -math.inf  # diverged
+    return float(np.mean(values))
 
 
 def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Dict[str, float]]]:
@@ -475,8 +477,18 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
     num_blocks = min(int(config["num_blocks"]), len(stream))
     method = make_method(config, stream[min(1, num_blocks - 1)].num_items)
     base = base_block(config, stream, cache_dir, device)
-    run = run_continual(stream, backbone, method, federated_config(config), base=base, num_blocks=num_blocks,
-                        device=device, on_round_end=on_round_end)
+    try:
+        run = run_continual(stream, backbone, method, federated_config(config), base=base, num_blocks=num_blocks,
+                            device=device, on_round_end=on_round_end)
+    except ValueError as error:
+        if "NaN" not in str(error):
+            raise
+        # A diverged configuration is a result (e.g. λ_KD = 1 with the lr × |I| item step), not a
+        # crash of the grid: its metrics are NaN and it is flagged.
+        nan_metrics = {f"{m}/D{t}": math.nan for m in ("N@20", "R@20", "valid N@20") for t in range(1, num_blocks)}
+        return {"metrics": {**nan_metrics, "N@20/Avg": math.nan, "R@20/Avg": math.nan, "diverged": 1.0,
+                            "seconds": time.perf_counter() - started},
+                "extra": {"error": str(error)}}
     metrics: Dict[str, float] = {}
     extra: Dict[str, Any] = {"accuracy": {m.replace("NDCG", "N").replace("Recall", "R"): np.round(a, 6).tolist()
                                           for m, a in run.accuracy.items()}}
@@ -497,6 +509,7 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
     if config.get("analysis"):
         extra["users_D0"] = user_analysis(stream, backbone, run, base, method)
         extra["items"] = item_analysis(stream, backbone, run.blocks)
+    metrics["diverged"] = 0.0
     metrics["seconds"] = time.perf_counter() - started
     return {"metrics": metrics, "extra": extra}
 
