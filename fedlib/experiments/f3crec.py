@@ -52,7 +52,7 @@ from fedlib.methods.f3crec import F3CRec, ParameterRegularisation, kd_baseline
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "METHODS", "ABLATIONS", "PAPER_SETTINGS",
+    "PAPER", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS", "ABLATIONS", "PAPER_SETTINGS",
     "cell", "method_params", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block", "run_cell",
     "table2_cells", "ablation_cells", "noise_cells", "sensitivity_cells", "audit_cells", "analysis_cells",
     "SENSITIVITY_GRID", "NOISE_SCALES", "WithUploadNoise", "BASELINE_GRID", "SELECTED", "tuning_cells",
@@ -70,6 +70,8 @@ DATASETS = {
     "synthetic": None,  # smoke profile: fedlib.data.synthetic.drifting_stream (4 drifting blocks)
 }
 OFFLINE_DATASETS = ("ML-100K", "ML-Latest-Small", "Lastfm-2K")
+#: Datasets of the ablation and analysis tables (3–7); "synthetic" is the smoke profile's stand-in.
+ANALYSIS_DATASETS = ("ML-100K", "Lastfm-2K", "synthetic")
 BACKBONES = ("FedMF", "FedNCF", "PFedRec")
 METHODS = ("FT", "Reg", "KD", "RLP2", "SPP", "F3CRec")
 #: Ablation label -> F3CRec flags (Tables 3 and 6).
@@ -131,7 +133,9 @@ def method_params(method: str, dataset: str, tuned: bool = True) -> Dict[str, An
         return {"lambda_kd": 0.1, "top_n": 30, **selected.get("KD", {})}
     if method == "Reg":
         return {"pull": REG_PULL, **selected.get("Reg", {})}
-    if method in ("FT", "RLP2", "SPP"):
+    if method == "RLP2":
+        return {**selected.get("RLP2", {})}
+    if method in ("FT", "SPP"):
         return {}
     raise ValueError(f"unknown method {method!r}; expected one of {METHODS + tuple(ABLATIONS)}")
 
@@ -201,7 +205,8 @@ def sensitivity_cells(datasets: Sequence[str], grid: Mapping[str, Sequence[float
 
 
 #: Baseline sweeps of the tuning part (FedMF): KD's λ_KD and Reg's pull.
-BASELINE_GRID = {"KD": ("lambda_kd", (1e-3, 1e-2, 1e-1, 1.0)), "Reg": ("pull", (0.01, 0.1, 0.5))}
+BASELINE_GRID = {"KD": ("lambda_kd", (1e-3, 1e-2, 1e-1, 1.0)), "Reg": ("pull", (0.01, 0.1, 0.5)),
+                 "RLP2": ("alpha", (0.01, 0.05, 0.1, 0.5))}
 
 
 def tuning_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
@@ -223,7 +228,8 @@ def _mean_validation(record) -> float:
 def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Dict[str, float]]]:
     """Each swept value with the best mean validation N@20 over D1–D3, one parameter at a time.
 
-    Returns ``{dataset: {"F3CRec": {"eps", "lambda_kd", "beta"}, "KD": {"lambda_kd"}, "Reg": {"pull"}}}``
+    Returns ``{dataset: {"F3CRec": {"eps", "lambda_kd", "beta"}, "KD": {"lambda_kd"}, "Reg": {"pull"},
+    "RLP2": {"alpha"}}}``
     (FedMF runs; the values are then used for every backbone). A dataset whose sweep is
     incomplete is left out. Ties keep the first value of the grid.
     """
@@ -244,17 +250,19 @@ def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[s
         return max(scored)[2]
 
     for d in datasets:
-        choice = {"F3CRec": {}, "KD": {}, "Reg": {}}
+        choice: Dict[str, Dict[str, float]] = {}
         eps = best(d, "F3CRec", "eps", SENSITIVITY_GRID["eps_multiple"], lambda m: m * eps_scale(d))
         lam = best(d, "F3CRec", "lambda_kd", SENSITIVITY_GRID["lambda_kd"])
         beta = best(d, "F3CRec", "beta", SENSITIVITY_GRID["beta"])
         kd = best(d, "KD", *BASELINE_GRID["KD"])
         pull = best(d, "Reg", *BASELINE_GRID["Reg"])
-        if None in (eps, lam, beta, kd, pull):
+        alpha = best(d, "RLP2", *BASELINE_GRID["RLP2"])
+        if None in (eps, lam, beta, kd, pull, alpha):
             continue
         choice["F3CRec"] = {"eps": eps, "lambda_kd": lam, "beta": beta}
         choice["KD"] = {"lambda_kd": kd}
         choice["Reg"] = {"pull": pull}
+        choice["RLP2"] = {"alpha": alpha}
         out[d] = choice
     return out
 
@@ -527,9 +535,9 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
     if part == "tuning":
         return tuning_cells(datasets, **kwargs)
     if part == "ablation":
-        return ablation_cells([d for d in datasets if d in ("ML-100K", "Lastfm-2K")], **kwargs)
+        return ablation_cells([d for d in datasets if d in ANALYSIS_DATASETS], **kwargs)
     if part == "analysis":
-        return analysis_cells([d for d in datasets if d in ("ML-100K", "Lastfm-2K")], **kwargs)
+        return analysis_cells([d for d in datasets if d in ANALYSIS_DATASETS], **kwargs)
     if part == "noise":
         return noise_cells(datasets, **kwargs)
     if part == "sensitivity":

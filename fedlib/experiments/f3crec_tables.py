@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.f3crec import (BACKBONES, DATASETS, METHODS, NOISE_SCALES, OFFLINE_DATASETS,
+from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, BACKBONES, DATASETS, METHODS, NOISE_SCALES, OFFLINE_DATASETS,
                                        PAPER, SENSITIVITY_GRID, cell, eps_scale)
 from fedlib.metrics import paired_ttest
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
@@ -187,8 +187,9 @@ def table2(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, ce
         better = float(table.loc[mask, "value_ours"].iloc[0]) > float(baselines.set_index("method").loc[best, "value_ours"])
         table.loc[mask, "p_value_ours"] = p
         table.loc[mask, "marker_ours"] = "*" if (p <= 0.05 and better) else ""
-        table.loc[mask, "note"] = (table.loc[mask, "note"].fillna("").astype(str) +
-                                   f" paired t-test vs best baseline {best}: p = {p:.3g}").str.strip()
+        previous = str(table.loc[mask, "note"].fillna("").iloc[0]).strip()
+        test = f"paired t-test vs best baseline {best}: p = {p:.3g}"
+        table.loc[mask, "note"] = f"{previous}; {test}" if previous else test
     return table
 
 
@@ -348,7 +349,7 @@ def sensitivity_frame(records, datasets: Sequence[str] = OFFLINE_DATASETS, cell_
 def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS,
                cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
     """Every table id -> its paper-vs-ours frame."""
-    pairs = [d for d in datasets if d in ("ML-100K", "Lastfm-2K")]
+    pairs = [d for d in datasets if d in ANALYSIS_DATASETS]
     tables = {"table1": table1(records, profile), "table2": table2(records, profile, datasets, cell_kwargs),
               "table3": ablation_table(records, profile, "table3", pairs, cell_kwargs),
               "table6": ablation_table(records, profile, "table6", pairs, cell_kwargs)}
