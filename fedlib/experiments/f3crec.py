@@ -270,7 +270,26 @@ def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[s
 #: Hyperparameters chosen once on validation (``select_hyperparameters`` on the recorded
 #: paper-profile tuning sweep, FedMF, seed 0); ``tests/test_f3crec_experiments.py`` checks
 #: that they equal what the recorded runs select. Empty for a dataset = untuned defaults.
-SELECTED: Dict[str, Dict[str, Dict[str, float]]] = {}
+SELECTED: Dict[str, Dict[str, Dict[str, float]]] = {
+    "ML-100K": {
+        "F3CRec": {"beta": 0.5, "eps": 0.005, "lambda_kd": 0.01},
+        "KD": {"lambda_kd": 0.01},
+        "Reg": {"pull": 0.5},
+        "RLP2": {"alpha": 0.01},
+    },
+    "ML-Latest-Small": {
+        "F3CRec": {"beta": 0.1, "eps": 5e-05, "lambda_kd": 0.01},
+        "KD": {"lambda_kd": 0.1},
+        "Reg": {"pull": 0.5},
+        "RLP2": {"alpha": 0.05},
+    },
+    "Lastfm-2K": {
+        "F3CRec": {"beta": 0.5, "eps": 0.0009000000000000001, "lambda_kd": 0.1},  # ε = 9 × 10⁻⁴
+        "KD": {"lambda_kd": 0.01},
+        "Reg": {"pull": 0.5},
+        "RLP2": {"alpha": 0.01},
+    },
+}
 
 
 def audit_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
@@ -547,6 +566,26 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
 
 
+def restore_cache_from_records(cache, profile: str) -> int:
+    """Fill ``cache`` with every run already recorded in ``results/f3crec[/profile]/runs.jsonl``.
+
+    The committed ``runs.jsonl`` is the durable record of the grid; the cache folder is a local
+    convenience that a fresh clone lacks. Without this a clone would train again every cell whose
+    result is already committed. The latest record of a configuration wins. Returns the number of
+    entries restored.
+    """
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    restored = 0
+    for record in latest_records(read_runs(PAPER, profile)).values():
+        if not cache.contains(record.config):
+            cache.put(record.config, {"metrics": record.metrics, "extra": record.extra},
+                      wall_time_s=record.wall_time_s)
+            restored += 1
+    return restored
+
+
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, worker: int = 0,
              workers: int = 1, progress: bool = True) -> pd.DataFrame:
     """Run every cell without a cached result (this worker's share), recording each run.
@@ -559,6 +598,7 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Pat
 
     cells = [c for i, c in enumerate(cells) if i % workers == worker]
     cache = ResultCache(Path(cache_dir) / "cells")
+    restore_cache_from_records(cache, profile)
 
     def record(config, result, wall):
         append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
