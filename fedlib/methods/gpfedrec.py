@@ -1,0 +1,613 @@
+r"""GPFedRec: a server-side user-relation graph turns uploaded item tables into personalised ones.
+
+Reference:
+    Zhang, Long, Zhou, Zhang, Yan, Yang. "GPFedRec: Graph-Guided Personalization for
+    Federated Recommendation." KDD 2024. arXiv:2305.07866. Public code ``Zhangcx19/GPFedRec``
+    (``engine.py``, ``utils.py``, ``mlp.py``, ``train.py``), summarised in
+    ``shared/notes/FedRKG-reference.md`` §6. FedRKG (``shared/seeds/003``, Table 1, Appendix
+    C.2) runs it as a single-knowledge baseline with a 4-layer MLP ``64 → 32 → 16 → 8 → 1``
+    and "neighborhood similarity threshold 0.5" (most plausibly the code's
+    ``--neighborhood_threshold``, the multiplier of the mean below: ``threshold_scale=0.5``).
+
+Notation: ``U`` users, ``I`` items, ``d`` dimensions; ``q_u (I, d)`` the item table user
+``u`` trained locally and uploads, ``x_u = vec(q_u) ∈ R^{I·d}``; ``S`` the participants::
+
+    S_uv  = cos(x_u, x_v) = x_uᵀ x_v / (‖x_u‖ ‖x_v‖)                    user-relation graph
+    τ     = κ · mean_{u, v} S_uv          κ = threshold_scale (1.0); all |S|² entries, diagonal included
+    N(u)  = {v : S_uv > τ}                  neighbours; u is its own neighbour when S_uu = 1 > τ
+    A_uv  = 1/|N(u)| for v ∈ N(u), else 0   and A_uu = 1 if N(u) = ∅ (every row of A sums to 1)
+    r_u   = Σ_v (A^L)_uv q_v              L = layers (1)                personalised table (1-layer GCN)
+    q_g   = 1/|S| Σ_u r_u                                               global table (degree-weighted mean)
+
+Client ``u`` in the next round: downloads ``q_g`` as its starting item table, keeps its private
+user vector and MLP, and minimises::
+
+    L_u   = BCE(ŷ, y) + reg · ‖q_u − r_u‖²_F / (I · d)                  reg = 1.0
+    ŷ_ui  = σ(MLP_u([p_u ; q_u[i]]))                                    ReLU MLP 2d → 32 → 16 → 8 → 1
+
+Evaluation scores with each user's locally trained ``q_u`` (as the code does).
+
+**The code's similarity is a distance.** ``utils.py`` builds the graph with sklearn's
+``pairwise_distances(metric='cosine')``, which returns ``1 − cos`` (clipped to ``[0, 2]``,
+zero diagonal), and then treats it as a similarity: users whose distance is *above* the mean
+become neighbours, i.e. each user averages the tables of the users **least** similar to it,
+and never its own. ``similarity="cosine"`` (default) implements the paper's description;
+``similarity="cosine_distance_as_in_code"`` reproduces the code.
+
+Learning rates of the code: MLP ``lr`` (0.1), user vector ``lr · lr_eta / client_fraction − lr``,
+item table ``lr · I · lr_eta − lr`` (``lr_eta`` 80), all stepped together on one loss;
+batch 256, one local epoch, every user every round.
+
+How it maps onto the engine (gaps and workarounds):
+
+* **Uploads.** The server needs every participant's own table, not only their mean, which
+  is all the engine's aggregation returns. So ``q_u`` is a ``private_rows`` table
+  (``item_emb``, ``(U, I, d)``) that *is* the client's local copy, and the server step runs
+  in the ``before_round`` hook (:class:`GraphGuidedServer`): at the start of round ``t`` it
+  reads the tables trained in round ``t − 1``, builds the graph, writes ``r_u`` and
+  broadcasts ``q_g`` into every client's table (the download). Participants of ``t − 1`` are
+  the users whose table differs from the previous broadcast, so users without training data
+  never enter the graph. The communication ledger sees no public tensor: it counts nothing
+  for GPFedRec (each participant really uploads ``I × d`` numbers and downloads ``q_g`` and ``r_u``).
+* **The personalised table** ``r_u`` must reach the loss row by row, and the engine has no
+  kind for a per-user buffer: it is a second ``private_rows`` table (``target_item_emb``)
+  with learning rate 0 that no update step trains.
+* **A whole-table regulariser.** A client loss only sees the rows of its current batch.
+  ``reg_rows="table"`` (default, as the code) adds every item to every local step as a
+  *context* example (label :data:`CONTEXT_LABEL`, no BCE) through the project's
+  :class:`~fedlib.methods.continual.PlanAugmentingExecutor`, so the regulariser is exactly
+  the code's ``MSE`` over the whole table. Cost: every client touches all ``I`` rows in every
+  step (what the code does too); use ``BatchedExecutor(chunk_size=...)`` to bound memory.
+  ``reg_rows="batch"`` regularises only the distinct rows of the batch (the same gradient on
+  those rows, none elsewhere): cheaper, but rows a client never trains on stay at ``q_g``.
+* **Client sampling.** The code indexes its arrays by user id and only runs with every user
+  every round. Here sampled-out users are left out of the graph; their table is still reset
+  to the broadcast ``q_g``, so they are evaluated with ``q_g`` instead of their last table.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.plan import RoundPlan
+from fedlib.models.base import FederatedModel, normal_, torch_linear_init
+
+__all__ = [
+    "SIMILARITIES", "REG_ROWS", "CONTEXT_LABEL", "BROADCAST_KEY", "GRAPH_STATS_KEY",
+    "flatten_tables", "user_similarity", "neighbour_weights", "message_passing", "GraphAggregate",
+    "graph_personalise", "graph_personalise_reference", "first_occurrence", "graph_regulariser",
+    "add_table_context", "GPFedRecModel", "GPFedRecLoss", "GraphGuidedServer", "gpfedrec_method",
+]
+
+#: ``"cosine"``: the paper's similarity; ``"cosine_distance_as_in_code"``: sklearn's cosine
+#: distance used as a similarity, as in the public code.
+SIMILARITIES = ("cosine", "cosine_distance_as_in_code")
+#: Rows the regulariser covers: the whole table (code) or the batch's distinct rows.
+REG_ROWS = ("table", "batch")
+#: Label of a context example (a row added so the loss can regularise it; no BCE term).
+CONTEXT_LABEL = -1.0
+#: ``TrainState.extra`` key of the last broadcast global table ``q_g`` ``(I, d)``.
+BROADCAST_KEY = "gpfedrec_broadcast"
+#: ``TrainState.extra`` key of the last graph's summary (threshold, neighbours, participants).
+GRAPH_STATS_KEY = "gpfedrec_graph"
+
+
+def _check_choice(name: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {name} {value!r}: use one of {choices}")
+
+
+def _check_chunk(chunk_size) -> int:
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be >= 1 (users per block of the U×U products), got {chunk_size!r}")
+    return int(chunk_size)
+
+
+# ======================================================================================
+# Server: the user-relation graph and message passing
+# ======================================================================================
+def flatten_tables(tables: torch.Tensor) -> torch.Tensor:
+    """``(U, I, d)`` item tables (or already flat ``(U, F)``) as ``(U, I·d)`` rows ``x_u`` (a view)."""
+    if tables.dim() == 3:
+        return tables.reshape(tables.shape[0], -1)
+    if tables.dim() == 2:
+        return tables
+    raise ValueError(f"item tables must be (U, I, d) (one table per user) or (U, I*d), got shape {tuple(tables.shape)}")
+
+
+def user_similarity(tables: torch.Tensor, similarity: str = "cosine", chunk_size: int = 1024) -> torch.Tensor:
+    """The user-relation graph ``S (U, U)`` from the users' item tables, by blocked matrix products.
+
+    ``S_uv = x_uᵀ x_v / (‖x_u‖ ‖x_v‖)``, computed ``chunk_size`` rows at a time (each block is
+    ``(chunk, I·d) @ (I·d, U)``; no normalised copy of the tables is made). A zero table has
+    similarity 0 with everyone (sklearn's convention).
+
+    Args:
+        tables: ``(U, I, d)`` or ``(U, F)``.
+        similarity: ``"cosine"``, or ``"cosine_distance_as_in_code"``: ``clip(1 − cos, 0, 2)``
+            with a zero diagonal, i.e. sklearn's ``pairwise_distances(metric="cosine")``,
+            which the public code then uses as a similarity.
+        chunk_size: rows of ``S`` per block.
+
+    Returns:
+        ``(U, U)`` in the tables' dtype.
+    """
+    _check_choice("similarity", similarity, SIMILARITIES)
+    chunk_size = _check_chunk(chunk_size)
+    x = flatten_tables(tables)  # (U, F)
+    num_users = x.shape[0]
+    norms = x.norm(dim=1)
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))  # (U,) zero rows stay zero
+    out = x.new_empty((num_users, num_users))
+    for start in range(0, num_users, chunk_size):
+        stop = min(start + chunk_size, num_users)
+        out[start:stop] = (x[start:stop] @ x.T) / (norms[start:stop, None] * norms[None, :])  # (chunk, U)
+    if similarity == "cosine_distance_as_in_code":
+        out = (1.0 - out).clamp_(0.0, 2.0)
+        out.fill_diagonal_(0.0)
+    return out
+
+
+def neighbour_weights(similarity: torch.Tensor, threshold_scale: float = 1.0) -> Tuple[torch.Tensor, float]:
+    """Threshold the graph and weight each user's neighbours equally: ``(A (U, U), τ)``.
+
+    ``τ = threshold_scale · mean(S)`` over all ``U²`` entries (diagonal included);
+    ``N(u) = {v : S_uv > τ}`` (strict); ``A_uv = 1/|N(u)|`` on ``N(u)``; a user without
+    neighbours keeps its own table (``A_uu = 1``). Every row of ``A`` sums to 1.
+
+    Args:
+        similarity: ``(U, U)`` the graph ``S``.
+        threshold_scale: ``κ`` (the code's ``--neighborhood_threshold``, 1.0), finite.
+
+    Returns:
+        ``(A, τ)``: ``A`` in the graph's dtype, ``τ`` a float.
+    """
+    if similarity.dim() != 2 or similarity.shape[0] != similarity.shape[1]:
+        raise ValueError(f"similarity must be a square (U, U) matrix, got shape {tuple(similarity.shape)}")
+    scale = float(threshold_scale)
+    if not math.isfinite(scale):
+        raise ValueError("threshold_scale must be a finite number (multiplier of the mean similarity), "
+                         f"got {threshold_scale!r}")
+    threshold = float(similarity.mean()) * scale
+    above = similarity > threshold  # (U, U) bool
+    counts = above.sum(1)  # (U,)
+    weights = above.to(similarity.dtype) / counts.clamp(min=1).to(similarity.dtype)[:, None]
+    lonely = torch.nonzero(counts == 0).flatten()
+    weights[lonely, lonely] = 1.0
+    return weights, threshold
+
+
+def message_passing(weights: torch.Tensor, tables: torch.Tensor, layers: int = 1,
+                    chunk_size: int = 1024) -> torch.Tensor:
+    """``r = A^L q``: ``layers`` rounds of neighbour averaging, ``chunk_size`` users at a time.
+
+    Args:
+        weights: ``(U, U)`` row-stochastic ``A``.
+        tables: ``(U, I, d)`` (or ``(U, F)``) the uploaded tables ``q``.
+        layers: ``L >= 1`` (the code's ``--mp_layers``, 1).
+
+    Returns:
+        Tensor shaped like ``tables``: row ``u`` is ``r_u``.
+    """
+    chunk_size = _check_chunk(chunk_size)
+    if int(layers) < 1:
+        raise ValueError(f"layers must be >= 1 (message-passing steps), got {layers!r}")
+    x = flatten_tables(tables)  # (U, F)
+    if weights.shape != (x.shape[0], x.shape[0]):
+        raise ValueError(f"weights {tuple(weights.shape)} do not match {x.shape[0]} users' tables: expected "
+                         f"({x.shape[0]}, {x.shape[0]})")
+    weights = weights.to(x.dtype)
+    for _ in range(int(layers)):
+        out = torch.empty_like(x)
+        for start in range(0, x.shape[0], chunk_size):
+            stop = min(start + chunk_size, x.shape[0])
+            out[start:stop] = weights[start:stop] @ x  # (chunk, F)
+        x = out
+    return x.reshape(tables.shape)
+
+
+@dataclass
+class GraphAggregate:
+    """One server step of GPFedRec.
+
+    Attributes:
+        personal: ``(U, I, d)`` personalised tables ``r_u``.
+        global_table: ``(I, d)`` ``q_g``, the mean of ``personal``.
+        weights: ``(U, U)`` ``A``.
+        similarity: ``(U, U)`` ``S``.
+        threshold: ``τ``.
+    """
+
+    personal: torch.Tensor
+    global_table: torch.Tensor
+    weights: torch.Tensor
+    similarity: torch.Tensor
+    threshold: float
+
+
+def graph_personalise(tables: torch.Tensor, similarity: str = "cosine", threshold_scale: float = 1.0,
+                      layers: int = 1, chunk_size: int = 1024) -> GraphAggregate:
+    """The server step, batched: graph, neighbour weights, message passing, global mean.
+
+    Args:
+        tables: ``(U, I, d)`` the participants' uploaded tables (``U >= 1``).
+        similarity, threshold_scale, layers, chunk_size: see :func:`user_similarity`,
+            :func:`neighbour_weights`, :func:`message_passing`.
+
+    Returns:
+        :class:`GraphAggregate`. Cost ``O(U² I d)`` multiply-adds (two ``U × U × I·d`` products).
+    """
+    if tables.dim() != 3 or tables.shape[0] < 1:
+        raise ValueError(f"tables must be (U, I, d) with U >= 1, got shape {tuple(tables.shape)}")
+    sim = user_similarity(tables, similarity, chunk_size)  # (U, U)
+    weights, threshold = neighbour_weights(sim, threshold_scale)  # (U, U)
+    personal = message_passing(weights, tables, layers, chunk_size)  # (U, I, d)
+    return GraphAggregate(personal, personal.mean(0), weights, sim, threshold)
+
+
+def graph_personalise_reference(tables: torch.Tensor, similarity: str = "cosine", threshold_scale: float = 1.0,
+                                layers: int = 1) -> GraphAggregate:
+    """The same server step as plain per-user loops (the readable reference; ``O(U²)`` Python steps)."""
+    _check_choice("similarity", similarity, SIMILARITIES)
+    if tables.dim() != 3 or tables.shape[0] < 1:
+        raise ValueError(f"tables must be (U, I, d) with U >= 1, got shape {tuple(tables.shape)}")
+    num_users = tables.shape[0]
+    vectors = [tables[u].flatten() for u in range(num_users)]
+    sim = tables.new_zeros((num_users, num_users))
+    for u in range(num_users):
+        for v in range(num_users):
+            norm_u, norm_v = float(vectors[u].norm()), float(vectors[v].norm())
+            cos = float(vectors[u] @ vectors[v]) / (norm_u * norm_v) if norm_u > 0 and norm_v > 0 else 0.0
+            if similarity == "cosine":
+                sim[u, v] = cos
+            else:
+                sim[u, v] = 0.0 if u == v else min(max(1.0 - cos, 0.0), 2.0)
+    threshold = float(sim.sum()) / num_users ** 2 * float(threshold_scale)
+    weights = tables.new_zeros((num_users, num_users))
+    for u in range(num_users):
+        neighbours = [v for v in range(num_users) if float(sim[u, v]) > threshold]
+        if not neighbours:
+            weights[u, u] = 1.0
+        for v in neighbours:
+            weights[u, v] = 1.0 / len(neighbours)
+    current = [tables[u] for u in range(num_users)]
+    for _ in range(int(layers)):
+        current = [sum(float(weights[u, v]) * current[v] for v in range(num_users) if float(weights[u, v]) != 0.0)
+                   for u in range(num_users)]
+    personal = torch.stack(current)
+    return GraphAggregate(personal, personal.mean(0), weights, sim, threshold)
+
+
+# ======================================================================================
+# Client: the regulariser toward the personalised table
+# ======================================================================================
+def first_occurrence(items: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``(C, B) bool``: True at the first real occurrence of each item in a client's batch.
+
+    Used to count every row once, whatever the executor: in the batched executor's one-batch
+    path a repeated item has one row slot per occurrence, elsewhere one per (client, item).
+    """
+    if items.shape != mask.shape:
+        raise ValueError(f"items {tuple(items.shape)} and mask {tuple(mask.shape)} must both be (C, B)")
+    key = torch.where(mask > 0, items, torch.full_like(items, -1))  # padding sorts first, as -1
+    ordered, order = torch.sort(key, dim=1, stable=True)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    first &= ordered >= 0
+    return torch.zeros_like(first).scatter_(1, order, first)
+
+
+def graph_regulariser(table_rows: torch.Tensor, target_rows: torch.Tensor, items: torch.Tensor, mask: torch.Tensor,
+                      num_items: int) -> torch.Tensor:
+    """``Σ_{distinct i in the batch} ‖q_u[i] − r_u[i]‖² / (I · d)`` per client: ``(C,)``.
+
+    When the batch holds every item (``reg_rows="table"``) this is the code's
+    ``MSELoss(q_u, r_u)`` over the whole table; otherwise it is that loss restricted to the
+    batch's rows, with the same gradient ``2 (q_u[i] − r_u[i]) / (I d)`` on each of them.
+
+    Args:
+        table_rows: ``(C, B, d)`` the client's current rows ``q_u[i_b]``.
+        target_rows: ``(C, B, d)`` the personalised rows ``r_u[i_b]`` (constants).
+        items: ``(C, B)`` item ids (to count each row once).
+        mask: ``(C, B)`` 1 for real entries.
+        num_items: ``I``.
+    """
+    if table_rows.shape != target_rows.shape:
+        raise ValueError(f"item rows {tuple(table_rows.shape)} and personalised rows {tuple(target_rows.shape)} "
+                         "differ: gather both tables with the same (C, B) index (batch.rows)")
+    if table_rows.dim() != 3 or table_rows.shape[:2] != items.shape:
+        raise ValueError(f"rows must be (C, B, d) with (C, B) = items.shape {tuple(items.shape)}, "
+                         f"got {tuple(table_rows.shape)}")
+    present = first_occurrence(items, mask).to(table_rows.dtype)  # (C, B)
+    squared = (table_rows - target_rows.detach()).pow(2).sum(-1)  # (C, B)
+    return (squared * present).sum(1) / (int(num_items) * table_rows.shape[-1])
+
+
+def add_table_context(plan: RoundPlan, num_items: int) -> RoundPlan:
+    """Add every item to every local step of every client as a context example.
+
+    Context examples carry :data:`CONTEXT_LABEL`; the loss gives them no BCE term, but they
+    make every row of the client's table visible (and trainable) in every step, so the
+    regulariser covers the whole table. Real examples come first within a step, in their
+    planned order. ``num_examples`` (aggregation weights) is unchanged.
+
+    Size: ``Σ_c num_steps[c] × I`` extra examples.
+    """
+    num_clients = plan.num_clients
+    pair_pos = np.repeat(np.arange(num_clients, dtype=np.int64), plan.num_steps)  # (P,) one per (client, step)
+    starts = np.cumsum(plan.num_steps) - plan.num_steps
+    pair_step = np.arange(pair_pos.size, dtype=np.int64) - np.repeat(starts, plan.num_steps)
+    pos = np.concatenate([plan.example_positions(), np.repeat(pair_pos, num_items)])
+    step = np.concatenate([plan.steps, np.repeat(pair_step, num_items)])
+    kind = np.concatenate([np.zeros(plan.items.size, dtype=np.int64),
+                           np.ones(pair_pos.size * num_items, dtype=np.int64)])
+    items = np.concatenate([plan.items, np.tile(np.arange(num_items, dtype=np.int64), pair_pos.size)])
+    labels = np.concatenate([plan.labels.astype(np.float32),
+                             np.full(pair_pos.size * num_items, CONTEXT_LABEL, dtype=np.float32)])
+    order = np.lexsort((np.arange(pos.size), kind, step, pos))  # client, step, real first, planned order
+    indptr = np.zeros(num_clients + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pos, minlength=num_clients), out=indptr[1:])
+    return RoundPlan(
+        round_index=plan.round_index, clients=plan.clients, example_indptr=indptr, items=items[order],
+        labels=labels[order], steps=step[order], num_steps=plan.num_steps, num_examples=plan.num_examples,
+        batch_size=plan.batch_size, local_epochs=plan.local_epochs, noise_key=plan.noise_key,
+    )
+
+
+# ======================================================================================
+# Backbone, loss, server hook, method
+# ======================================================================================
+class GPFedRecModel(FederatedModel):
+    """GPFedRec's client model: personal item table, private user vector, private ReLU MLP.
+
+    ``ŷ_ui = head(ReLU(… ReLU(W_0 [p_u ; q_u[i]] + b_0) …))``; the first layer is applied as
+    ``W_0 = [W_p, W_q]`` on the two halves, which equals the concatenation.
+
+    Args:
+        num_users, num_items, dim: ``U``, ``I``, ``d``.
+        hidden: hidden layer sizes after the ``2d`` input (code and FedRKG: ``(32, 16, 8)``,
+            i.e. ``64 → 32 → 16 → 8 → 1`` at ``d = 32``); ``()`` = a linear head on ``[p_u ; q_u[i]]``.
+        init_std: std of the ``N(0, std²)`` item table and user vector (``nn.Embedding``: 1).
+
+    Parameters (``param_kinds``): ``item_emb`` private rows ``(U, I, d)`` (``q_u``, uploaded
+    to the server by :class:`GraphGuidedServer`); ``target_item_emb`` private rows
+    ``(U, I, d)`` (``r_u``, written by the server, never trained); ``user_emb`` ``(U, d)``;
+    ``mlp{k}_w (U, out, in)``, ``mlp{k}_b (U, out)``; ``head_w (U, h)``, ``head_b (U,)``, all
+    private dense. Every client starts from one shared draw (copies of one model).
+    """
+
+    table = "item_emb"
+    target = "target_item_emb"
+
+    def __init__(self, num_users: int, num_items: int, dim: int = 32, hidden: Sequence[int] = (32, 16, 8),
+                 init_std: float = 1.0):
+        self.num_users, self.num_items, self.dim = int(num_users), int(num_items), int(dim)
+        self.hidden = tuple(int(h) for h in hidden)
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"hidden layer sizes must be >= 1, got {tuple(hidden)}")
+        self.init_std = float(init_std)
+        kinds = {self.table: "private_rows", self.target: "private_rows", "user_emb": "private_dense"}
+        for k in range(len(self.hidden)):
+            kinds[f"mlp{k}_w"] = kinds[f"mlp{k}_b"] = "private_dense"
+        kinds["head_w"] = kinds["head_b"] = "private_dense"
+        self.param_kinds = kinds
+
+    @property
+    def update_steps(self) -> Tuple[Tuple[str, ...], ...]:
+        """One step on everything but the personalised table (the code's three optimisers, one loss)."""
+        return (tuple(name for name in self.param_kinds if name != self.target),)
+
+    def init_global(self, generator, dtype=torch.float32, device="cpu"):
+        return {}
+
+    def init_private(self, generator, dtype=torch.float32, device="cpu"):
+        users, dim = self.num_users, self.dim
+        table = normal_((self.num_items, dim), self.init_std, generator, dtype, device)  # (I, d)
+        user = normal_((dim,), self.init_std, generator, dtype, device)  # (d,)
+        out = {
+            self.table: table.unsqueeze(0).repeat(users, 1, 1),  # (U, I, d)
+            self.target: table.unsqueeze(0).repeat(users, 1, 1),  # (U, I, d): round 0 target = the init
+            "user_emb": user.expand(users, -1).clone(),  # (U, d)
+        }
+        fan_in = 2 * dim
+        for k, width in enumerate(self.hidden):
+            weight, bias = torch_linear_init(fan_in, width, generator, dtype, device)
+            out[f"mlp{k}_w"] = weight.unsqueeze(0).repeat(users, 1, 1)  # (U, out, in)
+            out[f"mlp{k}_b"] = bias.unsqueeze(0).repeat(users, 1)  # (U, out)
+            fan_in = width
+        weight, bias = torch_linear_init(fan_in, 1, generator, dtype, device)
+        out["head_w"] = weight[0].expand(users, -1).clone()  # (U, h)
+        out["head_b"] = bias.expand(users).clone()  # (U,)
+        return out
+
+    def _forward(self, params: Mapping[str, torch.Tensor], items: torch.Tensor) -> torch.Tensor:
+        """``(C, B)`` logits from item rows ``(C, B, d)`` and per-client dense parameters ``(C, ...)``."""
+        dim = self.dim
+        user = params["user_emb"]  # (C, d)
+        if not self.hidden:
+            w = params["head_w"]  # (C, 2d)
+            return (torch.einsum("cbd,cd->cb", items, w[:, dim:]) + (user * w[:, :dim]).sum(1)[:, None]
+                    + params["head_b"][:, None])
+        w0 = params["mlp0_w"]  # (C, h0, 2d)
+        from_user = torch.einsum("cd,chd->ch", user, w0[:, :, :dim]) + params["mlp0_b"]  # (C, h0)
+        h = F.relu(torch.einsum("cbd,chd->cbh", items, w0[:, :, dim:]) + from_user[:, None, :])  # (C, B, h0)
+        for k in range(1, len(self.hidden)):
+            h = F.relu(torch.einsum("cbi,coi->cbo", h, params[f"mlp{k}_w"]) + params[f"mlp{k}_b"][:, None, :])
+        return torch.einsum("cbh,ch->cb", h, params["head_w"]) + params["head_b"][:, None]  # (C, B)
+
+    def logits(self, params: Mapping[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        return self._forward(params, params[self.table][rows])  # (C, B)
+
+    def score_users(self, global_state, private_state, users):
+        params = {name: private_state[name][users] for name, kind in self.param_kinds.items()
+                  if kind == "private_dense"}
+        return self._forward(params, private_state[self.table][users])  # (n, I)
+
+
+class GPFedRecLoss:
+    """GPFedRec's client loss ``BCE + reg · ‖q_u − r_u‖²/(I d)`` (a ``ClientLossFn``).
+
+    Args:
+        reg: ``>= 0`` (the code's ``--reg``, 1.0).
+        reg_rows: ``"table"`` (default): the whole table, which needs the round plan augmented
+            with context rows: run with
+            ``PlanAugmentingExecutor(BatchedExecutor())`` (or around a ``SequentialExecutor``),
+            which calls :meth:`prepare_round`. ``"batch"``: the batch's distinct rows only.
+    """
+
+    def __init__(self, reg: float = 1.0, reg_rows: str = "table"):
+        reg_value = float(reg)
+        if not math.isfinite(reg_value) or reg_value < 0:
+            raise ValueError(f"reg must be a finite number >= 0 (weight of the pull toward the personalised table), "
+                             f"got {reg!r}")
+        _check_choice("reg_rows", reg_rows, REG_ROWS)
+        self.reg, self.reg_rows = reg_value, reg_rows
+
+    # -- PlanAugmentingExecutor protocol --------------------------------------------------------
+    def prepare_round(self, plan: RoundPlan, global_state, private_state) -> RoundPlan:
+        """With ``reg_rows="table"``: :func:`add_table_context`; else the plan unchanged."""
+        if self.reg_rows != "table":
+            return plan
+        table = private_state[GPFedRecModel.table] if GPFedRecModel.table in private_state else None
+        if table is None:
+            raise ValueError(f"GPFedRecLoss expects the private table {GPFedRecModel.table!r}; "
+                             f"got {sorted(private_state)}")
+        return add_table_context(plan, int(table.shape[1]))
+
+    def finish_round(self) -> None:
+        """Nothing is kept between rounds."""
+
+    def __call__(self, model: FederatedModel, params: Mapping[str, torch.Tensor], batch: LocalBatch) -> torch.Tensor:
+        table, target = getattr(model, "table", "item_emb"), getattr(model, "target", "target_item_emb")
+        real = batch.mask * (batch.labels >= 0).to(batch.mask.dtype)  # (C, B) context rows excluded
+        logits = model.logits(params, batch.rows)  # (C, B)
+        targets = batch.labels.clamp(min=0.0)
+        losses = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")  # (C, B)
+        bce = (losses * real).sum(1) / real.sum(1).clamp(min=1)  # (C,)
+        if self.reg == 0.0:
+            return bce
+        rows, personal = params[table][batch.rows], params[target][batch.rows]  # (C, B, d)
+        if self.reg_rows == "table":
+            distinct = first_occurrence(batch.items, batch.mask).sum(1)  # (C,)
+            if bool((distinct != model.num_items).any()):
+                raise ValueError(
+                    f"reg_rows='table' needs every item in every local batch (got {int(distinct.min())} of "
+                    f"{model.num_items}): run with fedlib.methods.continual.PlanAugmentingExecutor(BatchedExecutor()), "
+                    "which adds them as context rows, or use reg_rows='batch'")
+        return bce + self.reg * graph_regulariser(rows, personal, batch.items, batch.mask, model.num_items)
+
+    def __repr__(self) -> str:
+        return f"GPFedRecLoss(reg={self.reg}, reg_rows={self.reg_rows!r})"
+
+
+class GraphGuidedServer:
+    """GPFedRec's server as a ``before_round(state, t)`` hook (see the module docstring).
+
+    Round 0: records the shared initial table as the first broadcast. Round ``t >= 1``: the
+    participants of round ``t − 1`` (tables that differ from the last broadcast) upload their
+    tables; :func:`graph_personalise` gives ``r_u`` (written to ``target_item_emb``) and
+    ``q_g`` (written into every user's ``item_emb``: the download). A summary of the graph goes
+    to ``state.extra[GRAPH_STATS_KEY]``.
+
+    Args:
+        similarity, threshold_scale, layers, chunk_size: see :func:`graph_personalise`.
+        table, target: parameter names of ``q_u`` and ``r_u``.
+    """
+
+    def __init__(self, similarity: str = "cosine", threshold_scale: float = 1.0, layers: int = 1,
+                 chunk_size: int = 1024, table: str = "item_emb", target: str = "target_item_emb"):
+        _check_choice("similarity", similarity, SIMILARITIES)
+        if not math.isfinite(float(threshold_scale)):
+            raise ValueError(f"threshold_scale must be a finite number, got {threshold_scale!r}")
+        if int(layers) < 1:
+            raise ValueError(f"layers must be >= 1, got {layers!r}")
+        self.similarity, self.threshold_scale, self.layers = similarity, float(threshold_scale), int(layers)
+        self.chunk_size, self.table, self.target = _check_chunk(chunk_size), table, target
+
+    def __call__(self, state, round_index: int) -> None:
+        tables = state.private_state[self.table]  # (U, I, d)
+        broadcast = state.extra.get(BROADCAST_KEY)
+        if round_index == 0:
+            state.extra[BROADCAST_KEY] = tables[0].detach().clone()  # every client starts from one table
+            return
+        with torch.no_grad():
+            if broadcast is None:  # a state without our record: everyone counts as a participant
+                participants = torch.ones(tables.shape[0], dtype=torch.bool, device=tables.device)
+            else:
+                participants = (tables != broadcast.to(tables.device)).flatten(1).any(1)  # (U,)
+            index = torch.nonzero(participants).flatten()
+            if index.numel() == 0:
+                return
+            uploads = tables if index.numel() == tables.shape[0] else tables[index]  # (S, I, d)
+            agg = graph_personalise(uploads, self.similarity, self.threshold_scale, self.layers, self.chunk_size)
+            state.private_state[self.target][index] = agg.personal.to(tables.dtype)
+            tables.copy_(agg.global_table.to(tables.dtype).expand_as(tables))  # the download of round t
+            state.extra[BROADCAST_KEY] = agg.global_table.detach().clone()
+            degree = (agg.weights > 0).sum(1)
+            state.extra[GRAPH_STATS_KEY] = {
+                "round": int(round_index), "participants": int(index.numel()), "threshold": agg.threshold,
+                "mean_neighbours": float(degree.to(torch.float64).mean()),
+                "self_included": float(torch.diagonal(agg.weights).gt(0).to(torch.float64).mean()),
+            }
+
+
+def gpfedrec_method(model: GPFedRecModel, lr: float = 0.1, lr_eta: float = 80.0, client_fraction: float = 1.0,
+                    reg: float = 1.0, reg_rows: str = "table", similarity: str = "cosine",
+                    threshold_scale: float = 1.0, layers: int = 1, chunk_size: int = 1024,
+                    **kwargs) -> FederatedMethod:
+    """GPFedRec with the public code's learning rates, loss and server step.
+
+    Args:
+        model: a :class:`GPFedRecModel`.
+        lr: MLP and head learning rate (0.1).
+        lr_eta: item-table multiplier (80): items ``lr · I · lr_eta − lr``, user vector
+            ``lr · lr_eta / client_fraction − lr``.
+        client_fraction: the code's ``clients_sample_ratio`` (1.0), used in the user lr only.
+        reg, reg_rows: see :class:`GPFedRecLoss`. With ``reg_rows="table"`` run the method with
+            ``PlanAugmentingExecutor(BatchedExecutor(chunk_size=...))``.
+        similarity, threshold_scale, layers, chunk_size: see :class:`GraphGuidedServer`.
+        **kwargs: other :class:`~fedlib.engine.FederatedMethod` fields; a ``before_round``
+            given here runs after the server step.
+    """
+    if not isinstance(model, GPFedRecModel):
+        raise ValueError(f"gpfedrec_method needs a GPFedRecModel, got {type(model).__name__}")
+    for name, value in (("lr", lr), ("lr_eta", lr_eta)):
+        if not math.isfinite(float(value)) or float(value) < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    if not 0 < float(client_fraction) <= 1:
+        raise ValueError(f"client_fraction must be in (0, 1] (share of users per round), got {client_fraction!r}")
+    if "client_loss" in kwargs:
+        raise ValueError("gpfedrec_method builds its own client_loss (GPFedRecLoss); pass reg/reg_rows instead")
+    lr = float(lr)
+    rates = {}
+    for name in model.param_kinds:
+        if name == model.target:
+            rates[name] = 0.0
+        elif name == model.table:
+            rates[name] = lr * model.num_items * float(lr_eta) - lr
+        elif name == "user_emb":
+            rates[name] = lr / float(client_fraction) * float(lr_eta) - lr
+        else:
+            rates[name] = lr
+    negative = sorted(name for name, rate in rates.items() if rate < 0)
+    if negative:
+        raise ValueError(f"the code's learning-rate recipe gives negative rates for {negative} (lr={lr}, "
+                         f"lr_eta={lr_eta}, client_fraction={client_fraction}): use lr_eta >= client_fraction so that "
+                         "lr · lr_eta / client_fraction − lr >= 0")
+    server = GraphGuidedServer(similarity, threshold_scale, layers, chunk_size, model.table, model.target)
+    extra_hook: Optional[Callable] = kwargs.pop("before_round", None)
+    if extra_hook is None:
+        hook = server
+    else:
+        def hook(state, round_index):
+            server(state, round_index)
+            extra_hook(state, round_index)
+    kwargs.setdefault("name", "GPFedRec")
+    return FederatedMethod(model, rates, update_steps=model.update_steps, client_loss=GPFedRecLoss(reg, reg_rows),
+                           before_round=hook, **kwargs)
