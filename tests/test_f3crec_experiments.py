@@ -35,17 +35,20 @@ def test_cell_rejects_unknown_names_with_the_valid_choices():
 
 
 def test_cell_defaults_follow_the_paper_settings():
-    c = X.cell("ML-Latest-Small", "FedMF", "F3CRec")
+    c = X.cell("ML-Latest-Small", "FedMF", "F3CRec", tuned=False)
     assert c["rounds"] == 150 and c["patience"] == 30 and c["split"] == "chronological"
     assert c["method_params"] == {"lambda_kd": 0.1, "eps": 5e-5, "top_n": 30, "beta": 0.9}
-    ablation = X.cell("ML-100K", "FedMF", "w/o i.t.m")["method_params"]
+    ablation = X.cell("ML-100K", "FedMF", "w/o i.t.m", tuned=False)["method_params"]
     assert ablation["itemwise"] is False and ablation["eps"] == 6e-3
+    # tuned cells (the default) take the validation choice; ablations inherit F3CRec's values
+    tuned = X.cell("ML-100K", "FedMF", "w/o i.t.m")["method_params"]
+    assert tuned["itemwise"] is False and tuned["eps"] == X.SELECTED["ML-100K"]["F3CRec"]["eps"]
     # a changed setting changes the configuration (and so its hash / cache entry)
     assert X.config_hash(X.cell("ML-100K", "FedMF", "FT")) != X.config_hash(X.cell("ML-100K", "FedMF", "FT", seed=1))
 
 
 def test_reg_lambda_pulls_a_fixed_fraction_per_step():
-    c = X.cell("ML-100K", "FedNCF", "Reg")
+    c = X.cell("ML-100K", "FedNCF", "Reg", tuned=False)
     lr_item = 0.05 * 1152 * 170.0
     assert X.reg_lambda(c, 1152) == pytest.approx(X.REG_PULL / (2 * lr_item))
     # one SGD step on λ‖q − q_old‖² moves q by 2 λ lr_item (q − q_old) = pull · (q − q_old)
