@@ -32,6 +32,7 @@ def train_centralised(
     num_negatives: int = 4,
     seed: int = 0,
     sampler: Optional[NegativeSampler] = None,
+    first_epoch: int = 0,
 ) -> List[float]:
     """Train ``model`` (``forward(users, items) -> logits``) for ``epochs`` epochs.
 
@@ -40,6 +41,8 @@ def train_centralised(
             unnamed parameters use ``lr["default"]``), e.g. ``{"user_emb": 1.0,
             "item_emb": 1.0, "default": 0.1}``.
         seed: epoch ``e`` draws its negatives and shuffle from ``round_generator(seed, e)``.
+        first_epoch: index of the first epoch of this call, so that training in several calls
+            (e.g. one epoch at a time, evaluating in between) draws what one call would.
 
     Returns:
         Mean training loss of each epoch.
@@ -50,7 +53,7 @@ def train_centralised(
     optimizer = torch.optim.SGD(groups)
     device = next(model.parameters()).device
     losses = []
-    for epoch in range(epochs):
+    for epoch in range(int(first_epoch), int(first_epoch) + epochs):
         rng = round_generator(seed, epoch)
         negatives = sampler.sample(train.users, num_negatives, rng)  # (P, k)
         users = np.repeat(train.users, 1 + num_negatives)

@@ -1,0 +1,140 @@
+"""FedRKG experiment cells: validation, model selection, probes, samplers (synthetic data, CPU)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import fedlib.experiments.fedrkg as X
+from fedlib.engine.centralised import train_centralised
+from fedlib.models.mf import MF
+
+
+def test_cell_defaults_follow_the_paper():
+    c = X.cell("LastFM-2K", "FedRKG")
+    assert c["rounds"] == 3000 and c["params"]["beta"] == 0.999 and c["guidance"] == "adaptive"
+    v = X.cell("Amazon-Video", "FedRKG", guidance="fixed")
+    assert v["rounds"] == 1000 and v["params"]["beta"] == 0.99 and v["params"]["lr_decay"] == 0.99
+    assert X.cell("FilmTrust", "FedMF")["params"]["lr_decay"] == 1.0
+    assert X.cell("FilmTrust", "FedRAP")["params"]["lr_decay"] == 0.97  # FedRAP's own code
+    assert X.method_label(X.cell("FilmTrust", "FedRKG", guidance="personal_only")) == "w/ PIE"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dataset="Netflix", method="FedMF"), "unknown dataset"),
+    (dict(dataset="FilmTrust", method="FedAvg"), "unknown method"),
+    (dict(dataset="FilmTrust", method="FedMF", guidance="fixed"), "FedRKG only"),
+    (dict(dataset="FilmTrust", method="FedRKG", guidance="half"), "guidance must be"),
+    (dict(dataset="FilmTrust", method="FedMF", sampler="all"), "sampler must be"),
+    (dict(dataset="FilmTrust", method="FedMF", params={"beta": 0.5}), "unknown parameters"),
+    (dict(dataset="FilmTrust", method="FedMF", ldp={"clip": 0.1}), "noise_std"),
+    (dict(dataset="FilmTrust", method="FedMF", eval_every=0), "eval_every"),
+])
+def test_cell_rejects_bad_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        X.cell(**kwargs)
+
+
+def test_guidance_rounds_match_the_code_schedule():
+    # aggregation after rounds T, 2T, ... (1-based), guidance before the next one
+    assert X.guidance_rounds(20, 4) == [5, 9, 13, 17]
+    assert X.guidance_rounds(1000, 100)[-1] == 901
+
+
+def test_leaky_sampler_never_draws_validation_or_test_items():
+    split = X.load_split("synthetic")
+    held_out = set(zip(split.valid.users.tolist(), split.valid.items.tolist())) | set(
+        zip(split.test.users.tolist(), split.test.items.tolist()))
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(split.num_users), 50)
+    for name, expect_hits in (("leaky", False), ("correct", True)):
+        negatives = X.make_sampler(split, name).sample(users, 4, rng)
+        hits = sum((u, i) in held_out for u, row in zip(users, negatives) for i in row)
+        assert (hits > 0) == expect_hits, name
+
+
+class _FixedEvaluator:
+    """Scores fixed in advance: valid/test metric per call."""
+
+    def __init__(self, valid, test):
+        self.valid, self.test, self.calls = list(valid), list(test), 0
+
+    def __call__(self, model, g, p, which):
+        return {"Recall@10": self.valid[self.calls]}
+
+    def per_user(self, model, g, p, which):
+        value = self.test[self.calls]
+        self.calls += 1
+        return np.arange(2), {"Recall@10": torch.tensor([value, value])}
+
+
+def test_selection_keeps_test_metrics_of_the_best_validation_round_later_ties_win():
+    recorder = X.SelectionRecorder(_FixedEvaluator(valid=[0.1, 0.3, 0.2, 0.3], test=[0.5, 0.6, 0.9, 0.7]))
+    for _ in range(4):
+        recorder(None, {}, {}, "valid")
+    assert recorder.best == 3 and recorder.test_metrics() == {"Recall@10": pytest.approx(0.7)}
+    first = X.SelectionRecorder(_FixedEvaluator(valid=[0.1, 0.3, 0.2, 0.3], test=[0.5, 0.6, 0.9, 0.7]),
+                                prefer_later_ties=False)
+    for _ in range(4):
+        first(None, {}, {}, "valid")
+    assert first.best == 1 and first.test_metrics()["Recall@10"] == pytest.approx(0.6)
+
+
+def test_centralised_training_in_pieces_equals_one_call():
+    split = X.load_split("synthetic")
+    whole = MF(split.num_users, split.num_items, 8, generator=torch.Generator().manual_seed(1))
+    parts = MF(split.num_users, split.num_items, 8, generator=torch.Generator().manual_seed(1))
+    train_centralised(whole, split.train, split.num_items, epochs=3, lr=0.5, seed=2)
+    for epoch in range(3):
+        train_centralised(parts, split.train, split.num_items, epochs=1, lr=0.5, seed=2, first_epoch=epoch)
+    torch.testing.assert_close(whole.item_emb, parts.item_emb)
+
+
+def _run(mode, **kwargs):
+    config = X.cell("synthetic", "FedRKG", guidance=mode, rounds=12, eval_every=3,
+                    params={"interval": 4, "gate_lr": 0.1}, probe_round=9, **kwargs)
+    return X.run_cell(config, device="cpu")
+
+
+def test_probe_measures_around_the_guidance_round():
+    adaptive = _run("adaptive")
+    probe = adaptive["extra"]["probe"]
+    assert probe["round"] == 9 and len(probe["users"]) == len(probe["before"]["Recall@10"])
+    # guidance changed the tables, so at least one user's NDCG changed
+    assert probe["before"]["NDCG@10"] != probe["after"]["NDCG@10"]
+    gates = probe["gates"]
+    assert set(gates) == {"logit_all", "value_all", "logit_popular", "value_popular"}
+    assert all(0 < v < 1 for v in gates["value_all"])
+    # the gate was trained (lr 0.1): not every value is σ(0) = 0.5 any more
+    assert max(abs(v - 0.5) for v in gates["value_all"]) > 1e-4
+    local = _run("personal_only")["extra"]["probe"]
+    assert local["before"] == local["after"] and "gates" not in local  # w/ PIE: nothing changes
+
+
+def test_run_cell_reports_test_at_the_selected_evaluation():
+    result = _run("fixed", sampler="leaky")
+    metrics, curve = result["metrics"], result["extra"]["curve"]
+    assert [c["round"] for c in curve] == [3, 6, 9, 12]
+    best = [c for c in curve if c["round"] == metrics["best_round"]][0]
+    assert metrics["Recall@10"] == pytest.approx(best["test/Recall@10"])
+    assert best["valid/Recall@10"] == max(c["valid/Recall@10"] for c in curve)
+    assert len(result["extra"]["test_per_user"]["Recall@10"]) == len(result["extra"]["test_users"])
+    assert np.mean(result["extra"]["test_per_user"]["NDCG@10"]) == pytest.approx(metrics["NDCG@10"], abs=1e-6)
+
+
+def test_ldp_epsilon_is_reported_at_delta_one_over_users():
+    split = X.load_split("synthetic")
+    config = X.cell("synthetic", "FedRKG", rounds=4, ldp=X.LDP)
+    eps = X.ldp_epsilon(config, split)
+    assert math.isfinite(eps) and eps > 1e3  # σ = 0.01: a vacuous guarantee
+    stronger = X.cell("synthetic", "FedRKG", rounds=4, ldp={"clip": 0.1, "noise_std": 0.5})
+    assert X.ldp_epsilon(stronger, split) < eps
+
+
+def test_every_part_of_the_grid_builds():
+    for part in X.PARTS:
+        cells = X.grid_cells(part)
+        assert cells and all(c["paper"] == "fedrkg" for c in cells)
+    assert len(X.grid_cells("table1")) == 2 * 3 * len(X.METHODS)
+    probes = X.grid_cells("probe")
+    assert [c["probe_round"] for c in probes] == [901, 901]
