@@ -1,0 +1,76 @@
+"""FedRKG tables from (fabricated, in-memory) run records: matching, units, derived cells."""
+import numpy as np
+import pandas as pd
+import pytest
+
+import fedlib.experiments.fedrkg as X
+import fedlib.experiments.fedrkg_tables as T
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE
+from fedlib.reporting.results import RunRecord, config_hash
+
+KW = {"rounds": 50, "eval_every": 10}
+
+
+def record(config, metrics, extra=None, seed=0):
+    config = {**config, "seed": seed}
+    return RunRecord(config_hash=config_hash(config), paper="fedrkg", profile="quick", seed=seed, config=config,
+                     metrics=metrics, wall_time_s=1.0, commit="abc", device="cpu", fedlib_version="0",
+                     torch_version="0", python_version="3", timestamp="now", extra=extra or {})
+
+
+def scores(value):
+    return {"NDCG@5": value, "Recall@5": value + 0.01, "NDCG@10": value + 0.02, "Recall@10": value + 0.03,
+            "best_round": 10}
+
+
+def test_table1_puts_both_samplers_next_to_the_same_paper_value_and_derives_improv():
+    values = {"FedMF": 0.10, "PFedRec": 0.20, "FedRAP": 0.30, "FedRKG": 0.45}
+    records = [record(X.cell("FilmTrust", m, sampler=s, **KW), scores(v + (0.5 if s == "leaky" else 0.0)))
+               for m, v in values.items() for s in ("leaky", "correct")]
+    table = T.table1(records, "quick", cell_kwargs=KW)
+    row = table[(table.dataset == "FilmTrust") & (table.method == "FedMF") & (table.metric == "N@5")
+                & (table.stat == "score")].set_index("sampler")
+    assert row.loc["leaky", "value_paper"] == row.loc["correct", "value_paper"] == pytest.approx(19.28)
+    assert row.loc["correct", "value_ours"] == pytest.approx(10.0)  # fraction → the paper's percent
+    assert row.loc["leaky", "value_ours"] == pytest.approx(60.0)
+    improv = table[(table.dataset == "FilmTrust") & (table.metric == "N@5") & (table.stat.str.startswith("Improv"))
+                   ].set_index("sampler")
+    assert improv.loc["correct", "value_ours"] == pytest.approx(100 * (0.45 / 0.30 - 1))
+    assert "FedRAP" in improv.loc["correct", "note"]
+    ml1m = table[table.dataset == "ML-1M"]
+    assert ml1m["value_ours"].isna().all() and (ml1m["note"] == NEEDS_DOWNLOAD_NOTE).all()
+    lastfm = table[table.dataset == "LastFM-2K"]
+    assert lastfm["value_ours"].isna().all() and (lastfm["note"] == "not run at this profile").all()
+
+
+def test_ablation_table_maps_modes_to_the_paper_labels():
+    records = [record(X.cell("Amazon-Video", "FedRKG", guidance=mode, sampler="correct", **KW), scores(0.01 * i))
+               for i, mode in enumerate(X.GUIDANCE_MODES)]
+    table = T.ablation_table(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    got = table[(table.metric == "N@5") & (table.dataset == "Amazon-Video")].set_index("method")["value_ours"]
+    assert got.to_dict() == pytest.approx({"FedRKG": 0.0, "w/o AG": 1.0, "w/ GIE": 2.0, "w/ PIE": 3.0})
+
+
+def test_table5_notes_the_epsilon_of_each_private_run():
+    records = [record(X.cell("FilmTrust", "FedRKG", sampler="correct", ldp=X.LDP, **KW),
+                      {**scores(0.2), "ldp_epsilon": 1.5e6}),
+               record(X.cell("FilmTrust", "FedRKG", sampler="correct", **KW), scores(0.25))]
+    table = T.table5(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    dp = table[(table.method == "FedRKG") & (table.setting == "w/ DP") & (table.metric == "N@5")].iloc[0]
+    assert dp["value_ours"] == pytest.approx(20.0) and "ε = 1.5e+06" in dp["note"]
+    plain = table[(table.method == "FedRKG") & (table.setting == "w/o DP") & (table.metric == "N@5")].iloc[0]
+    assert plain["value_ours"] == pytest.approx(25.0)
+
+
+def test_gate_change_is_relative_to_the_first_group():
+    gates = {"value_all": [0.5, 0.5, 0.6, 0.7], "logit_all": [0.1, 0.3, 0.2, 0.6]}
+    change = T._gate_change(gates, np.array([0, 1]), np.array([2, 3]), "all")
+    assert change["gating value"] == pytest.approx(100 * (0.65 - 0.5) / 0.5)
+    assert change["gating logit"] == pytest.approx(100 * (0.4 - 0.2) / 0.2)
+
+
+def test_curve_frame_has_one_row_per_evaluation():
+    config = X.cell("FilmTrust", "FedRKG", guidance="fixed", **KW)
+    frame = T.curve_frame([{"config": config, "extra": {"curve": [{"round": 10, "test/Recall@10": 0.1},
+                                                                  {"round": 20, "test/Recall@10": 0.2}]}}])
+    assert frame["round"].tolist() == [10, 20] and frame["method"].unique().tolist() == ["w/o AG"]
