@@ -138,3 +138,13 @@ def test_every_part_of_the_grid_builds():
     assert len(X.grid_cells("table1")) == 2 * 3 * len(X.METHODS)
     probes = X.grid_cells("probe")
     assert [c["probe_round"] for c in probes] == [901, 901]
+
+
+@pytest.mark.parametrize("backbone", ["FedNCF", "PFedRec"])
+def test_guided_backbones_of_table3_train(backbone):
+    config = X.cell("synthetic", "FedRKG", backbone=backbone, rounds=6, eval_every=3, interval=2)
+    result = X.run_cell(config, device="cpu")
+    assert X.method_label(config) == f"{backbone} w/ AG"
+    assert 0.0 <= result["metrics"]["Recall@10"] <= 1.0 and result["extra"]["guidance_log"]
+    with pytest.raises(ValueError, match="backbone must be one of"):
+        X.cell("synthetic", "FedRKG", backbone="GPFedRec")

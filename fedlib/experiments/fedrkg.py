@@ -49,6 +49,7 @@ from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, f
                            personal_table_method, pfedrec_method, run_federated, union_pairs)
 from fedlib.engine.method import GradientNoise
 from fedlib.metrics import mean_over_users
+from fedlib.models.guided import GUIDED_BACKBONES
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -112,7 +113,8 @@ DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {
 def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: str = "correct",
          rounds: Optional[int] = None, eval_every: int = 10, seed: int = 0, params: Optional[Mapping] = None,
          ldp: Optional[Mapping[str, float]] = None, probe_round: Optional[int] = None, trace_every: int = 0,
-         dim: int = 32, batch_size: int = 256, num_negatives: int = 4) -> Dict[str, Any]:
+         interval: Optional[int] = None, backbone: str = "FedMF", dim: int = 32, batch_size: int = 256,
+         num_negatives: int = 4) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
@@ -129,6 +131,11 @@ def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: 
             this round (0-based round index ``t`` of ``run_federated``; Table 4, D.3, D.4).
         trace_every: > 0 records the leak trace (negative coverage every round, test-item rank
             every ``trace_every`` rounds).
+        interval: FedRKG's guidance interval ``T_int`` (default 100); other methods have none
+            and ignore it, so one set of keyword arguments serves a whole grid.
+        backbone: FedRKG's backbone (Table 3): ``"FedMF"`` (the paper's main setting),
+            ``"FedNCF"`` or ``"PFedRec"``, each with its item table made personal
+            (:func:`fedlib.models.guided.guided_backbone`). Ignored by other methods.
     """
     if dataset not in DATASETS and dataset != "synthetic":
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(DATASETS)} or 'synthetic'")
@@ -142,11 +149,15 @@ def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: 
             raise ValueError(f"guidance must be one of {sorted(GUIDANCE_MODES)}, got {guidance!r}")
     elif guidance is not None:
         raise ValueError(f"guidance modes apply to FedRKG only, not to {method}")
+    if method == "FedRKG" and backbone not in GUIDED_BACKBONES:
+        raise ValueError(f"backbone must be one of {GUIDED_BACKBONES}, got {backbone!r}")
     if int(eval_every) < 1:
         raise ValueError(f"eval_every must be >= 1, got {eval_every}")
     merged = dict(DEFAULT_PARAMS[method])
     if method == "FedRKG":
         merged["beta"] = paper_beta(dataset)
+        if interval is not None:
+            merged["interval"] = int(interval)
     if method not in CENTRALISED and "lr_decay" not in merged:  # FedRAP keeps its own code's 0.97
         merged["lr_decay"] = paper_lr_decay(dataset)
     unknown = set(params or {}) - set(merged)
@@ -160,6 +171,7 @@ def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: 
         ldp = {"clip": float(ldp["clip"]), "noise_std": float(ldp["noise_std"])}
     return {
         "paper": PAPER, "version": VERSION, "dataset": dataset, "method": method, "guidance": guidance,
+        "backbone": backbone if method == "FedRKG" else None,
         "sampler": sampler, "rounds": int(rounds if rounds is not None else paper_rounds(dataset)),
         "eval_every": int(eval_every), "patience_rounds": PATIENCE_ROUNDS, "seed": int(seed),
         "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(merged.items())},
@@ -172,7 +184,10 @@ def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: 
 def method_label(config: Mapping[str, Any]) -> str:
     """The paper's row label of a cell (``"w/o AG"`` for FedRKG's fixed mode, …)."""
     if config["method"] == "FedRKG":
-        return GUIDANCE_MODES[config["guidance"]]
+        label = GUIDANCE_MODES[config["guidance"]]
+        backbone = config.get("backbone") or "FedMF"
+        return label if backbone == "FedMF" else f"{backbone} w/ AG" if config["guidance"] == "adaptive" else \
+            f"{backbone} {label}"
     return config["method"]
 
 
@@ -335,10 +350,13 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         executor = PlanAugmentingExecutor(BatchedExecutor(chunk_size=64))
     elif name == "FedRKG":
         from fedlib.methods.fedrkg import KnowledgeGuidance
-        from fedlib.models import PersonalItemTableModel
-        model = PersonalItemTableModel(num_users, num_items, dim)
-        base = personal_table_method(model, lr=p["lr"], lr_eta=p["lr_eta"],
-                                     grad_clip_norm=None if gradient_noise is not None else 1.0, **kwargs)
+        from fedlib.models.guided import guided_backbone, guided_method
+        model = guided_backbone(config.get("backbone") or "FedMF", num_users, num_items, dim)
+        clip = None if gradient_noise is not None else 1.0  # GradientNoise clips (to its own bound)
+        if (config.get("backbone") or "FedMF") == "FedMF":
+            base = personal_table_method(model, lr=p["lr"], lr_eta=p["lr_eta"], grad_clip_norm=clip, **kwargs)
+        else:
+            base = guided_method(model, lr=p["lr"], lr_eta=p["lr_eta"], grad_clip_norm=clip, **kwargs)
         guidance = KnowledgeGuidance(beta=p["beta"], interval=int(p["interval"]), mode=config["guidance"],
                                      gate_lr=p["gate_lr"], gate_epochs=int(p["gate_epochs"]))
         method = guidance.attach(base, split.train, fed_config, sampler)
@@ -544,7 +562,7 @@ GATE_LRS = (1e-4, 1e-3, 1e-2, 1e-1)  # Figure D.2 (the paper's search space)
 BETAS = (0.9, 0.99, 0.999)  # Figure D.2
 LDP = {"clip": 0.1, "noise_std": 0.001}  # "sensitivity 0.1 and σ = 0.001" (Table 5)
 LDP_METHODS = ("FedMF", "PFedRec", "FedRAP", "FedRKG")
-PARTS = ("table1", "ablation", "probe", "ldp", "interval", "sensitivity", "trace", "figure2")
+PARTS = ("table1", "table3", "ablation", "probe", "ldp", "interval", "sensitivity", "trace", "figure2")
 
 
 def _fedrkg(dataset, mode="adaptive", **kwargs):
@@ -555,6 +573,17 @@ def table1_cells(datasets: Sequence[str] = OFFLINE_DATASETS, samplers: Sequence[
                  methods: Sequence[str] = TABLE1_METHODS, **kwargs) -> List[Dict[str, Any]]:
     """Every method of Table 1 on every dataset, under each sampler."""
     return [cell(d, m, sampler=s, **kwargs) for s in samplers for d in datasets for m in methods]
+
+
+def table3_cells(datasets: Sequence[str] = OFFLINE_DATASETS, samplers: Sequence[str] = ("correct", "leaky"),
+                 **kwargs) -> List[Dict[str, Any]]:
+    """Table 3: each backbone without and with Adaptive Guidance (the base runs are Table 1's)."""
+    out = []
+    for s in samplers:
+        for d in datasets:
+            for b in GUIDED_BACKBONES:
+                out += [cell(d, b, sampler=s, **kwargs), cell(d, "FedRKG", backbone=b, sampler=s, **kwargs)]
+    return out
 
 
 def ablation_cells(datasets: Sequence[str] = ABLATION_DATASETS, samplers: Sequence[str] = ("correct", "leaky"),
@@ -569,8 +598,9 @@ def probe_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs)
     The paper measures "at round 900", i.e. the guidance applied after round 900; with
     ``rounds`` rounds and interval T that is the last guidance round before the end.
     """
-    rounds = int(kwargs.pop("rounds", paper_rounds(dataset)))
-    interval = int(kwargs.get("params", {}).get("interval", DEFAULT_PARAMS["FedRKG"]["interval"]))
+    rounds = kwargs.pop("rounds", None)
+    rounds = int(rounds if rounds is not None else paper_rounds(dataset))
+    interval = kwargs.get("interval") or kwargs.get("params", {}).get("interval") or DEFAULT_PARAMS["FedRKG"]["interval"]
     scheduled = guidance_rounds(rounds, interval)
     if not scheduled:
         raise ValueError(f"no guidance round in {rounds} rounds with interval {interval}")
@@ -583,18 +613,20 @@ def ldp_cells(dataset: str = "FilmTrust", samplers: Sequence[str] = ("correct", 
     return [cell(dataset, m, sampler=s, ldp=LDP, **kwargs) for s in samplers for m in LDP_METHODS]
 
 
-def interval_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs):
+def interval_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", intervals: Sequence[int] = INTERVALS,
+                   **kwargs):
     """Figure D.1: Knowledge Guidance (fixed β) with T_int ∈ {1, 10, 50, 100, 200}."""
-    params = kwargs.pop("params", {})
-    return [_fedrkg(dataset, "fixed", sampler=sampler, params={**params, "interval": t}, **kwargs) for t in INTERVALS]
+    kwargs.pop("interval", None)
+    return [_fedrkg(dataset, "fixed", sampler=sampler, interval=t, **kwargs) for t in intervals]
 
 
 def sensitivity_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs):
-    """Figure D.2: FedRKG with one of gate lr, β, T_int changed at a time."""
+    """Figure D.2: FedRKG with one of gate lr, β, T_int changed at a time (the others at their defaults)."""
     params = kwargs.pop("params", {})
     cells = [_fedrkg(dataset, sampler=sampler, params={**params, "gate_lr": v}, **kwargs) for v in GATE_LRS]
     cells += [_fedrkg(dataset, sampler=sampler, params={**params, "beta": v}, **kwargs) for v in BETAS]
-    cells += [_fedrkg(dataset, sampler=sampler, params={**params, "interval": v}, **kwargs) for v in INTERVALS]
+    kwargs.pop("interval", None)
+    cells += [_fedrkg(dataset, sampler=sampler, params=params, interval=v, **kwargs) for v in INTERVALS]
     return cells
 
 
@@ -604,13 +636,13 @@ def trace_cells(dataset: str = "FilmTrust", every: int = 50, **kwargs):
 
 
 def figure2_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs):
-    """Figure 2: Full Replacement (guidance with β = 0 every round), Local Only, FedRAP, Knowledge Guidance."""
-    params = kwargs.pop("params", {})
+    """Figure 2: Full Replacement (β = 0 every round), Local Only, FedRAP, Knowledge Guidance (fixed β)."""
+    every_round = {k: v for k, v in kwargs.items() if k != "interval"}
     return [
-        _fedrkg(dataset, "global_only", sampler=sampler, params={**params, "interval": 1}, **kwargs),
-        _fedrkg(dataset, "personal_only", sampler=sampler, params=params, **kwargs),
+        _fedrkg(dataset, "global_only", sampler=sampler, interval=1, **every_round),
+        _fedrkg(dataset, "personal_only", sampler=sampler, **kwargs),
         cell(dataset, "FedRAP", sampler=sampler, **kwargs),
-        _fedrkg(dataset, "fixed", sampler=sampler, params=params, **kwargs),
+        _fedrkg(dataset, "fixed", sampler=sampler, **kwargs),
     ]
 
 
@@ -618,6 +650,8 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
     """The cells of one part of the paper-profile grid (``datasets`` filters the multi-dataset parts)."""
     if part == "table1":
         return table1_cells(datasets, **kwargs)
+    if part == "table3":
+        return table3_cells(datasets, **kwargs)
     if part == "ablation":
         return ablation_cells([d for d in ABLATION_DATASETS if d in datasets], **kwargs)
     single = {"probe": probe_cells, "ldp": ldp_cells, "interval": interval_cells, "sensitivity": sensitivity_cells,

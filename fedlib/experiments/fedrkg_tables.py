@@ -23,12 +23,12 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.fedrkg import (CENTRALISED, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
+from fedlib.experiments.fedrkg import (ABLATION_DATASETS, CENTRALISED, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
                                        PAPER, SAMPLERS, cell, load_split, method_label, probe_cells)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
 from fedlib.reporting.results import config_hash, latest_records
 
-__all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "ablation_table", "table4", "gate_tables",
+__all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
            "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame"]
 
 #: our metric names -> the paper's
@@ -161,12 +161,34 @@ def table1(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, ce
 
 
 # ======================================================================================
+# Table 3: backbones with and without Adaptive Guidance
+# ======================================================================================
+def table3(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
+           samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
+    from fedlib.models.guided import GUIDED_BACKBONES
+
+    pairs = []
+    for s in samplers:
+        for d in datasets:
+            for b in GUIDED_BACKBONES:
+                pairs.append(({"dataset": d, "backbone": b, "method": b, "setting": "base", "sampler": s},
+                              cell(d, b, sampler=s, **cell_kwargs)))
+                pairs.append(({"dataset": d, "backbone": b, "method": "w/ AG", "setting": "w/ AG", "sampler": s},
+                              cell(d, "FedRKG", backbone=b, sampler=s, **cell_kwargs)))
+    ours = _aggregate(records, _index(records, pairs))
+    if len(ours):
+        ours = ours[ours["metric"].isin(["N@10", "R@10"])]
+    return _compare(ours, "table3_model_agnostic", ["dataset", "backbone", "setting", "metric", "sampler"], profile,
+                    samplers=samplers)
+
+
+# ======================================================================================
 # Table 2 / D.1: ablations
 # ======================================================================================
 def ablation_table(records, profile: str, table_id: str = "tableD1_full_ablation", cell_kwargs: Mapping = {},
-                   samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
+                   samplers: Sequence[str] = SAMPLER_ORDER, datasets: Sequence[str] = ABLATION_DATASETS
+                   ) -> pd.DataFrame:
     """Table D.1 (Table 2 is its N@5/R@5 subset): FedRKG, w/o AG, w/ GIE, w/ PIE."""
-    datasets = ("Amazon-Video", "LastFM-2K")
     pairs = [({"dataset": d, "backbone": "FedMF", "method": label, "sampler": s},
               cell(d, "FedRKG", guidance=mode, sampler=s, **cell_kwargs))
              for s in samplers for d in datasets for mode, label in GUIDANCE_MODES.items()]
@@ -177,10 +199,10 @@ def ablation_table(records, profile: str, table_id: str = "tableD1_full_ablation
 # ======================================================================================
 # Table 4, D.3, D.4: around one guidance round
 # ======================================================================================
-def _probe_records(records, cell_kwargs: Mapping, sampler: str) -> Dict[str, Any]:
+def _probe_records(records, cell_kwargs: Mapping, sampler: str, dataset: str) -> Dict[str, Any]:
     known = latest_records(records)
     out = {}
-    for config in probe_cells(sampler=sampler, **dict(cell_kwargs)):
+    for config in probe_cells(dataset, sampler=sampler, **dict(cell_kwargs)):
         record = known.get(config_hash({**config, "seed": _seeds(records)[0]}))
         if record is not None and "probe" in (record.extra or {}) and "before" in record.extra["probe"]:
             out[config["guidance"]] = record
@@ -188,18 +210,19 @@ def _probe_records(records, cell_kwargs: Mapping, sampler: str) -> Dict[str, Any
 
 
 def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
-           group_size: int = 100, seed: int = 0) -> pd.DataFrame:
+           group_size: int = 100, seed: int = 0, dataset: str = "Amazon-Video") -> pd.DataFrame:
     """Relative change of distinct users' and followers' metrics across the guidance of the probe round."""
     from fedlib.metrics.user_groups import distinct_and_followers, improved_declined, relative_change
 
     split = None
     rows = []
     for s in samplers:
-        probes = _probe_records(records, cell_kwargs, s)
+        probes = _probe_records(records, cell_kwargs, s, dataset)
         if not probes:
             continue
-        split = split or load_split("Amazon-Video")
-        groups = distinct_and_followers(split.train, split.num_items, group_size=group_size, seed=seed)
+        split = split or load_split(dataset)
+        groups = distinct_and_followers(split.train, split.num_items, group_size=_group_size(split, group_size),
+                                        seed=seed)
         for mode, label in (("fixed", "w/ KG"), ("adaptive", "w/ AG")):
             if mode not in probes:
                 continue
@@ -213,7 +236,7 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[
             for group_name, members in (("distinct users", groups.distinct), ("followers", groups.followers)):
                 change = relative_change(before, after, members)
                 for name, value in change.items():
-                    rows.append(_derived({"dataset": "Amazon-Video", "backbone": "FedMF", "method": label,
+                    rows.append(_derived({"dataset": dataset, "backbone": "FedMF", "method": label,
                                           "setting": group_name, "metric": METRICS[name],
                                           "stat": "relative change after a guidance round (round 900)", "sampler": s},
                                          value, [record], note))
@@ -221,7 +244,7 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[
             counts = improved_declined(before, after, sampled)
             for setting, value in (("improved users", counts.improved_of_changed),
                                    ("declined users", counts.declined_of_changed)):
-                rows.append(_derived({"dataset": "Amazon-Video", "backbone": "FedMF", "method": label,
+                rows.append(_derived({"dataset": dataset, "backbone": "FedMF", "method": label,
                                       "setting": setting, "metric": "share", "stat": "share of users (aggregate score)",
                                       "sampler": s}, 100.0 * value, [record],
                                      f"{note}; among the {counts.n_users} sampled users whose summed N@5+R@5+N@10+R@10 "
@@ -239,8 +262,13 @@ def _gate_change(gates: Mapping[str, list], users_a, users_b, items: str) -> Dic
     return out
 
 
+def _group_size(split, wanted: int) -> int:
+    """``wanted`` users per group, or fewer on a small (synthetic) split: a quarter of its users."""
+    return int(min(wanted, max(1, split.num_users // 4)))
+
+
 def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
-                seed: int = 0) -> Dict[str, pd.DataFrame]:
+                seed: int = 0, dataset: str = "Amazon-Video") -> Dict[str, pd.DataFrame]:
     """Tables D.3 (distinct → followers, popular items) and D.4 (cold → warm, all items).
 
     Group means of the gate value σ(logit) and of the logit, from each user's mean over the
@@ -253,15 +281,16 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
     d3, d4 = [], []
     split = None
     for s in samplers:
-        record = _probe_records(records, cell_kwargs, s).get("adaptive")
+        record = _probe_records(records, cell_kwargs, s, dataset).get("adaptive")
         if record is None or "gates" not in record.extra["probe"]:
             continue
-        split = split or load_split("Amazon-Video")
+        split = split or load_split(dataset)
         gates = record.extra["probe"]["gates"]
         for size in (100, 300, 500):
-            groups = distinct_and_followers(split.train, split.num_items, group_size=size, seed=seed)
+            groups = distinct_and_followers(split.train, split.num_items, group_size=_group_size(split, size),
+                                            seed=seed)
             for metric, value in _gate_change(gates, groups.distinct, groups.followers, "popular").items():
-                d3.append(_derived({"dataset": "Amazon-Video", "method": "FedRKG", "setting": f"w/ {size} users",
+                d3.append(_derived({"dataset": dataset, "method": "FedRKG", "setting": f"w/ {size} users",
                                     "metric": metric, "stat": "relative change distinct -> followers (popular items)",
                                     "sampler": s}, value, [record],
                                    f"{size} users per group; 100·(followers − distinct)/distinct of group means"))
@@ -269,7 +298,7 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
             groups = warm_and_cold(split.train, fraction)
             pct = int(round(fraction * 100))
             for metric, value in _gate_change(gates, groups.cold, groups.warm, "all").items():
-                d4.append(_derived({"dataset": "Amazon-Video", "method": "FedRKG",
+                d4.append(_derived({"dataset": dataset, "method": "FedRKG",
                                     "setting": f"warm = top {pct}% users, cold = bottom {pct}% users", "metric": metric,
                                     "stat": "relative change cold -> warm (all items)", "sampler": s}, value, [record],
                                    "100·(warm − cold)/cold of group means over all items"))
@@ -284,14 +313,14 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
 # Table 5 / D.2: local differential privacy on FilmTrust
 # ======================================================================================
 def table5(records, profile: str, table_id: str = "tableD2_ldp_filmtrust", cell_kwargs: Mapping = {},
-           samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
+           samplers: Sequence[str] = SAMPLER_ORDER, dataset: str = "FilmTrust") -> pd.DataFrame:
     pairs = []
     for s in samplers:
         for m in LDP_METHODS:
-            pairs.append(({"dataset": "FilmTrust", "method": m, "setting": "w/ DP", "sampler": s},
-                          cell("FilmTrust", m, sampler=s, ldp=LDP, **cell_kwargs)))
-            pairs.append(({"dataset": "FilmTrust", "method": m, "setting": "w/o DP", "sampler": s},
-                          cell("FilmTrust", m, sampler=s, **cell_kwargs)))
+            pairs.append(({"dataset": dataset, "method": m, "setting": "w/ DP", "sampler": s},
+                          cell(dataset, m, sampler=s, ldp=LDP, **cell_kwargs)))
+            pairs.append(({"dataset": dataset, "method": m, "setting": "w/o DP", "sampler": s},
+                          cell(dataset, m, sampler=s, **cell_kwargs)))
     index = _index(records, pairs)
     ours = _aggregate(records, index)
     if len(ours):
@@ -350,27 +379,34 @@ def curve_frame(results: Sequence[Mapping[str, Any]], metric: str = "Recall@10",
 # Everything
 # ======================================================================================
 def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-               samplers: Sequence[str] = SAMPLER_ORDER) -> Dict[str, pd.DataFrame]:
+               samplers: Sequence[str] = SAMPLER_ORDER, probe_dataset: str = "Amazon-Video",
+               ldp_dataset: str = "FilmTrust", ablation_datasets: Sequence[str] = ABLATION_DATASETS
+               ) -> Dict[str, pd.DataFrame]:
     tables = {"tableC1_dataset_stats": tableC1(records, profile),
               "table1_main": table1(records, profile, datasets, cell_kwargs, samplers),
-              "tableD1_full_ablation": ablation_table(records, profile, "tableD1_full_ablation", cell_kwargs, samplers),
-              "table2_ablation": ablation_table(records, profile, "table2_ablation", cell_kwargs, samplers),
-              "table4_guidance_effect": table4(records, profile, cell_kwargs, samplers),
-              **gate_tables(records, profile, cell_kwargs, samplers),
-              "table5_ldp_filmtrust": table5(records, profile, "table5_ldp_filmtrust", cell_kwargs, samplers),
-              "tableD2_ldp_filmtrust": table5(records, profile, "tableD2_ldp_filmtrust", cell_kwargs, samplers)}
+              "table3_model_agnostic": table3(records, profile, datasets, cell_kwargs, samplers),
+              "tableD1_full_ablation": ablation_table(records, profile, "tableD1_full_ablation", cell_kwargs, samplers,
+                                                      ablation_datasets),
+              "table2_ablation": ablation_table(records, profile, "table2_ablation", cell_kwargs, samplers,
+                                                ablation_datasets),
+              "table4_guidance_effect": table4(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
+              **gate_tables(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
+              "table5_ldp_filmtrust": table5(records, profile, "table5_ldp_filmtrust", cell_kwargs, samplers,
+                                             ldp_dataset),
+              "tableD2_ldp_filmtrust": table5(records, profile, "tableD2_ldp_filmtrust", cell_kwargs, samplers,
+                                              ldp_dataset)}
     return tables
 
 
 def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-                 samplers: Sequence[str] = SAMPLER_ORDER) -> Dict[str, pd.DataFrame]:
+                 samplers: Sequence[str] = SAMPLER_ORDER, **placement) -> Dict[str, pd.DataFrame]:
     """Record the data statistics if needed, build every table and write ``results/fedrkg[/profile]/``."""
     from fedlib.reporting import read_runs, write_results_table
 
     records = read_runs(PAPER, profile)
     data_statistics_records(profile, [d for d in datasets if d in OFFLINE_DATASETS], records)
     records = read_runs(PAPER, profile)
-    tables = all_tables(records, profile, datasets, cell_kwargs, samplers)
+    tables = all_tables(records, profile, datasets, cell_kwargs, samplers, **placement)
     for table_id, frame in tables.items():
         write_results_table(PAPER, table_id, frame, profile)
     return tables

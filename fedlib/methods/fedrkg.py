@@ -43,6 +43,16 @@ Ablations of Table 2, one code path (``mode``):
                     nothing uploaded (the local-only model)
 ==================  ===================================================================
 
+Backbones (§6.3 "Model Agnosticism", Table 3). The gate and the guidance only touch the item
+table, so any backbone whose items are read from ``personal_item_emb`` can be guided: FedMF
+(:class:`~fedlib.models.PersonalItemTableModel`, the code's backbone), FedNCF and PFedRec in
+their guided forms (:func:`fedlib.models.guided.guided_backbone`). Nested gate training needs
+the backbone's logits on the fused rows ``P̃_u`` with every other parameter frozen:
+:func:`train_gates` is the fast path for FedMF's linear head ``s = w_u · P̃_ui + b_u``;
+:func:`train_gates_on_model` is the generic path (the rows fused per example, then
+``model.logits``; autograd updates the gate only) with :func:`train_gates_on_model_sequential`
+as its per-user reference. :meth:`KnowledgeGuidance.guide` picks the path from the model.
+
 How it plugs into the engine. The gate ``(w_u, b_u)`` is private per-client state that the
 backbone does not score with, so it is kept out of the model and stored in
 ``TrainState.extra`` (:data:`GATE_WEIGHT_KEY`, :data:`GATE_BIAS_KEY`; saved by checkpoints).
@@ -66,6 +76,8 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import RoundPlan, make_round_plan, round_generator, select_clients
+from fedlib.models.base import FederatedModel
+from fedlib.models.guided import PERSONAL_TABLE, check_guided_model
 from fedlib.models.personal import PersonalItemTableModel
 
 __all__ = [
@@ -73,10 +85,10 @@ __all__ = [
     # pure functions, one per equation
     "global_knowledge", "knowledge_guidance", "proposition1_step", "gate_logits", "gate_values",
     "guidance_vector", "fused_embedding", "adaptive_guidance", "apply_guidance",
-    # nested gate training (Eqs. 6–8)
-    "GateExamples", "GateTraining", "fused_logits", "train_gates",
+    # nested gate training (Eqs. 6–8): FedMF fast path, any guided backbone
+    "GateExamples", "GateTraining", "fused_logits", "train_gates", "fused_model_logits", "train_gates_on_model",
     # per-user references
-    "train_gates_sequential", "adaptive_guidance_sequential",
+    "train_gates_sequential", "train_gates_on_model_sequential", "adaptive_guidance_sequential",
     # engine plumbing
     "gate_examples_from_plan", "guidance_participants", "guidance_examples", "KnowledgeGuidance",
     # §5.1
@@ -415,6 +427,11 @@ def _check_training_inputs(personal_tables, global_table, head_w, head_b, gate_w
     if tuple(head_w.shape) != (num_users, dim) or tuple(head_b.shape) != (num_users,):
         raise ValueError(f"head_w must be (U, d) = ({num_users}, {dim}) and head_b (U,) = ({num_users},), "
                          f"got {tuple(head_w.shape)} and {tuple(head_b.shape)}")
+    return _check_examples(num_users, num_items, users, items, labels, mask, steps, beta, lr, epochs, clip_norm, tol)
+
+
+def _check_examples(num_users, num_items, users, items, labels, mask, steps, beta, lr, epochs, clip_norm, tol):
+    """Checks of the examples and options shared by every gate trainer."""
     users = _check_users(users, num_users)
     if items.dim() != 2 or items.shape[0] != users.numel():
         raise ValueError(f"items must be (C, B) with C = {users.numel()} rows, one per user id, "
@@ -479,7 +496,7 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
                                                      clip_norm, tol)
     device, dtype = personal_tables.device, personal_tables.dtype
     users = users.to(device)
-    num_clients, width = items.shape
+    num_clients = items.shape[0]
     num_items, dim = global_table.shape
     items = items.to(device)
     mask = mask.to(device=device, dtype=dtype)
@@ -491,7 +508,48 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
     head_w_c, head_b_c = head_w[users].detach(), head_b[users].detach()  # (C, d), (C,)
     weight = gate_weight[users].detach().clone()  # (C, 3d)
     bias = gate_bias[users].detach().clone()  # (C,)
+    # (client, item) keys of every example slot: duplicates of a row sum into one table-gradient row.
+    keys, key_index = torch.unique(torch.arange(num_clients, device=device)[:, None] * num_items + items,
+                                   return_inverse=True)
+    key_client = keys // num_items
 
+    def batch_gradients(weight, bias, in_batch, count):
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (weight, bias, rows, head_w_c, head_b_c)]
+            logits = fused_logits(leaves[2], global_rows, leaves[3], leaves[4], leaves[0], leaves[1], beta)
+            per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (C, B)
+            client_loss = (per_example * in_batch).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
+            wrt = leaves if clip_norm is not None else leaves[:2]
+            grads = torch.autograd.grad(client_loss.sum(), wrt)
+        grad_w, grad_b = grads[0], grads[1]
+        if clip_norm is not None:
+            # The code's clip_grad_norm_ over every parameter of the client model, the
+            # frozen ones included: their gradients shrink the gate's step.
+            row_grad = torch.zeros(keys.numel(), dim, dtype=dtype, device=device)
+            row_grad.index_add_(0, key_index.reshape(-1), grads[2].reshape(-1, dim))
+            squared = torch.zeros(num_clients, dtype=dtype, device=device)
+            squared.index_add_(0, key_client, row_grad.pow(2).sum(1))
+            squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2) + grads[3].pow(2).sum(1) + grads[4].pow(2)
+            factor = (float(clip_norm) / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C,)
+            grad_w, grad_b = grad_w * factor[:, None], grad_b * factor
+        return client_loss, grad_w, grad_b
+
+    return _nested_gate_sgd(weight, bias, mask, steps, lr, epochs, tol, batch_gradients)
+
+
+def _nested_gate_sgd(weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor, lr: float,
+                     epochs: int, tol: Optional[float], batch_gradients: Callable) -> GateTraining:
+    """The schedule of the batched gate trainers: epochs of mini-batches, SGD on ``(w, b)``, early exit.
+
+    Args:
+        weight: ``(C, 3d)``; bias: ``(C,)`` the gates before training.
+        mask: ``(C, B)`` real examples (model dtype); steps: ``(C, B)`` mini-batch of each example.
+        lr, epochs, tol: as :func:`train_gates`.
+        batch_gradients: ``(weight, bias, in_batch (C, B), count (C,)) -> (loss (C,), grad_w, grad_b)``:
+            each client's mean loss on the examples ``in_batch`` and the (clipped) gradient of its gate.
+    """
+    device, dtype = mask.device, mask.dtype
+    num_clients, width = mask.shape
     last_step = torch.where(mask > 0, steps, torch.full_like(steps, -1)).max(1).values if width else \
         torch.full((num_clients,), -1, dtype=torch.int64, device=device)
     num_batches = int(last_step.max()) + 1 if num_clients else 0
@@ -501,10 +559,6 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
     losses = torch.full((num_clients, epochs), float("nan"), dtype=dtype, device=device)
     epochs_run = torch.zeros(num_clients, dtype=torch.int64, device=device)
     previous = None
-    # (client, item) keys of every example slot: duplicates of a row sum into one table-gradient row.
-    keys, key_index = torch.unique(torch.arange(num_clients, device=device)[:, None] * num_items + items,
-                                   return_inverse=True)
-    key_client = keys // num_items
 
     for epoch in range(epochs):
         if not bool(active.any()):
@@ -515,24 +569,7 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
             count = in_batch.sum(1)  # (C,)
             if not bool((count > 0).any()):
                 continue
-            with torch.enable_grad():
-                leaves = [t.detach().requires_grad_(True) for t in (weight, bias, rows, head_w_c, head_b_c)]
-                logits = fused_logits(leaves[2], global_rows, leaves[3], leaves[4], leaves[0], leaves[1], beta)
-                per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (C, B)
-                client_loss = (per_example * in_batch).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
-                wrt = leaves if clip_norm is not None else leaves[:2]
-                grads = torch.autograd.grad(client_loss.sum(), wrt)
-            grad_w, grad_b = grads[0], grads[1]
-            if clip_norm is not None:
-                # The code's clip_grad_norm_ over every parameter of the client model, the
-                # frozen ones included: their gradients shrink the gate's step.
-                row_grad = torch.zeros(keys.numel(), dim, dtype=dtype, device=device)
-                row_grad.index_add_(0, key_index.reshape(-1), grads[2].reshape(-1, dim))
-                squared = torch.zeros(num_clients, dtype=dtype, device=device)
-                squared.index_add_(0, key_client, row_grad.pow(2).sum(1))
-                squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2) + grads[3].pow(2).sum(1) + grads[4].pow(2)
-                factor = (float(clip_norm) / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C,)
-                grad_w, grad_b = grad_w * factor[:, None], grad_b * factor
+            client_loss, grad_w, grad_b = batch_gradients(weight, bias, in_batch, count)
             weight = weight - lr * grad_w
             bias = bias - lr * grad_b
             total_loss += client_loss.detach() * count
@@ -597,6 +634,224 @@ def train_gates_sequential(personal_tables: torch.Tensor, global_table: torch.Te
                     w -= lr * w.grad
                     b -= lr * b.grad
                 for tensor in (table, e_u, c_u, w, b):
+                    tensor.grad = None
+                total += float(loss.detach()) * int(batch.sum())
+                count += int(batch.sum())
+            running = total / count
+            losses[c, epoch] = running
+            epochs_run[c] += 1
+            if tol is not None and previous is not None and abs(running - previous) / abs(previous + _TOL_EPS) < tol:
+                break
+            previous = running
+        out_w[c], out_b[c] = w.detach(), b.detach()
+    return GateTraining(out_w, out_b, losses, epochs_run)
+
+
+# -- any guided backbone: the generic path -------------------------------------------------
+def _has_linear_head(model: Optional[FederatedModel]) -> bool:
+    """Whether the fast path applies: FedRKG's own backbone, ``s = w_u · P_ui + b_u`` (or no model given)."""
+    return model is None or (isinstance(model, PersonalItemTableModel) and not model.shared_table)
+
+
+def _frozen_dense_params(model: FederatedModel, global_state: Dict[str, torch.Tensor],
+                         private_state: Dict[str, torch.Tensor], users: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """Every dense parameter of the ``C`` clients ``users``, detached: ``name -> (C, ...)``.
+
+    Private ones are the users' own rows; public ones (e.g. FedNCF's tower) one copy per
+    client, as each client holds its downloaded copy (and its gradient counts in its clip).
+    """
+    params = {}
+    for name, kind in model.param_kinds.items():
+        if kind == "private_dense":
+            params[name] = private_state[name][users].detach()  # (C, ...)
+        elif kind == "public_dense":
+            table = global_state[name].detach()
+            params[name] = table.unsqueeze(0).expand(users.numel(), *table.shape).clone()  # (C, ...)
+    return params
+
+
+def fused_model_logits(model: FederatedModel, params: Dict[str, torch.Tensor], rows: torch.Tensor,
+                       global_rows: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
+                       beta: float) -> torch.Tensor:
+    """Logits of any guided backbone on fused rows: the generic ``forward_with_gate``.
+
+    Each example's row is fused (Eq. 6, ``P̃_ui = β P_ui + 2(1 − β) g_ui P_gi``) and the
+    ``(C·B, d)`` stack of fused rows is handed to ``model.logits`` as its
+    ``personal_item_emb`` table, example ``(c, b)`` reading row ``c·B + b``. For
+    :class:`~fedlib.models.PersonalItemTableModel` this equals :func:`fused_logits`.
+
+    Args:
+        model: a guided backbone (:func:`~fedlib.models.guided.check_guided_model`).
+        params: every dense parameter with a leading client axis ``(C, ...)``.
+        rows, global_rows: ``(C, B, d)`` ``P_u`` and ``P_g`` rows of each client's examples.
+        gate_weight: ``(C, 3d)``; gate_bias: ``(C,)``; beta: ``β``.
+
+    Returns:
+        ``(C, B)``.
+    """
+    gate = torch.sigmoid(_row_gate_logits(rows, global_rows, gate_weight, gate_bias))  # (C, B)
+    fused = beta * rows + (2.0 * (1.0 - beta) * gate)[..., None] * global_rows  # (C, B, d) Eq. 6
+    num_clients, width, dim = fused.shape
+    example_rows = torch.arange(num_clients * width, device=fused.device).view(num_clients, width)  # (C, B)
+    return model.logits({**params, PERSONAL_TABLE: fused.reshape(num_clients * width, dim)}, example_rows)
+
+
+def _check_model_training_inputs(model, global_state, private_state, global_table, gate_weight, gate_bias, users,
+                                 items, labels, mask, steps, beta, lr, epochs, clip_norm, tol):
+    check_guided_model(model)
+    for name, kind in model.param_kinds.items():
+        state, which = (global_state, "global_state") if kind.startswith("public") else (private_state, "private_state")
+        if name not in state:
+            raise ValueError(f"{which} misses {name!r} ({kind}) of {type(model).__name__}: pass the run's "
+                             "TrainState.global_state and TrainState.private_state")
+    tables = private_state[PERSONAL_TABLE]
+    _check_tables(tables, global_table)
+    num_users, num_items, dim = tables.shape
+    _check_gate(num_users, dim, gate_weight, gate_bias)
+    return _check_examples(num_users, num_items, users, items, labels, mask, steps, beta, lr, epochs, clip_norm, tol)
+
+
+def train_gates_on_model(model: FederatedModel, global_state: Dict[str, torch.Tensor],
+                         private_state: Dict[str, torch.Tensor], global_table: torch.Tensor,
+                         gate_weight: torch.Tensor, gate_bias: torch.Tensor, users: torch.Tensor, items: torch.Tensor,
+                         labels: torch.Tensor, mask: torch.Tensor, *, beta: float, lr: float = 1e-4, epochs: int = 5,
+                         steps: Optional[torch.Tensor] = None, clip_norm: Optional[float] = None,
+                         tol: Optional[float] = None) -> GateTraining:
+    """Eqs. 6–8 for any guided backbone, batched over ``C`` clients: SGD on the gates only.
+
+    As :func:`train_gates` (same schedule, loss, ``clip_norm`` and ``tol`` rules), with the
+    score computed by ``model.logits`` on the fused rows (:func:`fused_model_logits`)
+    instead of a linear head. Every other parameter, private (user vector, head, PFedRec's
+    score MLP) or public (FedNCF's tower, read from ``global_state``), is frozen: it is read,
+    never written, and differentiated only when ``clip_norm`` needs its gradient (the code's
+    ``clip_grad_norm_`` over all of the client model's parameters; a public parameter counts
+    once per client, for its downloaded copy).
+
+    Args:
+        model: a guided backbone (:func:`~fedlib.models.guided.guided_backbone`).
+        global_state: the public parameters (``name -> tensor``; ``{}`` when there are none).
+        private_state: every user's private parameters, with ``personal_item_emb`` ``(U, I, d)``.
+        global_table: ``(I, d)`` ``P_g``.
+        gate_weight: ``(U, 3d)``; gate_bias: ``(U,)`` the gates before training.
+        users, items, labels, mask, steps, beta, lr, epochs, clip_norm, tol: as :func:`train_gates`.
+
+    Returns:
+        :class:`GateTraining` with the ``C`` clients' new gates.
+    """
+    users, beta, lr, epochs = _check_model_training_inputs(model, global_state, private_state, global_table,
+                                                           gate_weight, gate_bias, users, items, labels, mask, steps,
+                                                           beta, lr, epochs, clip_norm, tol)
+    tables = private_state[PERSONAL_TABLE]
+    device, dtype = tables.device, tables.dtype
+    users = users.to(device)
+    num_clients = users.numel()
+    num_items, dim = global_table.shape
+    items = items.to(device)
+    mask = mask.to(device=device, dtype=dtype)
+    labels = labels.to(device=device, dtype=dtype)
+    steps = torch.zeros_like(items) if steps is None else steps.to(device)
+    with torch.no_grad():
+        rows = tables[users[:, None], items]  # (C, B, d) frozen P_u rows
+        global_rows = global_table[items]  # (C, B, d) frozen P_g rows
+    frozen = _frozen_dense_params(model, global_state, private_state, users)  # name -> (C, ...)
+    weight = gate_weight[users].detach().clone()  # (C, 3d)
+    bias = gate_bias[users].detach().clone()  # (C,)
+    clip = clip_norm is not None
+    # (client, item) keys of every example slot: duplicates of a row sum into one table-gradient row.
+    keys, key_index = torch.unique(torch.arange(num_clients, device=device)[:, None] * num_items + items,
+                                   return_inverse=True)
+    key_client = keys // num_items
+
+    def batch_gradients(weight, bias, in_batch, count):
+        with torch.enable_grad():
+            gate = [weight.detach().requires_grad_(True), bias.detach().requires_grad_(True)]
+            # Frozen parameters become leaves only when the clip needs their gradients.
+            row_leaf = rows.detach().requires_grad_(clip)
+            dense = {name: tensor.detach().requires_grad_(clip) for name, tensor in frozen.items()}
+            logits = fused_model_logits(model, dense, row_leaf, global_rows, gate[0], gate[1], beta)  # (C, B)
+            per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (C, B)
+            client_loss = (per_example * in_batch).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
+            wrt = gate + ([row_leaf] + list(dense.values()) if clip else [])
+            grads = torch.autograd.grad(client_loss.sum(), wrt, allow_unused=True)
+        grads = [torch.zeros_like(leaf) if grad is None else grad for leaf, grad in zip(wrt, grads)]
+        grad_w, grad_b = grads[0], grads[1]
+        if clip:
+            # The code's clip_grad_norm_ over every parameter of the client model (see train_gates).
+            row_grad = torch.zeros(keys.numel(), dim, dtype=dtype, device=device)
+            row_grad.index_add_(0, key_index.reshape(-1), grads[2].reshape(-1, dim))
+            squared = torch.zeros(num_clients, dtype=dtype, device=device)
+            squared.index_add_(0, key_client, row_grad.pow(2).sum(1))
+            squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2)
+            for grad in grads[3:]:
+                squared = squared + grad.pow(2).reshape(num_clients, -1).sum(1)
+            factor = (float(clip_norm) / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C,)
+            grad_w, grad_b = grad_w * factor[:, None], grad_b * factor
+        return client_loss, grad_w, grad_b
+
+    return _nested_gate_sgd(weight, bias, mask, steps, lr, epochs, tol, batch_gradients)
+
+
+def train_gates_on_model_sequential(model: FederatedModel, global_state: Dict[str, torch.Tensor],
+                                    private_state: Dict[str, torch.Tensor], global_table: torch.Tensor,
+                                    gate_weight: torch.Tensor, gate_bias: torch.Tensor, users: torch.Tensor,
+                                    items: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, *, beta: float,
+                                    lr: float = 1e-4, epochs: int = 5, steps: Optional[torch.Tensor] = None,
+                                    clip_norm: Optional[float] = None, tol: Optional[float] = None) -> GateTraining:
+    """Per-user reference of :func:`train_gates_on_model` (same arguments, same result up to rounding).
+
+    One client model at a time, as the code does it: the full table ``P_u (I, d)``, every
+    dense parameter (``(1, ...)``) and the gate as leaf tensors, the gate input built by
+    concatenation, the fused rows scored by ``model.logits`` one batch at a time,
+    ``torch.nn.utils.clip_grad_norm_`` over all of them, a step on the gate only.
+    """
+    users, beta, lr, epochs = _check_model_training_inputs(model, global_state, private_state, global_table,
+                                                           gate_weight, gate_bias, users, items, labels, mask, steps,
+                                                           beta, lr, epochs, clip_norm, tol)
+    tables = private_state[PERSONAL_TABLE]
+    dtype, device = tables.dtype, tables.device
+    num_clients = users.numel()
+    steps = torch.zeros_like(items) if steps is None else steps
+    out_w = gate_weight[users.to(gate_weight.device)].detach().clone()
+    out_b = gate_bias[users.to(gate_bias.device)].detach().clone()
+    losses = torch.full((num_clients, epochs), float("nan"), dtype=dtype, device=device)
+    epochs_run = torch.zeros(num_clients, dtype=torch.int64, device=device)
+    p_g = global_table.detach()
+    for c, user in enumerate(users.tolist()):
+        real = mask[c] > 0
+        if not bool(real.any()):
+            continue
+        c_items, c_labels, c_steps = items[c][real], labels[c][real].to(dtype), steps[c][real]
+        table = tables[user].detach().clone().requires_grad_(True)  # (I, d) frozen
+        dense = {}  # (1, ...) frozen: this client's copy of every dense parameter
+        for name, kind in model.param_kinds.items():
+            if kind == "private_dense":
+                dense[name] = private_state[name][user].unsqueeze(0).detach().clone().requires_grad_(True)
+            elif kind == "public_dense":
+                dense[name] = global_state[name].unsqueeze(0).detach().clone().requires_grad_(True)
+        w = out_w[c].clone().requires_grad_(True)  # (3d,)
+        b = out_b[c].clone().requires_grad_(True)  # ()
+        every_parameter = [table, *dense.values(), w, b]
+        total, count, previous = 0.0, 0, None
+        for epoch in range(epochs):
+            for step in range(int(c_steps.max()) + 1):
+                batch = c_steps == step
+                if not bool(batch.any()):
+                    continue
+                with torch.enable_grad():
+                    p_rows, g_rows = table[c_items[batch]], p_g[c_items[batch]]  # (n, d)
+                    gate = torch.sigmoid(torch.cat([p_rows, g_rows, p_rows - g_rows], dim=1) @ w + b)  # (n,) Eq. 5
+                    fused = p_rows * beta + g_rows * gate[:, None] * (1.0 - beta) * 2.0  # (n, d) Eq. 6
+                    example_rows = torch.arange(fused.shape[0], device=fused.device).unsqueeze(0)  # (1, n)
+                    logits = model.logits({**dense, PERSONAL_TABLE: fused}, example_rows)[0]  # (n,)
+                    loss = F.binary_cross_entropy_with_logits(logits, c_labels[batch])
+                    loss.backward()
+                if clip_norm is not None:
+                    torch.nn.utils.clip_grad_norm_([t for t in every_parameter if t.grad is not None],
+                                                   float(clip_norm))
+                with torch.no_grad():
+                    w -= lr * w.grad
+                    b -= lr * b.grad
+                for tensor in every_parameter:
                     tensor.grad = None
                 total += float(loss.detach()) * int(batch.sum())
                 count += int(batch.sum())
@@ -682,7 +937,7 @@ def guidance_examples(train: Pairs, sampler: NegativeSampler, config, round_inde
 
 @dataclass(frozen=True)
 class KnowledgeGuidance:
-    """FedRKG's guidance schedule and its ablations, for the FedRKG backbone.
+    """FedRKG's guidance schedule and its ablations, for any guided backbone (Table 3).
 
     Attributes:
         beta: ``β`` of Eqs. 3/9 (code: 0.99; paper: 0.999 on LastFM).
@@ -737,7 +992,9 @@ class KnowledgeGuidance:
 
     # -- one guidance step on the stacked private state ------------------------------------
     def guide(self, private_state: Dict[str, torch.Tensor], extra: Dict[str, object], participants,
-              examples: Optional[GateExamples] = None, round_index: Optional[int] = None) -> dict:
+              examples: Optional[GateExamples] = None, round_index: Optional[int] = None, *,
+              model: Optional[FederatedModel] = None,
+              global_state: Optional[Dict[str, torch.Tensor]] = None) -> dict:
         """Algorithm 1, lines 10–17, in place on ``private_state["personal_item_emb"]``.
 
         1. ``P_g`` = unweighted mean of the ``participants``' tables (before any change);
@@ -746,10 +1003,17 @@ class KnowledgeGuidance:
         3. commit the mode's update for **every** user (the code guides all users, not only
            the participants).
 
+        The gate is trained on the backbone's logits: ``model=None`` or FedRKG's own backbone
+        (:class:`PersonalItemTableModel`) take the linear-head fast path (:func:`train_gates`,
+        head read from ``private_state``); any other guided backbone the generic path
+        (:func:`train_gates_on_model`, public parameters read from ``global_state``).
+
         Returns (and appends to ``extra[LOG_KEY]``) a small record: round, mode,
         participants, and for ``"adaptive"`` the mean/std of ``g*`` and the gate losses.
         """
-        tables = private_state["personal_item_emb"]  # (U, I, d)
+        if model is not None:
+            check_guided_model(model)
+        tables = private_state[PERSONAL_TABLE]  # (U, I, d)
         num_users, _, dim = tables.shape
         participants = np.asarray(participants, dtype=np.int64)
         record = {"round": None if round_index is None else int(round_index), "mode": self.mode,
@@ -766,10 +1030,15 @@ class KnowledgeGuidance:
                 first, last = [], []
                 for start in range(0, examples.users.numel(), chunk):
                     part = examples.subset(slice(start, start + chunk))
-                    result = train_gates(tables, p_g, private_state["head_w"], private_state["head_b"], weight, bias,
-                                         part.users, part.items, part.labels, part.mask, beta=self.beta,
-                                         lr=self.gate_lr, epochs=self.gate_epochs, steps=part.steps,
-                                         clip_norm=self.gate_clip_norm, tol=self.gate_tol)
+                    options = dict(beta=self.beta, lr=self.gate_lr, epochs=self.gate_epochs, steps=part.steps,
+                                   clip_norm=self.gate_clip_norm, tol=self.gate_tol)
+                    if _has_linear_head(model):
+                        result = train_gates(tables, p_g, private_state["head_w"], private_state["head_b"], weight,
+                                             bias, part.users, part.items, part.labels, part.mask, **options)
+                    else:
+                        result = train_gates_on_model(model, global_state if global_state is not None else {},
+                                                      private_state, p_g, weight, bias, part.users, part.items,
+                                                      part.labels, part.mask, **options)
                     users = part.users.to(weight.device)
                     weight[users], bias[users] = result.weight, result.bias
                     ran = result.epochs_run > 0
@@ -807,7 +1076,7 @@ class KnowledgeGuidance:
 
     # -- the engine hook -------------------------------------------------------------------
     def before_round_hook(self, train: Pairs, config, num_items: int, sampler: Optional[NegativeSampler] = None,
-                          inner: Optional[Callable] = None) -> Callable:
+                          inner: Optional[Callable] = None, model: Optional[FederatedModel] = None) -> Callable:
         """A ``before_round(state, t)`` hook for :class:`~fedlib.engine.FederatedMethod`.
 
         Args:
@@ -818,6 +1087,8 @@ class KnowledgeGuidance:
                 ``NegativeSampler(train, num_items)``); it must be the same one for the gate
                 examples to be the round's examples.
             inner: an earlier ``before_round`` hook, run first.
+            model: the guided backbone whose logits train the gate (``None``: FedRKG's own,
+                :class:`PersonalItemTableModel`; see :meth:`guide`).
         """
         sampler = sampler if sampler is not None else NegativeSampler(train, num_items)
 
@@ -832,7 +1103,8 @@ class KnowledgeGuidance:
                 tables = state.private_state["personal_item_emb"]
                 examples = guidance_examples(train, sampler, config, round_index, device=tables.device,
                                              dtype=tables.dtype)
-            self.guide(state.private_state, state.extra, participants, examples, round_index=round_index)
+            self.guide(state.private_state, state.extra, participants, examples, round_index=round_index,
+                       model=model, global_state=state.global_state)
 
         return hook
 
@@ -840,15 +1112,15 @@ class KnowledgeGuidance:
                ) -> FederatedMethod:
         """``method`` with this guidance in its ``before_round`` hook (an existing hook runs first).
 
-        ``method.model`` must be the FedRKG backbone (:class:`PersonalItemTableModel` without a
-        shared table), e.g. ``personal_table_method(model)``.
+        ``method.model`` must hold a personal item table and no shared one: FedRKG's backbone
+        (:class:`PersonalItemTableModel` without a shared table, e.g.
+        ``personal_table_method(model)``) or any guided backbone of Table 3, e.g.
+        ``guided_method(guided_backbone("FedNCF", U, I, d))`` (:mod:`fedlib.models.guided`).
         """
         model = method.model
-        if not isinstance(model, PersonalItemTableModel) or model.shared_table:
-            raise ValueError("knowledge guidance needs the FedRKG backbone: PersonalItemTableModel(..., "
-                             f"shared_table=False), got {type(model).__name__}"
-                             + (" with shared_table=True" if isinstance(model, PersonalItemTableModel) else ""))
-        hook = self.before_round_hook(train, config, model.num_items, sampler, inner=method.before_round)
+        check_guided_model(model)  # ValueError naming what is wrong and how to build a guided model
+        hook = self.before_round_hook(train, config, model.num_items, sampler, inner=method.before_round,
+                                      model=model)
         name = f"{method.name}+{self.label}" if method.name else self.label
         return dataclasses.replace(method, before_round=hook, name=name)
 
@@ -856,31 +1128,49 @@ class KnowledgeGuidance:
 # ======================================================================================
 # §5.1 memory analysis
 # ======================================================================================
-def client_parameter_counts(model: PersonalItemTableModel, mode: str = "adaptive") -> Dict[str, int]:
+def client_parameter_counts(model: FederatedModel, mode: str = "adaptive") -> Dict[str, int]:
     """Numbers one client stores, counted from the backbone's own initialisers (§5.1).
 
-    Counts one user's share of every parameter (a one-user twin of ``model`` is built, so
-    nothing of size ``U × I × d`` is allocated), plus the gate ``3d + 1`` in ``"adaptive"`` mode.
+    Counts one user's share of every private parameter and the whole of every public one
+    (the client holds its downloaded copy, e.g. FedNCF's tower), plus the gate ``3d + 1`` in
+    ``"adaptive"`` mode. The initialisers run on the ``meta`` device (no ``U × I × d`` tensor
+    is allocated; only the small per-parameter draws on the CPU).
 
     Keys: every parameter name; ``"gate"``; ``"stored"`` (between guidance rounds and at
     inference); ``"peak"`` (during guidance, when ``P_g`` (``I × d``) is downloaded too;
     equal to ``"stored"`` for ``"personal_only"`` and for a backbone that already holds a
     public table).
 
-    Paper: ``md + 4d + 1`` stored, ``2md + 4d + 1`` at the guidance peak (``m`` items). Ours is
-    one more (``md + 4d + 2``): the code's head is ``Linear(d → 1)``, with a bias. A
-    dual-knowledge client (FedRAP: ``shared_table=True``) stores ``2md + d + 1`` at all times.
+    Paper: ``md + 4d + 1`` stored, ``2md + 4d + 1`` at the guidance peak (``m`` items), for
+    FedMF. Ours is one more (``md + 4d + 2``): the code's head is ``Linear(d → 1)``, with a
+    bias. A dual-knowledge client (FedRAP: ``PersonalItemTableModel(shared_table=True)``)
+    stores ``2md + d + 1`` at all times. Guided FedNCF / PFedRec add their own parameters
+    (user vector, tower, score MLP) to the same ``md`` table.
+
+    Args:
+        model: :class:`PersonalItemTableModel` (either form) or a guided backbone
+            (:func:`~fedlib.models.guided.guided_backbone`).
+        mode: one of :data:`MODES`.
     """
     _check_mode(mode)
-    if not isinstance(model, PersonalItemTableModel):
-        raise ValueError(f"model must be a PersonalItemTableModel, got {type(model).__name__}")
-    twin = PersonalItemTableModel(1, model.num_items, model.dim, shared_table=model.shared_table)
+    dual_knowledge = isinstance(model, PersonalItemTableModel) and model.shared_table
+    if not dual_knowledge:
+        if not isinstance(model, FederatedModel):
+            raise ValueError("model must be a federated backbone with a personal item table, "
+                             f"got {type(model).__name__}")
+        check_guided_model(model)
     generator = torch.Generator().manual_seed(0)
-    tensors = {**twin.init_global(generator), **twin.init_private(generator)}
-    counts = {name: int(tensor.numel()) for name, tensor in tensors.items()}  # private ones have U = 1
-    guided = mode != "personal_only" and not model.shared_table
-    counts["gate"] = 3 * model.dim + 1 if mode == "adaptive" and not model.shared_table else 0
+    public = model.init_global(generator, device="meta")
+    private = model.init_private(generator, device="meta")
+    counts = {}
+    for name, kind in model.param_kinds.items():
+        if kind.startswith("public"):
+            counts[name] = int(public[name].numel())  # the client's downloaded copy
+        else:
+            counts[name] = int(private[name].numel()) // model.num_users  # (U, ...) stacked: one user's share
+    dim = int(private[PERSONAL_TABLE].shape[-1])
+    guided = mode != "personal_only" and not dual_knowledge
+    counts["gate"] = 3 * dim + 1 if mode == "adaptive" and not dual_knowledge else 0
     counts["stored"] = sum(counts.values())
-    counts["peak"] = counts["stored"] + (model.num_items * model.dim if guided else 0)
+    counts["peak"] = counts["stored"] + (model.num_items * dim if guided else 0)
     return counts
-
