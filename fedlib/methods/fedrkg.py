@@ -465,8 +465,15 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
     its item rows replaced by the fused embedding ``P̃_u`` (Eq. 6); its table ``P_u``, head
     and ``P_g`` are frozen (read, never written: the inputs are left untouched). In every
     epoch the client visits its mini-batches ``0, 1, …`` (``steps``) in order, one SGD step
-    ``(w, b) ← (w, b) − lr ∇`` per batch (Eq. 8). Clients share no parameter, so one backward
-    pass over ``Σ_c L_c`` gives each client exactly its own gradient.
+    ``(w, b) ← (w, b) − lr ∇`` per batch (Eq. 8). Clients share no parameter: all of them
+    take their step of batch ``k`` together, each on its own examples.
+
+    How it is computed. The logit is linear in ``P̃`` and ``P̃`` depends on the gate only
+    through ``g_ui``, so the gradients are written out in closed form
+    (:func:`_linear_head_gradients`) instead of being taken by autograd, and they are
+    evaluated on the real examples only, stacked without padding (the padded ``(C, B)``
+    layout is read once): the cost follows the number of examples, not ``C ×`` the largest
+    count. :func:`train_gates_sequential` is the autograd reference.
 
     Code details reproduced on request:
 
@@ -496,50 +503,217 @@ def train_gates(personal_tables: torch.Tensor, global_table: torch.Tensor, head_
                                                      clip_norm, tol)
     device, dtype = personal_tables.device, personal_tables.dtype
     users = users.to(device)
-    num_clients = items.shape[0]
+    num_clients = users.numel()
     num_items, dim = global_table.shape
     items = items.to(device)
     mask = mask.to(device=device, dtype=dtype)
     labels = labels.to(device=device, dtype=dtype)
     steps = torch.zeros_like(items) if steps is None else steps.to(device)
-    with torch.no_grad():
-        rows = personal_tables[users[:, None], items]  # (C, B, d) frozen P_u rows
-        global_rows = global_table[items]  # (C, B, d) frozen P_g rows
-    head_w_c, head_b_c = head_w[users].detach(), head_b[users].detach()  # (C, d), (C,)
     weight = gate_weight[users].detach().clone()  # (C, 3d)
     bias = gate_bias[users].detach().clone()  # (C,)
-    # (client, item) keys of every example slot: duplicates of a row sum into one table-gradient row.
-    keys, key_index = torch.unique(torch.arange(num_clients, device=device)[:, None] * num_items + items,
-                                   return_inverse=True)
-    key_client = keys // num_items
+    head_w_c, head_b_c = head_w[users].detach(), head_b[users].detach()  # (C, d), (C,)
+    losses = torch.full((num_clients, epochs), float("nan"), dtype=dtype, device=device)
+    epochs_run = torch.zeros(num_clients, dtype=torch.int64, device=device)
+    if epochs == 0 or num_clients == 0:
+        return GateTraining(weight, bias, losses, epochs_run)
 
-    def batch_gradients(weight, bias, in_batch, count):
-        with torch.enable_grad():
-            leaves = [t.detach().requires_grad_(True) for t in (weight, bias, rows, head_w_c, head_b_c)]
-            logits = fused_logits(leaves[2], global_rows, leaves[3], leaves[4], leaves[0], leaves[1], beta)
-            per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (C, B)
-            client_loss = (per_example * in_batch).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
-            wrt = leaves if clip_norm is not None else leaves[:2]
-            grads = torch.autograd.grad(client_loss.sum(), wrt)
-        grad_w, grad_b = grads[0], grads[1]
+    # The N real examples (mask > 0, in a batch), stacked without padding and ordered by batch,
+    # then client, then slot: a batch is a contiguous range, a client's examples stay in order.
+    client, slot = ((mask > 0) & (steps >= 0)).nonzero(as_tuple=True)  # (N,) each, by client then slot
+    batch = steps[client, slot]
+    order = torch.argsort(batch, stable=True)
+    client, slot, batch = client[order], slot[order], batch[order]
+    example_items = items[client, slot]
+    with torch.no_grad():
+        rows = personal_tables.detach()[users[client], example_items]  # (N, d) frozen P_u rows
+        global_rows = global_table.detach()[example_items]  # (N, d) frozen P_g rows
+        head_rows = head_w_c.index_select(0, client)  # (N, d) e_u of each example
+        examples = _LinearHeadExamples(
+            client=client, batch=batch, label=labels[client, slot], weight=mask[client, slot], rows=rows,
+            global_rows=global_rows, head_rows=head_rows, head_dot_global=(head_rows * global_rows).sum(1),
+            key=torch.zeros_like(client))
+        key_batch = key_client = None
         if clip_norm is not None:
-            # The code's clip_grad_norm_ over every parameter of the client model, the
-            # frozen ones included: their gradients shrink the gate's step.
-            row_grad = torch.zeros(keys.numel(), dim, dtype=dtype, device=device)
-            row_grad.index_add_(0, key_index.reshape(-1), grads[2].reshape(-1, dim))
-            squared = torch.zeros(num_clients, dtype=dtype, device=device)
-            squared.index_add_(0, key_client, row_grad.pow(2).sum(1))
-            squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2) + grads[3].pow(2).sum(1) + grads[4].pow(2)
-            factor = (float(clip_norm) / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C,)
-            grad_w, grad_b = grad_w * factor[:, None], grad_b * factor
-        return client_loss, grad_w, grad_b
+            # (batch, client, item) keys: repeats of an item in one batch add up in one row of
+            # the table's gradient (what clip_grad_norm_ sees); a batch's keys are a contiguous range.
+            keys, key_index = torch.unique((batch * num_clients + client) * num_items + example_items,
+                                           return_inverse=True)
+            key_client = (keys // num_items) % num_clients  # (K,)
+            key_batch = keys // (num_items * num_clients)  # (K,) sorted
+            examples = examples._replace(key=key_index)
 
-    return _nested_gate_sgd(weight, bias, mask, steps, lr, epochs, tol, batch_gradients)
+    active = torch.zeros(num_clients, dtype=torch.bool, device=device)
+    active[client] = True  # clients with data
+    total_loss = torch.zeros(num_clients, dtype=dtype, device=device)
+    total_count = torch.zeros(num_clients, dtype=dtype, device=device)
+    previous = None
+    current, current_active = examples, active.clone()
+    for epoch in range(epochs):
+        if not bool(active.any()):
+            break
+        ran = active.clone()
+        if not torch.equal(active, current_active):  # drop the examples of the clients that stopped
+            current, current_active = examples.subset(active[examples.client]), active.clone()
+        values, sizes = torch.unique_consecutive(current.batch, return_counts=True)
+        start = 0
+        for step, size in zip(values.tolist(), sizes.tolist()):
+            part = current.subset(slice(start, start + size))
+            start += size
+            key_range = None
+            if clip_norm is not None:
+                key_range = (int(torch.searchsorted(key_batch, step)),
+                             int(torch.searchsorted(key_batch, step, right=True)))
+            client_loss, count, grad_w, grad_b = _linear_head_gradients(
+                weight, bias, head_w_c, head_b_c, part, beta, clip_norm, key_client, key_range)
+            weight = weight - lr * grad_w
+            bias = bias - lr * grad_b
+            total_loss += client_loss * count
+            total_count += count
+        running = total_loss / total_count.clamp(min=1.0)  # the code's cumulative mean, not per epoch
+        losses[ran, epoch] = running[ran]
+        epochs_run += ran.to(torch.int64)
+        if tol is not None and previous is not None:
+            change = (running - previous).abs() / (previous + _TOL_EPS).abs()
+            active = active & ~(ran & (change < float(tol)))
+        previous = running
+    return GateTraining(weight, bias, losses, epochs_run)
+
+
+class _LinearHeadExamples(NamedTuple):
+    """Real examples of :func:`train_gates`, stacked without padding: ``(N, ...)`` each."""
+
+    client: torch.Tensor  # position of the example's client in the chunk
+    batch: torch.Tensor  # its mini-batch
+    label: torch.Tensor
+    weight: torch.Tensor  # its mask value (1)
+    rows: torch.Tensor  # (N, d) P_ui
+    global_rows: torch.Tensor  # (N, d) P_gi
+    head_rows: torch.Tensor  # (N, d) e_u
+    head_dot_global: torch.Tensor  # e_u · P_gi
+    key: torch.Tensor  # index of its (batch, client, item) key (clipping only)
+
+    def subset(self, index) -> "_LinearHeadExamples":
+        return _LinearHeadExamples(*(t[index] for t in self))
+
+
+def _linear_head_gradients(weight: torch.Tensor, bias: torch.Tensor, head_w: torch.Tensor, head_b: torch.Tensor,
+                           ex: _LinearHeadExamples, beta: float, clip_norm: Optional[float],
+                           key_client: Optional[torch.Tensor], key_range: Optional[tuple]):
+    r"""One mini-batch of :func:`train_gates`: each client's mean loss and the (clipped) gradient of its gate.
+
+    For client ``u`` and its ``n_u`` examples ``(i, y)`` of the batch, with ``p = P_ui``,
+    ``q = P_gi``, head ``(e, c)`` and gate ``w = [w_P ; w_g ; w_Δ]``, ``b``, ``κ = 2(1 − β)``::
+
+        z = (w_P + w_Δ)·p + (w_g − w_Δ)·q + b     g = σ(z)     P̃ = β p + κ g q     s = e·P̃ + c
+        L = 1/n_u Σ BCE(s, y)
+        δ = ∂L/∂s = (σ(s) − y) / n_u             t = ∂L/∂z = δ κ (e·q) g (1 − g)
+        ∇w_P = Σ t p    ∇w_g = Σ t q    ∇w_Δ = ∇w_P − ∇w_g    ∇b = Σ t
+        frozen (clip only): ∇e = Σ δ P̃    ∇c = Σ δ    ∇P_ui = β e Σ_i δ + (w_P + w_Δ) Σ_i t
+
+    (``δ`` is also multiplied by the example's mask value, 1 for a real example), where ``Σ_i``
+    runs over the batch's examples of item ``i``: a table row read by several examples of
+    the batch gets the sum of their gradients, and that sum is what ``clip_grad_norm_``
+    measures. Sums per client (and per row) are taken with ``index_add_`` over the stacked
+    examples, so no ``(C, B)`` padding and no ``(C, I, d)`` gradient is made.
+
+    Args:
+        weight: ``(C, 3d)``; bias: ``(C,)`` the gates; head_w: ``(C, d)``; head_b: ``(C,)``.
+        ex: the batch's examples.
+        key_client: ``(K,)`` client of every (batch, client, item) key; key_range: the keys of this batch.
+
+    Returns:
+        ``loss (C,)`` (0 for a client without examples here), ``count (C,)``, ``grad_w (C, 3d)``, ``grad_b (C,)``.
+    """
+    num_clients, dim = head_w.shape
+    dtype, device = weight.dtype, weight.device
+    client = ex.client
+    kappa = 2.0 * (1.0 - beta)
+    w_p, w_g, w_diff = weight[:, :dim], weight[:, dim:2 * dim], weight[:, 2 * dim:]
+    row_weight = w_p + w_diff  # (C, d) the gate's weight on P_ui
+    z = ((ex.rows * row_weight.index_select(0, client)).sum(1)
+         + (ex.global_rows * (w_g - w_diff).index_select(0, client)).sum(1) + bias.index_select(0, client))
+    gate = torch.sigmoid(z)  # (n,) Eq. 5
+    fused = beta * ex.rows + (kappa * gate)[:, None] * ex.global_rows  # (n, d) Eq. 6
+    logits = (fused * ex.head_rows).sum(1) + head_b.index_select(0, client)  # (n,)
+    per_example = F.binary_cross_entropy_with_logits(logits, ex.label, reduction="none") * ex.weight
+    count = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, ex.weight)
+    inverse = 1.0 / count.clamp(min=1.0)
+    client_loss = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, per_example) * inverse
+    delta = (torch.sigmoid(logits) - ex.label) * (inverse.index_select(0, client) * ex.weight)  # ∂L/∂s
+    t = kappa * (delta * ex.head_dot_global) * ((1.0 - gate) * gate)  # ∂L/∂z
+    grad_p = torch.zeros(num_clients, dim, dtype=dtype, device=device).index_add_(0, client, t[:, None] * ex.rows)
+    grad_g = torch.zeros(num_clients, dim, dtype=dtype, device=device).index_add_(
+        0, client, t[:, None] * ex.global_rows)
+    grad_w = torch.cat([grad_p, grad_g, grad_p - grad_g], dim=1)  # (C, 3d)
+    grad_b = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, t)
+    if clip_norm is not None:
+        # The code's clip_grad_norm_ over every parameter of the client model, the frozen
+        # ones included: their gradients shrink the gate's step.
+        grad_e = torch.zeros(num_clients, dim, dtype=dtype, device=device).index_add_(
+            0, client, delta[:, None] * fused)
+        grad_c = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, delta)
+        first, last = key_range
+        local = ex.key - first
+        owner = key_client[first:last]  # (K,)
+        delta_sum = torch.zeros(last - first, dtype=dtype, device=device).index_add_(0, local, delta)
+        t_sum = torch.zeros(last - first, dtype=dtype, device=device).index_add_(0, local, t)
+        row_grad = (beta * head_w.index_select(0, owner) * delta_sum[:, None]
+                    + row_weight.index_select(0, owner) * t_sum[:, None])  # (K, d)
+        squared = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, owner, row_grad.pow(2).sum(1))
+        squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2) + grad_e.pow(2).sum(1) + grad_c.pow(2)
+        factor = (float(clip_norm) / (squared.sqrt() + _CLIP_EPS)).clamp(max=1.0)  # (C,)
+        grad_w, grad_b = grad_w * factor[:, None], grad_b * factor
+    return client_loss, count, grad_w, grad_b
+
+
+def _buckets_by_count(examples: GateExamples, chunk_size: int):
+    """Clients grouped ``chunk_size`` at a time by number of examples: ``[(positions, examples), ...]``.
+
+    Clients are taken in increasing order of their number of examples (ties in their order),
+    and each group's ``(c, B)`` matrices are cut to the widest of its clients, so a group of
+    clients with few examples is not padded to the client with the most. The clients are
+    independent, so grouping them differently changes nothing but the padding.
+    """
+    real = examples.mask > 0  # (C, B)
+    order = torch.argsort(real.sum(1), stable=True)
+    buckets = []
+    for start in range(0, order.numel(), max(1, int(chunk_size))):
+        positions = order[start:start + chunk_size]
+        part = examples.subset(positions)
+        used = real[positions].any(0).nonzero()
+        width = int(used.max()) + 1 if used.numel() else 0
+        buckets.append((positions, GateExamples(part.users, *(t[:, :width] for t in part[1:]))))
+    return buckets
+
+
+def _train_gates_bucketed(personal_tables: torch.Tensor, global_table: torch.Tensor, head_w: torch.Tensor,
+                          head_b: torch.Tensor, gate_weight: torch.Tensor, gate_bias: torch.Tensor,
+                          examples: GateExamples, chunk_size: int, **options) -> GateTraining:
+    """:func:`train_gates` on ``examples`` in groups of ``chunk_size`` clients (:func:`_buckets_by_count`).
+
+    Returns the :class:`GateTraining` of all ``C`` clients in the order of ``examples.users``.
+    """
+    device, dtype = personal_tables.device, personal_tables.dtype
+    num_clients, dim = examples.users.numel(), global_table.shape[1]
+    epochs = int(options.get("epochs", 5))
+    weight = torch.empty(num_clients, 3 * dim, dtype=gate_weight.dtype, device=device)
+    bias = torch.empty(num_clients, dtype=gate_bias.dtype, device=device)
+    losses = torch.full((num_clients, epochs), float("nan"), dtype=dtype, device=device)
+    epochs_run = torch.zeros(num_clients, dtype=torch.int64, device=device)
+    for positions, part in _buckets_by_count(examples, chunk_size):
+        result = train_gates(personal_tables, global_table, head_w, head_b, gate_weight, gate_bias, part.users,
+                             part.items, part.labels, part.mask, steps=part.steps, **options)
+        positions = positions.to(device)
+        weight[positions], bias[positions] = result.weight, result.bias
+        losses[positions], epochs_run[positions] = result.losses, result.epochs_run
+    return GateTraining(weight, bias, losses, epochs_run)
 
 
 def _nested_gate_sgd(weight: torch.Tensor, bias: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor, lr: float,
                      epochs: int, tol: Optional[float], batch_gradients: Callable) -> GateTraining:
-    """The schedule of the batched gate trainers: epochs of mini-batches, SGD on ``(w, b)``, early exit.
+    """The schedule of :func:`train_gates_on_model`: epochs of mini-batches, SGD on ``(w, b)``, early exit.
+
+    (:func:`train_gates` runs the same schedule on its unpadded examples.)
 
     Args:
         weight: ``(C, 3d)``; bias: ``(C,)`` the gates before training.
@@ -1005,8 +1179,9 @@ class KnowledgeGuidance:
 
         The gate is trained on the backbone's logits: ``model=None`` or FedRKG's own backbone
         (:class:`PersonalItemTableModel`) take the linear-head fast path (:func:`train_gates`,
-        head read from ``private_state``); any other guided backbone the generic path
-        (:func:`train_gates_on_model`, public parameters read from ``global_state``).
+        head read from ``private_state``, clients chunked by number of examples); any other
+        guided backbone the generic path (:func:`train_gates_on_model`, public parameters read
+        from ``global_state``).
 
         Returns (and appends to ``extra[LOG_KEY]``) a small record: round, mode,
         participants, and for ``"adaptive"`` the mean/std of ``g*`` and the gate losses.
@@ -1028,22 +1203,26 @@ class KnowledgeGuidance:
             weight, bias = self._gates(extra, num_users, dim, tables)
             if examples is not None and self.gate_epochs > 0 and examples.users.numel():
                 first, last = [], []
-                for start in range(0, examples.users.numel(), chunk):
-                    part = examples.subset(slice(start, start + chunk))
-                    options = dict(beta=self.beta, lr=self.gate_lr, epochs=self.gate_epochs, steps=part.steps,
-                                   clip_norm=self.gate_clip_norm, tol=self.gate_tol)
-                    if _has_linear_head(model):
-                        result = train_gates(tables, p_g, private_state["head_w"], private_state["head_b"], weight,
-                                             bias, part.users, part.items, part.labels, part.mask, **options)
-                    else:
-                        result = train_gates_on_model(model, global_state if global_state is not None else {},
-                                                      private_state, p_g, weight, bias, part.users, part.items,
-                                                      part.labels, part.mask, **options)
-                    users = part.users.to(weight.device)
+
+                def store(users, result):
+                    users = users.to(weight.device)
                     weight[users], bias[users] = result.weight, result.bias
                     ran = result.epochs_run > 0
                     first.append(result.losses[ran, 0])
                     last.append(result.losses[ran].gather(1, (result.epochs_run[ran] - 1)[:, None])[:, 0])
+
+                options = dict(beta=self.beta, lr=self.gate_lr, epochs=self.gate_epochs,
+                               clip_norm=self.gate_clip_norm, tol=self.gate_tol)
+                if _has_linear_head(model):  # chunks of clients with similar numbers of examples
+                    store(examples.users, _train_gates_bucketed(tables, p_g, private_state["head_w"],
+                                                                private_state["head_b"], weight, bias, examples,
+                                                                chunk, **options))
+                else:
+                    for start in range(0, examples.users.numel(), chunk):
+                        part = examples.subset(slice(start, start + chunk))
+                        store(part.users, train_gates_on_model(
+                            model, global_state if global_state is not None else {}, private_state, p_g, weight,
+                            bias, part.users, part.items, part.labels, part.mask, steps=part.steps, **options))
                 record["gate_loss_first_epoch"] = float(torch.cat(first).mean()) if first else float("nan")
                 record["gate_loss_last_epoch"] = float(torch.cat(last).mean()) if last else float("nan")
         total = total_sq = 0.0
