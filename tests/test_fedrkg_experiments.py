@@ -16,7 +16,7 @@ def test_cell_defaults_follow_the_paper():
     v = X.cell("Amazon-Video", "FedRKG", guidance="fixed")
     assert v["rounds"] == 1000 and v["params"]["beta"] == 0.99 and v["params"]["lr_decay"] == 0.99
     assert X.cell("FilmTrust", "FedMF")["params"]["lr_decay"] == 1.0
-    assert X.cell("FilmTrust", "FedRAP")["params"]["lr_decay"] == 0.97  # FedRAP's own code
+    assert X.cell("FilmTrust", "FedRAP")["params"]["lr_decay"] == 1.0  # the protocol's, not FedRAP's 0.97
     assert X.method_label(X.cell("FilmTrust", "FedRKG", guidance="personal_only")) == "w/ PIE"
 
 
