@@ -212,7 +212,7 @@ def _probe_records(records, cell_kwargs: Mapping, sampler: str, dataset: str) ->
 def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
            group_size: int = 100, seed: int = 0, dataset: str = "Amazon-Video") -> pd.DataFrame:
     """Relative change of distinct users' and followers' metrics across the guidance of the probe round."""
-    from fedlib.metrics.user_groups import distinct_and_followers, improved_declined, relative_change
+    from fedlib.metrics.user_groups import improved_declined, relative_change
 
     split = None
     rows = []
@@ -221,8 +221,7 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[
         if not probes:
             continue
         split = split or load_split(dataset)
-        groups = distinct_and_followers(split.train, split.num_items, group_size=_group_size(split, group_size),
-                                        seed=seed)
+        distinct, followers, rule = _popularity_groups(split, group_size, seed)
         for mode, label in (("fixed", "w/ KG"), ("adaptive", "w/ AG")):
             if mode not in probes:
                 continue
@@ -231,16 +230,16 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[
             users = np.asarray(probe["users"])
             before = (users, {k: np.asarray(v) for k, v in probe["before"].items() if k in METRICS})
             after = (users, {k: np.asarray(v) for k, v in probe["after"].items() if k in METRICS})
-            note = (f"probe at the guidance before 0-based round {probe['round']}; {group_size} users per group "
-                    "(median split of the popular-item share, our reading)")
-            for group_name, members in (("distinct users", groups.distinct), ("followers", groups.followers)):
+            note = (f"probe at the guidance before 0-based round {probe['round']}; {len(distinct)} users per group "
+                    f"({rule}, our reading)")
+            for group_name, members in (("distinct users", distinct), ("followers", followers)):
                 change = relative_change(before, after, members)
                 for name, value in change.items():
                     rows.append(_derived({"dataset": dataset, "backbone": "FedMF", "method": label,
                                           "setting": group_name, "metric": METRICS[name],
                                           "stat": "relative change after a guidance round (round 900)", "sampler": s},
                                          value, [record], note))
-            sampled = np.concatenate([groups.distinct, groups.followers])
+            sampled = np.concatenate([distinct, followers])
             counts = improved_declined(before, after, sampled)
             for setting, value in (("improved users", counts.improved_of_changed),
                                    ("declined users", counts.declined_of_changed)):
@@ -262,9 +261,35 @@ def _gate_change(gates: Mapping[str, list], users_a, users_b, items: str) -> Dic
     return out
 
 
+def _popularity_groups(split, group_size: int, seed: int):
+    """Distinct users and followers (``distinct_and_followers``), or a rank split when ties fill the median.
+
+    On a small catalogue many users have a popular share of exactly 1 (FilmTrust: more than half),
+    so the value thresholds of the median split leave one pool empty. Then users are ranked by
+    share (ties by user id) and the lower half is the distinct pool, the upper half the followers.
+    Returns ``(distinct, followers, note)``.
+    """
+    from fedlib.metrics.user_groups import distinct_and_followers, popular_items, popular_share
+
+    size = _group_size(split, group_size)
+    try:
+        groups = distinct_and_followers(split.train, split.num_items, group_size=size, seed=seed)
+        return groups.distinct, groups.followers, "median split of the popular-item share"
+    except ValueError:
+        share = popular_share(split.train, popular_items(split.train, split.num_items))
+        users = np.flatnonzero(~np.isnan(share))
+        ranked = users[np.lexsort((users, share[users]))]
+        half = ranked.size // 2
+        rng = np.random.default_rng(seed)
+        distinct = np.sort(rng.choice(ranked[:half], size=min(size, half), replace=False))
+        followers = np.sort(rng.choice(ranked[half:], size=min(size, ranked.size - half), replace=False))
+        return distinct, followers, ("rank split of the popular-item share (ties at the median: more than half the "
+                                     "users share one value), ties broken by user id")
+
+
 def _group_size(split, wanted: int) -> int:
-    """``wanted`` users per group, or fewer on a small (synthetic) split: a quarter of its users."""
-    return int(min(wanted, max(1, split.num_users // 4)))
+    """``wanted`` users per group, or at most half the users on a small (synthetic) split."""
+    return int(min(wanted, max(1, split.num_users // 2)))
 
 
 def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
@@ -276,7 +301,7 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
     over users × items). Gates are those trained at the probe round, evaluated on the tables
     just before the commit against that round's ``P_g``.
     """
-    from fedlib.metrics.user_groups import distinct_and_followers, warm_and_cold
+    from fedlib.metrics.user_groups import warm_and_cold
 
     d3, d4 = [], []
     split = None
@@ -287,13 +312,13 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
         split = split or load_split(dataset)
         gates = record.extra["probe"]["gates"]
         for size in (100, 300, 500):
-            groups = distinct_and_followers(split.train, split.num_items, group_size=_group_size(split, size),
-                                            seed=seed)
-            for metric, value in _gate_change(gates, groups.distinct, groups.followers, "popular").items():
+            distinct, followers, rule = _popularity_groups(split, size, seed)
+            for metric, value in _gate_change(gates, distinct, followers, "popular").items():
                 d3.append(_derived({"dataset": dataset, "method": "FedRKG", "setting": f"w/ {size} users",
                                     "metric": metric, "stat": "relative change distinct -> followers (popular items)",
                                     "sampler": s}, value, [record],
-                                   f"{size} users per group; 100·(followers − distinct)/distinct of group means"))
+                                   f"{len(distinct)} users per group ({rule}); 100·(followers − distinct)/distinct "
+                                   "of group means"))
         for fraction in (0.1, 0.2, 0.3):
             groups = warm_and_cold(split.train, fraction)
             pct = int(round(fraction * 100))
