@@ -33,7 +33,7 @@ def test_values_come_from_recorded_runs_of_the_right_sampler(table_id):
                 assert config["sampler"] == row["sampler"], (table_id, run_id)
 
 
-@pytest.mark.parametrize("table_id", [t for t in TABLES if t in ("table1_main", "table3_model_agnostic")])
+@pytest.mark.parametrize("table_id", [t for t in TABLES if t in ("table1", "table3")])
 def test_ml1m_needs_a_download(table_id):
     table = read_results_table("fedrkg", table_id, "paper")
     ml1m = table[table["dataset"] == "ML-1M"]
@@ -41,12 +41,22 @@ def test_ml1m_needs_a_download(table_id):
 
 
 def test_table1_improv_is_recomputable():
-    if "table1_main" not in TABLES:
+    if "table1" not in TABLES:
         pytest.skip("Table 1 not recorded yet")
-    table = read_results_table("fedrkg", "table1_main", "paper")
+    table = read_results_table("fedrkg", "table1", "paper")
     scores = table[table["stat"] == "score"].dropna(subset=["value_ours"])
     for _, row in table[(table["stat"] != "score")].dropna(subset=["value_ours"]).iterrows():
         group = scores[(scores["dataset"] == row["dataset"]) & (scores["sampler"] == row["sampler"])
                        & (scores["metric"] == row["metric"])].set_index("method")["value_ours"]
         best = group.drop("FedRKG").max()
         assert math.isclose(row["value_ours"], 100 * (group["FedRKG"] / best - 1), rel_tol=1e-6, abs_tol=1e-6)
+
+
+def test_the_notebook_finds_the_recorded_tables_by_their_paper_file_names():
+    from fedlib.reporting import recorded_or_none
+
+    for file_id, short in (("table1_main", "table1"), ("tableC1_dataset_stats", "tableC1")):
+        if short in TABLES:
+            table = recorded_or_none("fedrkg", file_id)
+            assert table is not None and set(table["table"]) == {short}
+    assert recorded_or_none("fedrkg", "no_such_table") is None

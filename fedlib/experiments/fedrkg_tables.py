@@ -433,5 +433,6 @@ def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_
     records = read_runs(PAPER, profile)
     tables = all_tables(records, profile, datasets, cell_kwargs, samplers, **placement)
     for table_id, frame in tables.items():
-        write_results_table(PAPER, table_id, frame, profile)
+        # files are named by the paper's table id (``table1.csv``), as the status table expects
+        write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id, frame, profile)
     return tables

@@ -794,8 +794,22 @@ def recorded_or_none(paper: str, table_id: str) -> Optional[pd.DataFrame]:
     """The recorded paper-profile table, or ``None`` when the paper profile has not been run.
 
     Quick and smoke notebooks show it next to their live numbers; it is read-only here.
+    ``table_id`` may also be the name of a ``paper_tables`` file (``table1_main``): results
+    files carry the paper's own table id (``table1.csv``), read from that file's ``table`` column.
     """
     try:
         return read_results_table(paper, table_id, "paper")
+    except FileNotFoundError:
+        pass
+    try:
+        from fedlib.reporting.paper_tables import load_paper_table
+
+        short = str(load_paper_table(paper, table_id)["table"].iloc[0])
+    except (FileNotFoundError, KeyError, ValueError, IndexError):
+        return None
+    if short == table_id:
+        return None
+    try:
+        return read_results_table(paper, short, "paper")
     except FileNotFoundError:
         return None
