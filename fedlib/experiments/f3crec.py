@@ -567,23 +567,11 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
 
 
 def restore_cache_from_records(cache, profile: str) -> int:
-    """Fill ``cache`` with every run already recorded in ``results/f3crec[/profile]/runs.jsonl``.
+    """Fill ``cache`` with every F3CRec run recorded at ``profile`` (see
+    :func:`fedlib.reporting.cache.restore_cache_from_records`)."""
+    from fedlib.reporting.cache import restore_cache_from_records as restore
 
-    The committed ``runs.jsonl`` is the durable record of the grid; the cache folder is a local
-    convenience that a fresh clone lacks. Without this a clone would train again every cell whose
-    result is already committed. The latest record of a configuration wins. Returns the number of
-    entries restored.
-    """
-    from fedlib.reporting import read_runs
-    from fedlib.reporting.results import latest_records
-
-    restored = 0
-    for record in latest_records(read_runs(PAPER, profile)).values():
-        if not cache.contains(record.config):
-            cache.put(record.config, {"metrics": record.metrics, "extra": record.extra},
-                      wall_time_s=record.wall_time_s)
-            restored += 1
-    return restored
+    return restore(cache, PAPER, profile)
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, worker: int = 0,

@@ -720,14 +720,12 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cach
     A fresh clone resumes from the committed ``results/fedrkg[/profile]/runs.jsonl``: recorded
     cells are restored into the cache and not trained again.
     """
-    from fedlib.reporting import ResultCache, append_run, read_runs
-    from fedlib.reporting.results import latest_records
+    from fedlib.reporting import ResultCache, append_run
+    from fedlib.reporting.cache import restore_cache_from_records
 
     cells = [c for i, c in enumerate(cells) if i % workers == worker]
     cache = ResultCache(Path(cache_dir) / profile)
-    for record in latest_records(read_runs(PAPER, profile)).values():
-        if not cache.contains(record.config):
-            cache.put(record.config, {"metrics": record.metrics, "extra": record.extra}, wall_time_s=record.wall_time_s)
+    restore_cache_from_records(cache, PAPER, profile)
 
     def record(config, result, wall):
         append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])

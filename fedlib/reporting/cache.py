@@ -155,3 +155,22 @@ def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = item
     return flat
+
+
+def restore_cache_from_records(cache: "ResultCache", paper: str, profile: str) -> int:
+    """Fill ``cache`` with every run recorded in ``results/<paper>[/<profile>]/runs.jsonl``.
+
+    The committed ``runs.jsonl`` is the durable record of a grid; the cache folder is a local
+    convenience that a fresh clone lacks. Without this a clone would train again every cell
+    whose result is already committed. The latest record of a configuration wins. Returns the
+    number of entries restored.
+    """
+    from fedlib.reporting.results import latest_records, read_runs
+
+    restored = 0
+    for record in latest_records(read_runs(paper, profile)).values():
+        if not cache.contains(record.config):
+            cache.put(record.config, {"metrics": record.metrics, "extra": record.extra},
+                      wall_time_s=record.wall_time_s)
+            restored += 1
+    return restored
