@@ -148,3 +148,26 @@ def test_guided_backbones_of_table3_train(backbone):
     assert 0.0 <= result["metrics"]["Recall@10"] <= 1.0 and result["extra"]["guidance_log"]
     with pytest.raises(ValueError, match="backbone must be one of"):
         X.cell("synthetic", "FedRKG", backbone="GPFedRec")
+
+
+def test_a_diverging_cell_is_recorded_not_crashed():
+    # FedMF with an absurd learning rate overflows to inf/NaN within a few rounds; the cell must
+    # stop, say where it diverged, and keep the test metrics of its last finite evaluation.
+    config = X.cell("synthetic", "FedMF", rounds=60, eval_every=1, params={"lr": 1e12})
+    result = X.run_cell(config)
+    diverged = result["extra"]["diverged_at_round"]
+    assert 1 <= diverged < 60
+    assert result["metrics"]["rounds_run"] == diverged
+    curve_rounds = [point["round"] for point in result["extra"]["curve"]]
+    assert all(r <= diverged for r in curve_rounds)  # the diverging round may still rank (inf, not NaN)
+    if curve_rounds:
+        assert result["metrics"]["best_round"] in curve_rounds
+        assert np.isfinite(result["metrics"]["Recall@10"])
+
+
+def test_diverged_model_error_is_a_value_error_with_a_fix():
+    from fedlib.metrics import DivergedModelError, full_ranking_metrics
+    scores = torch.tensor([[0.1, float("nan"), 0.3]])
+    with pytest.raises(DivergedModelError, match="lower the learning rate"):
+        full_ranking_metrics(scores, [0, 1], [0], ks=(1,))
+    assert issubclass(DivergedModelError, ValueError)

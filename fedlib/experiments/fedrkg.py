@@ -49,7 +49,7 @@ from fedlib.device import default_device
 from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, fedmf_method, fedncf_method,
                            personal_table_method, pfedrec_method, run_federated, union_pairs)
 from fedlib.engine.method import GradientNoise
-from fedlib.metrics import mean_over_users
+from fedlib.metrics import DivergedModelError, mean_over_users
 from fedlib.models.guided import GUIDED_BACKBONES
 from fedlib.reporting.results import config_hash
 
@@ -276,9 +276,18 @@ class SelectionRecorder:
         self.best: Optional[int] = None
         self.best_per_user: Dict[str, np.ndarray] = {}
         self.best_users: Optional[np.ndarray] = None
+        self.diverged = False  # set once the scores contained NaN (see ``__call__``)
 
     def __call__(self, model, global_state, private_state, which: str = "valid") -> Dict[str, float]:
-        valid = self.evaluator(model, global_state, private_state, "valid")
+        if self.diverged:
+            return {self.selection_metric: float("-inf")}
+        try:
+            valid = self.evaluator(model, global_state, private_state, "valid")
+        except DivergedModelError:
+            # Record the divergence instead of crashing the grid: the run keeps the test
+            # metrics of its best evaluation before it, and ``run_cell`` stops training.
+            self.diverged = True
+            return {self.selection_metric: float("-inf")}
         users, per_user = self.evaluator.per_user(model, global_state, private_state, "test")
         test = {k: float(v) for k, v in mean_over_users(per_user).items()}
         self.curve.append({**{f"valid/{k}": v for k, v in valid.items()}, **{f"test/{k}": v for k, v in test.items()}})
@@ -466,7 +475,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     else:
         fed_config = federated_config(config)
         method, executor = make_federated(config, split, sampler, fed_config)
-        hooks = []
+        hooks, diverged_round = [], []
         if config["probe_round"] is not None:
             method, probe = _with_guidance_probe(method, config, split, evaluator)
             extra["probe"] = probe
@@ -480,6 +489,12 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
             hooks.append(lambda state, record: progress(record))
 
         def on_round_end(state, record):
+            loss = record.get("train_loss")
+            if recorder.diverged or (loss is not None and not math.isfinite(loss)):
+                # A NaN/inf loss or NaN scores: the parameters are lost; stop (recorded below).
+                diverged_round.append(int(record["round"]))
+                state.stopped_early = True
+                return
             for hook in hooks:
                 hook(state, record)
 
@@ -487,13 +502,16 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
                               evaluator=recorder, device=device, keep_best_state=False, on_round_end=on_round_end)
         history = state.history
         rounds_run = state.round_index
+        if diverged_round:
+            extra["diverged_at_round"] = diverged_round[0]
         if trace is not None:
             extra["trace"] = trace.frame().to_dict(orient="list")
         from fedlib.methods.fedrkg import LOG_KEY
         log = state.extra.get(LOG_KEY)
         if log:
             extra["guidance_log"] = log
-    evaluated = [h for h in history if any(k.startswith("valid/") for k in h)]
+    # An evaluation that found NaN scores returned -inf and has no entry in the recorder's curve.
+    evaluated = [h for h in history if f"valid/{SELECTION_METRIC}" in h and h[f"valid/{SELECTION_METRIC}"] != float("-inf")]
     curve = [{"round": h["round"], "train_loss": h.get("train_loss"), **c} for h, c in zip(evaluated, recorder.curve)]
     best_round = curve[recorder.best]["round"] if recorder.best is not None else None
     metrics = {**recorder.test_metrics(), "best_round": best_round, "rounds_run": int(rounds_run),

@@ -4,6 +4,7 @@ See :mod:`fedlib.metrics.ranking` for the formulas, tie rules and the CSR conven
 """
 from fedlib.metrics.ranking import (
     FULL_RANKING_METRICS,
+    DivergedModelError,
     candidate_set_metrics,
     PairedTTestResult,
     csr_to_dense_mask,
@@ -18,6 +19,7 @@ from fedlib.metrics.ranking import (
 
 __all__ = [
     "FULL_RANKING_METRICS",
+    "DivergedModelError",
     "candidate_set_metrics",
     "PairedTTestResult",
     "csr_to_dense_mask",

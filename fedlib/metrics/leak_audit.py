@@ -35,6 +35,7 @@ import pandas as pd
 import torch
 
 from fedlib.data.splits import InteractionSplit, Pairs
+from fedlib.metrics.ranking import DivergedModelError
 
 __all__ = [
     "NegativeCoverage", "negatives_from_plan", "replay_round_plan",
@@ -350,7 +351,7 @@ def test_item_rank(scores: torch.Tensor, test_items: ArrayLike, exclude_mask: to
         raise ValueError("scores must be a 2-d floating-point torch tensor (users × items), got "
                          f"{type(scores).__name__} {getattr(scores, 'shape', '')}")
     if torch.isnan(scores).any():
-        raise ValueError("scores contain NaN (a diverged model); NaN cannot be ranked, fix or clip the model first")
+        raise DivergedModelError("scores contain NaN (a diverged model); NaN cannot be ranked, fix or clip the model first")
     if on_masked_test not in ("raise", "worst"):
         raise ValueError(f"on_masked_test must be 'raise' or 'worst', got {on_masked_test!r}")
     num_users, num_items = scores.shape

@@ -82,10 +82,15 @@ def _as_score_tensor(scores: torch.Tensor, name: str = "scores") -> torch.Tensor
     return scores
 
 
+class DivergedModelError(ValueError):
+    """Scores contain NaN: the model diverged (a too-large learning rate, an overflow)."""
+
+
 def _check_no_nan(scores: torch.Tensor, name: str) -> None:
     # NaN would silently sort as the largest value in torch.topk and win every ranking.
     if torch.isnan(scores).any():
-        raise ValueError(f"{name} contain NaN; a diverged model cannot be ranked")
+        raise DivergedModelError(f"{name} contain NaN; a diverged model cannot be ranked "
+                                 "(lower the learning rate or clip the updates)")
 
 
 def _as_index_tensor(values: ArrayLike, device: torch.device, name: str) -> torch.Tensor:
