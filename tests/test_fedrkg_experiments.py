@@ -59,13 +59,12 @@ class _FixedEvaluator:
     def __init__(self, valid, test):
         self.valid, self.test, self.calls = list(valid), list(test), 0
 
-    def __call__(self, model, g, p, which):
-        return {"Recall@10": self.valid[self.calls]}
-
-    def per_user(self, model, g, p, which):
-        value = self.test[self.calls]
+    def per_user_splits(self, model, g, p, splits):
+        assert tuple(splits) == ("valid", "test")
+        valid, test = self.valid[self.calls], self.test[self.calls]
         self.calls += 1
-        return np.arange(2), {"Recall@10": torch.tensor([value, value])}
+        return {"valid": (np.arange(2), {"Recall@10": torch.tensor([valid, valid])}),
+                "test": (np.arange(2), {"Recall@10": torch.tensor([test, test])})}
 
 
 def test_selection_keeps_test_metrics_of_the_best_validation_round_later_ties_win():

@@ -74,3 +74,17 @@ def test_curve_frame_has_one_row_per_evaluation():
     frame = T.curve_frame([{"config": config, "extra": {"curve": [{"round": 10, "test/Recall@10": 0.1},
                                                                   {"round": 20, "test/Recall@10": 0.2}]}}])
     assert frame["round"].tolist() == [10, 20] and frame["method"].unique().tolist() == ["w/o AG"]
+
+
+def test_strength_frame_lists_every_sweep_cell_with_references_and_seed_means():
+    cells = X.strength_cells("FilmTrust", "correct", **KW)
+    assert len(cells) == 2 * len(X.GUIDANCE_STRENGTHS) + 1
+    records = [record(cells[0], scores(0.10), seed=0), record(cells[0], scores(0.20), seed=1),
+               record(X.cell("FilmTrust", "FedMF", sampler="correct", **KW), scores(0.30))]
+    frame = T.strength_frame(records, KW)
+    assert len(frame) == len(cells) + 2
+    fedmf = frame[frame.setting.str.startswith("FedMF")].iloc[0]
+    assert fedmf["R@10"] == pytest.approx(33.0) and fedmf["seeds"] == 1
+    first = frame[frame.setting == "FedRKG β 0.9 T_int 10"].iloc[0]
+    assert first["R@10"] == pytest.approx(100 * np.mean([0.13, 0.23])) and first["seeds"] == 2
+    assert frame[frame.setting.str.startswith("Full Replacement")]["R@10"].isna().all()  # not recorded

@@ -29,7 +29,7 @@ from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, co
 from fedlib.reporting.results import config_hash, latest_records
 
 __all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
-           "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame"]
+           "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame", "strength_frame"]
 
 #: our metric names -> the paper's
 METRICS = {"NDCG@5": "N@5", "Recall@5": "R@5", "NDCG@10": "N@10", "Recall@10": "R@10"}
@@ -385,6 +385,36 @@ def warm_cold_frame(records, cell_kwargs: Mapping = {}, sampler: str = "correct"
                 values = np.asarray(record.extra["test_per_user"][name])[rows_of]
                 rows.append({"method": method, "group": group, "metric": short, "value": 100.0 * values.mean(),
                              "users": len(rows_of), "sampler": sampler})
+    return pd.DataFrame(rows)
+
+
+def strength_frame(records, cell_kwargs: Mapping = {}, dataset: str = "FilmTrust", sampler: str = "correct"
+                   ) -> pd.DataFrame:
+    """The guidance-strength sweep (:func:`~fedlib.experiments.fedrkg.strength_cells`; beyond the paper).
+
+    One row per recorded cell, with FedRKG at the paper's setting and FedMF as references:
+    ``setting, beta, interval, R@10, N@10`` (percent, seed-mean), ``best_round``, ``rounds_run``,
+    ``seeds``. Cells without a record are listed with NaN values.
+    """
+    from fedlib.experiments.fedrkg import strength_cells
+
+    known = latest_records(records)
+    reference = [("FedRKG (paper: β 0.99, T_int 100)", cell(dataset, "FedRKG", sampler=sampler, **cell_kwargs)),
+                 ("FedMF (shared item table)", cell(dataset, "FedMF", sampler=sampler, **cell_kwargs))]
+    sweep = [(f"{method_label(c)} β {c['params']['beta']} T_int {c['params']['interval']}"
+              if c["guidance"] != "global_only" else "Full Replacement (w/ GIE, T_int 1)", c)
+             for c in strength_cells(dataset, sampler, **cell_kwargs)]
+    rows = []
+    for setting, config in reference + sweep:
+        found = [known[h] for h in (config_hash({**config, "seed": seed}) for seed in _seeds(records)) if h in known]
+        row = {"setting": setting, "beta": config["params"].get("beta"), "interval": config["params"].get("interval"),
+               "seeds": len(found)}
+        for name in ("Recall@10", "NDCG@10"):
+            values = [r.metrics.get(name) for r in found if r.metrics.get(name) is not None]
+            row[METRICS[name]] = 100.0 * float(np.mean(values)) if values else np.nan
+        row["best_round"] = found[0].metrics.get("best_round") if found else None
+        row["rounds_run"] = found[0].metrics.get("rounds_run") if found else None
+        rows.append(row)
     return pd.DataFrame(rows)
 
 

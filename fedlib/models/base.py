@@ -98,6 +98,21 @@ class FederatedModel:
 
 
 # -- initialisers (explicit generator, no global RNG) ------------------------------------
+def consecutive_runs(users: torch.Tensor):
+    """``[(position, first_user, length), ...]``: the runs of consecutive ids in ``users`` ``(n,)``.
+
+    Evaluation scores users in ascending chunks, so ``table.narrow(0, first, length)`` can
+    read a run of per-user rows as a view instead of an ``(n, I, d)`` gathered copy.
+    """
+    ids = users.detach().to("cpu", torch.int64)
+    if ids.numel() == 0:
+        return []
+    breaks = (torch.nonzero(ids[1:] != ids[:-1] + 1).flatten() + 1).tolist()
+    starts = [0] + breaks
+    ends = breaks + [ids.numel()]
+    return [(a, int(ids[a]), b - a) for a, b in zip(starts, ends)]
+
+
 def normal_(shape: Sequence[int], std: float, generator: torch.Generator, dtype, device) -> torch.Tensor:
     """``N(0, std²)`` tensor drawn on the CPU from ``generator`` (same numbers on any device)."""
     out = torch.empty(tuple(shape), dtype=torch.float64).normal_(0.0, std, generator=generator)

@@ -21,7 +21,7 @@ from typing import Mapping
 
 import torch
 
-from fedlib.models.base import FederatedModel, normal_, torch_linear_init
+from fedlib.models.base import FederatedModel, consecutive_runs, normal_, torch_linear_init
 
 __all__ = ["PersonalItemTableModel"]
 
@@ -69,7 +69,18 @@ class PersonalItemTableModel(FederatedModel):
         return torch.einsum("cbd,cd->cb", items, params["head_w"]) + params["head_b"][:, None]  # (C, B)
 
     def score_users(self, global_state, private_state, users):
-        items = private_state["personal_item_emb"][users]  # (n, I, d)
-        if self.shared_table:
-            items = items + global_state["item_emb"]
-        return torch.einsum("nid,nd->ni", items, private_state["head_w"][users]) + private_state["head_b"][users][:, None]
+        """``(n, I)`` scores of every item; runs of consecutive users read their tables as views.
+
+        (Gathering ``table[users]`` would copy ``n × I × d`` floats per call, 0.5 GB for 512
+        Amazon-Video users: most of an evaluation's time.)
+        """
+        table, head_w, head_b = private_state["personal_item_emb"], private_state["head_w"], private_state["head_b"]
+        out = torch.empty(users.numel(), self.num_items, dtype=table.dtype, device=table.device)
+        for position, first, length in consecutive_runs(users):
+            items = table.narrow(0, first, length)  # (length, I, d), no copy
+            if self.shared_table:
+                items = items + global_state["item_emb"]
+            w = head_w.narrow(0, first, length)
+            b = head_b.narrow(0, first, length)
+            out[position:position + length] = torch.einsum("nid,nd->ni", items, w) + b[:, None]
+        return out
