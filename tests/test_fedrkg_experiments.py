@@ -170,3 +170,17 @@ def test_diverged_model_error_is_a_value_error_with_a_fix():
     with pytest.raises(DivergedModelError, match="lower the learning rate"):
         full_ranking_metrics(scores, [0, 1], [0], ks=(1,))
     assert issubclass(DivergedModelError, ValueError)
+
+
+def test_cli_selects_cells_and_replicates_them_over_seeds(monkeypatch):
+    captured = {}
+
+    def fake_run_grid(cells, profile, **kwargs):
+        captured["cells"], captured["profile"] = list(cells), profile
+
+    monkeypatch.setattr(X, "run_grid", fake_run_grid)
+    X.main(["audit", "--datasets", "FilmTrust", "--methods", "FedMF", "--samplers", "correct", "--seeds", "0", "3"])
+    cells = captured["cells"]
+    assert captured["profile"] == "paper"
+    assert [(c["method"], c["sampler"], c["seed"]) for c in cells] == [("FedMF", "correct", 0), ("FedMF", "correct", 3)]
+    assert X.config_hash(cells[0]) != X.config_hash(cells[1])

@@ -88,3 +88,14 @@ def test_strength_frame_lists_every_sweep_cell_with_references_and_seed_means():
     first = frame[frame.setting == "FedRKG β 0.9 T_int 10"].iloc[0]
     assert first["R@10"] == pytest.approx(100 * np.mean([0.13, 0.23])) and first["seeds"] == 2
     assert frame[frame.setting.str.startswith("Full Replacement")]["R@10"].isna().all()  # not recorded
+
+
+def test_a_diverged_run_is_flagged_in_its_table_cell():
+    config = X.cell("FilmTrust", "FedDAE", sampler="correct", **KW)
+    records = [record(config, scores(0.03), extra={"diverged_at_round": 11}),
+               record(X.cell("FilmTrust", "FedMF", sampler="correct", **KW), scores(0.3))]
+    table = T.table1(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    dae = table[(table.method == "FedDAE") & (table.dataset == "FilmTrust") & (table.stat == "score")]
+    assert dae["note"].str.contains("diverged \\(NaN\\) at round 11").all()
+    fedmf = table[(table.method == "FedMF") & (table.dataset == "FilmTrust") & (table.stat == "score")]
+    assert not fedmf["note"].fillna("").str.contains("diverged").any()

@@ -818,6 +818,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),
                         help="keep only cells of these methods")
     parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="run every selected cell with each of these seeds (Table 1: 0 1 2 3 4)")
     parser.add_argument("--profile", default="paper")
     parser.add_argument("--cache-dir", default=".cache/fedrkg")
     parser.add_argument("--worker", type=int, default=0)
@@ -829,6 +831,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     for part in args.parts:
         cells += grid_cells(part, args.datasets)
     cells = [c for c in cells if c["sampler"] in args.samplers and (args.methods is None or c["method"] in args.methods)]
+    cells = [{**c, "seed": seed} for seed in args.seeds for c in cells]
     run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
 
 

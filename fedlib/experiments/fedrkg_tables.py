@@ -26,7 +26,7 @@ import pandas as pd
 from fedlib.experiments.fedrkg import (ABLATION_DATASETS, CENTRALISED, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
                                        PAPER, SAMPLERS, cell, load_split, method_label, probe_cells)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
-from fedlib.reporting.results import config_hash, latest_records
+from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records
 
 __all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
            "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame", "strength_frame"]
@@ -61,7 +61,16 @@ def _metric_cells(name: str) -> Optional[dict]:
 
 
 def _aggregate(records, index) -> pd.DataFrame:
-    return aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=_metric_cells)
+    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=_metric_cells)
+    diverged = {r.config_hash: r.extra["diverged_at_round"] for r in latest_records(records).values()
+                if r.extra and r.extra.get("diverged_at_round") is not None}
+    if len(ours) and diverged:
+        def note(run_ids: str) -> str:
+            rounds = [f"round {diverged[h]}" for h in str(run_ids).split(RUN_ID_SEPARATOR) if h in diverged]
+            return ("diverged (NaN) at " + ", ".join(rounds) + "; test at the best evaluation before it"
+                    if rounds else "")
+        ours["note"] = ours["run_ids"].map(note)
+    return ours
 
 
 def _runs_of(records, index, **keys) -> list:
