@@ -54,6 +54,7 @@ from fedlib.data import dataset_status
 from fedlib.data.stats import stats_table
 from fedlib.device import default_device
 from fedlib.experiments import fedrkg as X
+from fedlib.experiments import fedrkg_figures as F
 from fedlib.experiments import fedrkg_tables as T
 from fedlib.methods import fedrkg as G
 from fedlib.reporting import paper_vs_ours, read_runs, recorded_or_none, save_figure, use_style
@@ -486,20 +487,10 @@ show("tableD2_ldp_filmtrust")
 
 # %%
 curves = T.curve_frame(all_results, "Recall@10", "test")
-fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=False)
-for ax, sampler in zip(axes, ("leaky", "correct")):
-    part = curves[(curves["sampler"] == sampler) & (curves["method"].isin(
-        ["FedRKG", "w/o AG", "w/ GIE", "w/ PIE", "FedRAP", "FedMF", "PFedRec"]))]
-    part = part[part["interval"].isin([settings.interval, None]) | part["interval"].isna()]
-    if len(part):
-        sns.lineplot(data=part.drop_duplicates(["dataset", "method", "round"]), x="round", y="value", hue="method",
-                     style="dataset", ax=ax)
-    for t in X.guidance_rounds(settings.rounds or 1000, settings.interval):
-        ax.axvline(t - 1, color="grey", lw=0.5, alpha=0.4)
-    ax.set_title(f"{sampler} sampler"), ax.set_ylabel("test R@10")
-fig.suptitle("Convergence (grey lines: guidance steps)")
-save_figure(fig, PAPER, "figure4_convergence", profile)
-plt.show()
+fig = F.convergence_figure(all_results, settings.interval, settings.rounds or None)
+if fig is not None:
+    save_figure(fig, PAPER, "figure4_convergence", profile)
+    plt.show()
 
 # %% [markdown]
 # ### Figure D.1: the guidance interval (w/o AG, leaky sampler)
@@ -507,13 +498,10 @@ plt.show()
 # %%
 sweep = curves[(curves["method"] == "w/o AG") & (curves["sampler"] == "leaky")
                & curves["interval"].isin(list(settings.interval_sweep))]
-fig, ax = plt.subplots(figsize=(6, 3.6))
-if len(sweep):
-    sns.lineplot(data=sweep.drop_duplicates(["interval", "round"]), x="round", y="value", hue="interval",
-                 palette="viridis", ax=ax)
-ax.set_ylabel("test R@10")
-save_figure(fig, PAPER, "figureD1_interval", profile)
-plt.show()
+fig = F.interval_figure(all_results, datasets[0], "leaky", list(settings.interval_sweep))
+if fig is not None:
+    save_figure(fig, PAPER, "figureD1_interval", profile)
+    plt.show()
 final = sweep.sort_values("round").groupby("interval")["value"].last() if len(sweep) else pd.Series(dtype=float)
 fnb.record("interval_final_r10", {str(k): float(v) for k, v in final.items()})
 
@@ -523,14 +511,28 @@ fnb.record("interval_final_r10", {str(k): float(v) for k, v in final.items()})
 # %%
 warm_cold = pd.concat([T.warm_cold_frame(records, cell_kwargs, sampler=s, dataset=datasets[0]) for s in samplers],
                       ignore_index=True)
-if len(warm_cold):
-    warm_cold["method · group"] = warm_cold["method"] + " " + warm_cold["group"]
-    grid = sns.catplot(data=warm_cold, x="metric", y="value", hue="method · group", col="sampler", kind="bar",
-                       palette="Paired", height=3.2, aspect=1.3, errorbar=None)
-    grid.set_ylabels("score (%)")
-    save_figure(grid.figure, PAPER, "figure5_warm_cold", profile)
+fig = F.warm_cold_figure(warm_cold)
+if fig is not None:
+    save_figure(fig, PAPER, "figure5_warm_cold", profile)
     plt.show()
     print(warm_cold.pivot_table(index=["sampler", "method", "group"], columns="metric", values="value").round(2))
+
+# %% [markdown]
+# ### The figures from the recorded `paper`-profile grid
+#
+# Figures 2, 4, 5, D.1 and D.2 and the leak trace, drawn from the committed
+# `results/fedrkg/runs.jsonl` (not from this run; saved as `figures/fedrkg/*_paper_profile.png`).
+# A figure whose runs are not recorded yet is listed as missing.
+
+# %%
+recorded_figures = F.write_recorded_figures(read_runs(PAPER, "paper"), profile=profile)
+for name, fig in recorded_figures.items():
+    if fig is None:
+        print(f"{name}: its paper-profile runs are not recorded yet")
+    else:
+        display(fig)
+plt.close("all")
+fnb.record("recorded_figures", sorted(name for name, fig in recorded_figures.items() if fig is not None))
 
 # %% [markdown]
 # ## 6. Reproducibility audit: the negative sampler
@@ -549,31 +551,13 @@ if len(warm_cold):
 # as a negative, and the rank of the test item.
 
 # %%
-trace_rows = []
-trace_dataset = "FilmTrust" if profile == "paper" else datasets[0]
-for result in all_results:
-    config = result["config"]
-    if config["trace_every"] and "trace" in result["extra"] and config["dataset"] == trace_dataset and (
-            X.method_label(config) in ("FedRKG", "FedRAP", "FedMF", "PFedRec", "w/ PIE")) and config["ldp"] is None:
-        frame = pd.DataFrame(result["extra"]["trace"])
-        frame["sampler"] = config["sampler"]
-        frame["method"] = X.method_label(config)
-        trace_rows.append(frame)
-trace = pd.concat(trace_rows, ignore_index=True) if trace_rows else pd.DataFrame()
-if len(trace):
-    trace = trace.drop_duplicates(["method", "sampler", "round"])
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    sns.lineplot(data=trace, x="round", y="never_sampled_fraction", hue="method", style="sampler", ax=axes[0])
-    axes[0].set_ylabel("candidates never sampled (share)")
-    ranked = trace.dropna(subset=["test_rank_median"])
-    sns.lineplot(data=ranked, x="round", y="test_rank_median", hue="method", style="sampler", ax=axes[1],
-                 marker="o", legend=False)
-    axes[1].set_yscale("log"), axes[1].set_ylabel("median rank of the test item")
-    sns.lineplot(data=ranked, x="round", y="test_rank1_share", hue="method", style="sampler", ax=axes[2],
-                 marker="o", legend=False)
-    axes[2].set_ylabel("users with the test item at rank 1")
+trace = F.trace_frame(all_results, "FilmTrust" if profile == "paper" else datasets[0])
+trace = trace[trace["method"].isin(["FedRKG", "FedRAP", "FedMF", "PFedRec", "w/ PIE"])] if len(trace) else trace
+fig = F.trace_figure(trace)
+if fig is not None:
     save_figure(fig, PAPER, "audit_leak_trace", profile)
     plt.show()
+    ranked = trace.dropna(subset=["test_rank_median"])
     last = ranked.sort_values("round").groupby(["method", "sampler"]).last()
     print(last[["round", "never_sampled_fraction", "test_item_sampled_share", "test_rank_median",
                 "test_rank1_share"]].round(4).to_string())

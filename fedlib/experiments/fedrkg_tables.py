@@ -392,7 +392,8 @@ def warm_cold_frame(records, cell_kwargs: Mapping = {}, sampler: str = "correct"
             rows_of = [position[u] for u in members.tolist() if u in position]
             for name, short in METRICS.items():
                 values = np.asarray(record.extra["test_per_user"][name])[rows_of]
-                rows.append({"method": method, "group": group, "metric": short, "value": 100.0 * values.mean(),
+                rows.append({"dataset": dataset, "method": method, "group": group, "metric": short,
+                             "value": 100.0 * values.mean(),
                              "users": len(rows_of), "sampler": sampler})
     return pd.DataFrame(rows)
 

@@ -1,0 +1,238 @@
+"""FedRKG: the paper's figures from run results (live runs or the recorded paper-profile grid).
+
+Each function takes ``results``: dicts ``{"config", "metrics", "extra"}`` as returned by
+:func:`fedlib.experiments.fedrkg.run_cells`, or built from ``runs.jsonl`` records by
+:func:`results_from_records`, and returns a matplotlib figure, or ``None`` when none of the
+runs it needs is among ``results`` (a figure is never drawn from an empty frame).
+
+* Figure 2 (:func:`figure2`): Full Replacement, Local Only, FedRAP and Knowledge Guidance
+  (w/o AG), test R@10 per evaluation.
+* Figure 4 (:func:`convergence_figure`): FedRKG, its variants and the main baselines, one
+  panel per sampler, guidance rounds marked.
+* Figure 5 (:func:`warm_cold_figure`): warm vs cold users, FedRKG vs FedRAP
+  (from :func:`fedlib.experiments.fedrkg_tables.warm_cold_frame`).
+* Figure D.1 (:func:`interval_figure`): Knowledge Guidance with several intervals.
+* Figure D.2 (:func:`sensitivity_figure`): best-validation test R@10 against gate lr, β and
+  ``T_int`` (one changed at a time).
+* The audit's leak trace (:func:`trace_figure`).
+
+:func:`write_recorded_figures` draws every figure it can from the committed paper-profile
+records and saves it as ``figures/fedrkg/<name>_paper_profile.png``.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from fedlib.experiments.fedrkg import (BETAS, DEFAULT_PARAMS, GATE_LRS, INTERVALS, PAPER, guidance_rounds,
+                                       method_label, paper_beta, paper_rounds)
+from fedlib.experiments.fedrkg_tables import curve_frame, warm_cold_frame
+from fedlib.reporting.results import latest_records
+
+__all__ = ["results_from_records", "convergence_figure", "figure2", "interval_figure", "sensitivity_figure",
+           "warm_cold_figure", "trace_figure", "write_recorded_figures"]
+
+#: methods drawn in Figure 4 (the paper's: FedRKG against the strongest baselines)
+CONVERGENCE_METHODS = ("FedRKG", "w/o AG", "w/ GIE", "w/ PIE", "FedRAP", "FedMF", "PFedRec")
+
+
+def results_from_records(records) -> List[Dict[str, Any]]:
+    """One ``{"config", "metrics", "extra"}`` per recorded configuration (the latest record wins)."""
+    return [{"config": dict(r.config), "metrics": dict(r.metrics), "extra": dict(r.extra or {})}
+            for r in latest_records(records).values() if r.config.get("kind") is None]
+
+
+def _plain(config: Mapping[str, Any]) -> bool:
+    """A run of the main protocol: seed 0, no LDP, no probe, FedMF backbone for FedRKG."""
+    return (config.get("ldp") is None and config.get("probe_round") is None and config.get("seed", 0) == 0
+            and config.get("backbone") in (None, "FedMF"))
+
+
+def _default_fedrkg(config: Mapping[str, Any]) -> bool:
+    """FedRKG cells at the paper's gate lr and β (any interval)."""
+    if config["method"] != "FedRKG":
+        return True
+    params = config["params"]
+    return (params.get("gate_lr") == DEFAULT_PARAMS["FedRKG"]["gate_lr"]
+            and params.get("beta") == paper_beta(config["dataset"]))
+
+
+def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, rounds: Optional[int] = None,
+                       methods: Sequence[str] = CONVERGENCE_METHODS, metric: str = "Recall@10"):
+    """Figure 4: test ``metric`` per evaluation, one panel per sampler; grey lines = guidance rounds.
+
+    Only runs at the guidance ``interval`` given (or methods without one) are drawn.
+    """
+    chosen = [r for r in results if _plain(r["config"]) and _default_fedrkg(r["config"])
+              and (r["config"]["method"] != "FedRKG" or r["config"]["params"].get("interval") == interval)]
+    curves = curve_frame(chosen, metric, "test")
+    if curves.empty:
+        return None
+    curves = curves[curves["method"].isin(list(methods))].drop_duplicates(["dataset", "method", "sampler", "round"])
+    if curves.empty:
+        return None
+    samplers = [s for s in ("leaky", "correct") if s in set(curves["sampler"])]
+    fig, axes = plt.subplots(1, len(samplers), figsize=(5.5 * len(samplers), 3.6), squeeze=False)
+    for ax, sampler in zip(axes[0], samplers):
+        part = curves[curves["sampler"] == sampler]
+        sns.lineplot(data=part, x="round", y="value", hue="method", style="dataset", ax=ax)
+        last = rounds or int(part["round"].max())
+        for t in guidance_rounds(last, interval):
+            ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
+        ax.set_title(f"{sampler} sampler"), ax.set_ylabel(f"test {metric}")
+    fig.suptitle(f"Convergence (grey lines: guidance every {interval} rounds)")
+    return fig
+
+
+def figure2(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
+            interval: int = DEFAULT_PARAMS["FedRKG"]["interval"], metric: str = "Recall@10"):
+    """Figure 2: Full Replacement (w/ GIE every round), Local Only (w/ PIE), FedRAP, Knowledge Guidance."""
+    names = {"w/ GIE": "Full Replacement", "w/ PIE": "Local Only", "FedRAP": "FedRAP (dual)",
+             "w/o AG": "Knowledge Guidance"}
+    chosen = []
+    for r in results:
+        c = r["config"]
+        if c["dataset"] != dataset or c["sampler"] != sampler or not _plain(c) or not _default_fedrkg(c):
+            continue
+        label = method_label(c)
+        wanted_interval = 1 if label == "w/ GIE" else interval
+        if label in names and (c["method"] != "FedRKG" or c["params"].get("interval") == wanted_interval):
+            chosen.append(r)
+    curves = curve_frame(chosen, metric, "test")
+    if curves.empty:
+        return None
+    curves["method"] = curves["method"].map(names)
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    sns.lineplot(data=curves.drop_duplicates(["method", "round"]), x="round", y="value", hue="method", ax=ax)
+    ax.set_ylabel(f"test {metric}"), ax.set_title(f"{dataset}, {sampler} sampler")
+    return fig
+
+
+def interval_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
+                    intervals: Sequence[int] = INTERVALS, metric: str = "Recall@10"):
+    """Figure D.1: Knowledge Guidance (w/o AG) with each guidance interval."""
+    chosen = [r for r in results if r["config"]["dataset"] == dataset and r["config"]["sampler"] == sampler
+              and method_label(r["config"]) == "w/o AG" and _plain(r["config"]) and _default_fedrkg(r["config"])
+              and r["config"]["params"].get("interval") in set(intervals)]
+    curves = curve_frame(chosen, metric, "test")
+    if curves.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    sns.lineplot(data=curves.drop_duplicates(["interval", "round"]), x="round", y="value", hue="interval",
+                 palette="viridis", ax=ax)
+    ax.set_ylabel(f"test {metric}"), ax.set_title(f"{dataset}, {sampler} sampler: guidance interval")
+    return fig
+
+
+def sensitivity_frame(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
+                      metric: str = "Recall@10") -> pd.DataFrame:
+    """Figure D.2's points: ``parameter, value, score`` (test ``metric`` at the best validation, %)."""
+    defaults = {"gate_lr": DEFAULT_PARAMS["FedRKG"]["gate_lr"], "beta": paper_beta(dataset),
+                "interval": DEFAULT_PARAMS["FedRKG"]["interval"]}
+    sweeps = {"gate_lr": GATE_LRS, "beta": BETAS, "interval": INTERVALS}
+    rows = []
+    for r in results:
+        c = r["config"]
+        if (c["dataset"] != dataset or c["sampler"] != sampler or c["method"] != "FedRKG"
+                or c["guidance"] != "adaptive" or not _plain(c) or c["rounds"] != paper_rounds(dataset)):
+            continue
+        changed = [k for k, v in defaults.items() if c["params"].get(k) != v]
+        if len(changed) > 1:
+            continue
+        for name in (changed or list(defaults)):  # the default point belongs to every sweep
+            if c["params"].get(name) in sweeps[name] and r["metrics"].get(metric) is not None:
+                rows.append({"parameter": name, "value": c["params"][name], "score": 100.0 * r["metrics"][metric]})
+    return pd.DataFrame(rows, columns=["parameter", "value", "score"]).drop_duplicates(["parameter", "value"])
+
+
+def sensitivity_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
+                       metric: str = "Recall@10"):
+    """Figure D.2: one panel per hyperparameter (log-x for gate lr and ``T_int``)."""
+    frame = sensitivity_frame(results, dataset, sampler, metric)
+    if frame.empty:
+        return None
+    names = [p for p in ("gate_lr", "beta", "interval") if p in set(frame["parameter"])]
+    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        part = frame[frame["parameter"] == name].sort_values("value")
+        ax.plot(part["value"], part["score"], marker="o")
+        if name in ("gate_lr", "interval"):
+            ax.set_xscale("log")
+        ax.set_xlabel(name), ax.set_ylabel(f"test {metric} (%)")
+    fig.suptitle(f"Sensitivity, {dataset}, {sampler} sampler")
+    fig.tight_layout()
+    return fig
+
+
+def warm_cold_figure(frame: pd.DataFrame):
+    """Figure 5 from :func:`~fedlib.experiments.fedrkg_tables.warm_cold_frame` (one panel per sampler)."""
+    if frame is None or frame.empty:
+        return None
+    frame = frame.assign(**{"method · group": frame["method"] + " " + frame["group"]})
+    by_dataset = {"row": "dataset"} if "dataset" in frame and frame["dataset"].nunique() > 1 else {}
+    grid = sns.catplot(data=frame, x="metric", y="value", hue="method · group", col="sampler", kind="bar",
+                       palette="Paired", height=3.2, aspect=1.3, errorbar=None, **by_dataset)
+    grid.set_ylabels("score (%)")
+    return grid.figure
+
+
+def trace_frame(results: Sequence[Mapping[str, Any]], dataset: str) -> pd.DataFrame:
+    """The leak traces of the runs on ``dataset`` that carry one (one row per traced round)."""
+    frames = []
+    for r in results:
+        c = r["config"]
+        if c.get("trace_every") and "trace" in r["extra"] and c["dataset"] == dataset and c.get("ldp") is None:
+            frame = pd.DataFrame(r["extra"]["trace"])
+            frames.append(frame.assign(sampler=c["sampler"], method=method_label(c)))
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True).drop_duplicates(["method", "sampler", "round"])
+
+
+def trace_figure(trace: pd.DataFrame):
+    """Never-sampled share, median test-item rank and rank-1 share per round (the audit)."""
+    if trace.empty:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
+    sns.lineplot(data=trace, x="round", y="never_sampled_fraction", hue="method", style="sampler", ax=axes[0])
+    axes[0].set_ylabel("candidates never sampled (share)")
+    ranked = trace.dropna(subset=["test_rank_median"])
+    sns.lineplot(data=ranked, x="round", y="test_rank_median", hue="method", style="sampler", ax=axes[1],
+                 marker="o", legend=False)
+    axes[1].set_yscale("log"), axes[1].set_ylabel("median rank of the test item")
+    sns.lineplot(data=ranked, x="round", y="test_rank1_share", hue="method", style="sampler", ax=axes[2],
+                 marker="o", legend=False)
+    axes[2].set_ylabel("users with the test item at rank 1")
+    return fig
+
+
+def write_recorded_figures(records, probe_dataset: str = "Amazon-Video", trace_dataset: str = "FilmTrust",
+                           suffix: str = "_paper_profile", profile: str = "paper") -> Dict[str, Optional[plt.Figure]]:
+    """Draw every figure the paper-profile ``records`` allow; save each as ``<name><suffix>.png``.
+
+    ``profile`` picks the folder (:func:`fedlib.paths.figures_dir`): a smoke run draws into
+    ``figures/fedrkg/smoke/`` and never over the committed figures.
+
+    Returns ``{name: figure or None}`` (``None``: the runs it needs are not recorded yet).
+    """
+    from fedlib.reporting import save_figure
+
+    results = results_from_records(records)
+    interval = DEFAULT_PARAMS["FedRKG"]["interval"]
+    warm_cold = pd.concat([warm_cold_frame(records, {}, sampler=s, dataset=d) for d in ("FilmTrust", probe_dataset)
+                           for s in ("leaky", "correct")], ignore_index=True)
+    figures = {
+        "figure2_knowledge_dilemma": figure2(results, probe_dataset),
+        "figure4_convergence": convergence_figure(results, interval),
+        "figure5_warm_cold": warm_cold_figure(warm_cold),
+        "figureD1_interval": interval_figure(results, probe_dataset),
+        "figureD2_sensitivity": sensitivity_figure(results, probe_dataset),
+        "audit_leak_trace": trace_figure(trace_frame(results, trace_dataset)),
+    }
+    for name, fig in figures.items():
+        if fig is not None:
+            save_figure(fig, PAPER, name + suffix, profile)
+    return figures
