@@ -392,6 +392,16 @@ print("live cells with a value:", filled)
 fnb.record("live_cells_with_value", filled)
 print("recorded paper-profile cells with a value:",
       {k: (int(v["value_ours"].notna().sum()) if v is not None else 0) for k, v in recorded.items()})
+# The recorded grid's cost (wall time per run, one CPU thread per process, two processes at once).
+paper_runs = pd.DataFrame([{"dataset": r.config["dataset"], "sampler": r.config.get("sampler"),
+                            "method": X.method_label(r.config), "seconds": r.wall_time_s,
+                            "rounds run": r.metrics.get("rounds_run")}
+                           for r in read_runs(PAPER, "paper") if r.config.get("kind") is None])
+if len(paper_runs):
+    cost = paper_runs.groupby("dataset").agg(runs=("seconds", "size"), hours=("seconds", lambda v: v.sum() / 3600),
+                                              median_minutes=("seconds", lambda v: v.median() / 60))
+    print("recorded paper-profile runs and their wall time:")
+    print(cost.round(2).to_string())
 
 
 def show(table_id, **filters):

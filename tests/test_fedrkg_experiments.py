@@ -184,3 +184,20 @@ def test_cli_selects_cells_and_replicates_them_over_seeds(monkeypatch):
     assert captured["profile"] == "paper"
     assert [(c["method"], c["sampler"], c["seed"]) for c in cells] == [("FedMF", "correct", 0), ("FedMF", "correct", 3)]
     assert X.config_hash(cells[0]) != X.config_hash(cells[1])
+
+
+def test_fedrap_code_cells_use_the_code_local_training_and_train():
+    cells = X.fedrap_code_cells()
+    assert {(c["dataset"], c["sampler"]) for c in cells} == {(d, s) for d in ("FilmTrust", "Amazon-Video")
+                                                              for s in ("leaky", "correct")}
+    assert all(c["batch_size"] == 2048 and c["params"]["local_epochs"] == 10 and c["params"]["lr_decay"] == 0.97
+               for c in cells)
+    assert X.federated_config(cells[0]).local_epochs == 10
+    assert X.federated_config(X.cell("FilmTrust", "FedRAP")).local_epochs == 1
+    # the default cell's hash does not depend on the optional parameter existing
+    assert "local_epochs" not in X.cell("FilmTrust", "FedRAP")["params"]
+    with pytest.raises(ValueError, match="unknown parameters"):
+        X.cell("FilmTrust", "MF", params={"local_epochs": 2})
+    two = X.run_cell(X.cell("synthetic", "FedRAP", rounds=2, eval_every=1, params={"local_epochs": 2}))
+    one = X.run_cell(X.cell("synthetic", "FedRAP", rounds=2, eval_every=1))
+    assert two["extra"]["curve"][0]["train_loss"] != one["extra"]["curve"][0]["train_loss"]
