@@ -91,7 +91,16 @@ def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: st
         paper = _with_samplers(paper, samplers)
     if ours.empty:
         ours = pd.DataFrame(columns=[*keys, "value"])
-    return compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
+    out = compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
+    # Rows the paper does not report (e.g. Table 5's "w/o DP") would stay in our fractions; show
+    # them in the paper's unit when the whole paper table uses one score unit.
+    paper_units = set(paper["unit"].dropna().astype(str))
+    if len(paper_units) == 1 and (target := paper_units.pop()) == "percent":
+        unmatched = out["value_paper"].isna() & out["value_ours"].notna() & (out["unit"] == "fraction")
+        for column in ("value_ours", "std_ours"):
+            out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
+        out.loc[unmatched, "unit"] = target
+    return out
 
 
 def _derived(keys: dict, value: float, runs: Sequence, note: str, unit: str = "percent") -> dict:
