@@ -47,6 +47,10 @@ def test_append_run_round_trips(project):
     assert record.torch_version and record.fedlib_version and record.timestamp.endswith("+00:00")
     line = json.loads(path.read_text().splitlines()[0])
     assert RunRecord.from_dict(line) == record
+    result = record.result()
+    assert result == {"config": record.config, "metrics": record.metrics, "extra": {"note": "x"}}
+    result["extra"]["note"] = "changed"  # a copy: editing it leaves the record alone
+    assert record.extra == {"note": "x"}
 
 
 def test_each_seed_is_its_own_run_and_the_seed_must_agree(project):

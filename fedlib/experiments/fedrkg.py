@@ -810,7 +810,7 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str
     if profile == "paper":
         run_grid(cells, profile)
         known = latest_records(read_runs(PAPER, profile))
-        return [{"config": dict(c), **_record_result(known[config_hash(c)])} for c in cells]
+        return [{**known[config_hash(c)].result(), "config": dict(c)} for c in cells]
     out, done = [], {}
     for config in tqdm(list(cells), desc=description, unit="cell"):
         key = config_hash(config)
@@ -824,10 +824,6 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str
             done[key] = result
         out.append({"config": dict(config), **done[key]})
     return out
-
-
-def _record_result(record) -> Dict[str, Any]:
-    return {"metrics": dict(record.metrics), "extra": dict(record.extra or {})}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -41,8 +41,7 @@ CONVERGENCE_METHODS = ("FedRKG", "w/o AG", "w/ GIE", "w/ PIE", "FedRAP", "FedMF"
 
 def results_from_records(records) -> List[Dict[str, Any]]:
     """One ``{"config", "metrics", "extra"}`` per recorded configuration (the latest record wins)."""
-    return [{"config": dict(r.config), "metrics": dict(r.metrics), "extra": dict(r.extra or {})}
-            for r in latest_records(records).values() if r.config.get("kind") is None]
+    return [r.result() for r in latest_records(records).values() if r.config.get("kind") is None]
 
 
 def _plain(config: Mapping[str, Any]) -> bool:

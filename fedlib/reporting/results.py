@@ -263,6 +263,10 @@ class RunRecord:
     def run_id(self) -> str:
         return self.config_hash
 
+    def result(self) -> dict:
+        """``{"config", "metrics", "extra"}``: the run in the shape a live run returns (copies)."""
+        return {"config": dict(self.config), "metrics": dict(self.metrics), "extra": dict(self.extra or {})}
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
