@@ -9,7 +9,9 @@ shapes, id conventions and candidate sets are the real ones):
 * :func:`overlapping_domains` -> :class:`DomainSplit` (FedPCL-CDR): several domains whose
   items are driven by one shared user taste, with partial user overlap;
 * :func:`cross_domain_sequences` -> :class:`SequenceSplit` (FedCSR): sequences that walk
-  along topic "chains" of items alternating between two domains.
+  along topic "chains" of items alternating between two domains;
+* :func:`clustered_interactions` -> :class:`InteractionSplit` (FedKDRec): one domain,
+  leave-one-out by time with 1 + 99 candidates.
 
 The data follow a latent-factor (or chain) model plus an item-popularity bias, so a
 personalised method (item co-occurrence, matrix factorisation, a Markov chain) beats the
@@ -26,8 +28,9 @@ import pandas as pd
 
 from fedlib.data.protocols import f3crec as _f3crec
 from fedlib.data.protocols import fedcsr as _fedcsr
+from fedlib.data.protocols import fedkdrec as _fedkdrec
 from fedlib.data.protocols import fedpcl_cdr as _fedpcl
-from fedlib.data.splits import BlockStream, DomainSplit, SequenceSplit
+from fedlib.data.splits import BlockStream, DomainSplit, InteractionSplit, SequenceSplit
 
 SECONDS_PER_BLOCK = 1_000_000
 
@@ -191,6 +194,48 @@ def overlapping_domains(
                f"overlap={overlap}, seed={seed}",),
     )
     split.extra["synthetic"] = {"tastes": tastes, "shared": shared}
+    return split
+
+
+def clustered_interactions(
+    *,
+    num_users: int = 200,
+    num_items: int = 300,
+    interactions_per_user: int = 25,
+    dim: int = 8,
+    clusters: int = 5,
+    sharpness: float = 6.0,
+    popularity_scale: float = 0.7,
+    num_negatives: int = 99,
+    seed: int = 0,
+) -> InteractionSplit:
+    """Users and items around shared taste clusters (like ML-100K, but planted and tiny).
+
+    Each user picks ``interactions_per_user`` distinct items (±50 %, at least 5) from
+    ``softmax(sharpness · taste·item + popularity bias)`` at random times; the frame goes
+    through :func:`fedlib.data.protocols.fedkdrec.split_from_frame` (leave-one-out by time,
+    1 + ``num_negatives`` candidates).
+    """
+    rng = np.random.default_rng([seed, 7003])
+    tastes, centres, _ = _clustered_factors(rng, num_users, dim, clusters)
+    assign = rng.integers(0, clusters, size=num_items)
+    vectors = centres[assign] + 0.35 * rng.normal(size=(num_items, dim)) / np.sqrt(dim)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    counts = np.maximum(5, np.round(interactions_per_user * rng.uniform(0.5, 1.5, num_users))).astype(np.int64)
+    logits = sharpness * tastes @ vectors.T + popularity_scale * rng.normal(size=num_items)
+    rows, cols = _sample_without_replacement(rng, logits, counts)
+    frame = pd.DataFrame({"user": rows, "item": cols, "rating": 1.0,
+                          "timestamp": rng.permutation(rows.size).astype(np.int64)})
+    room = num_items - int(counts.max()) - 1  # candidates exclude every item of the user
+    if room < 1:
+        raise ValueError(f"num_items={num_items} is too small for users with up to {int(counts.max())} items; "
+                         "raise num_items or lower interactions_per_user")
+    split = _fedkdrec.split_from_frame(
+        frame, num_negatives=min(num_negatives, room), seed=seed,
+        name="synthetic/clustered_interactions",
+        notes=(f"synthetic: {num_users} users x {num_items} items, {clusters} taste clusters, seed={seed}",),
+    )
+    split.extra["synthetic"] = {"tastes": tastes, "item_vectors": vectors}
     return split
 
 

@@ -685,6 +685,7 @@ def candidate_set_metrics(
     *,
     chunk_size: int = 1024,
     device=None,
+    pair_fn: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
 ) -> Dict[str, torch.Tensor]:
     r"""Sampled-candidate metrics from a candidate matrix with the positive in column 0.
 
@@ -696,6 +697,9 @@ def candidate_set_metrics(
         score_fn: ``score_fn(user_ids (n,)) -> (n, I)`` scores of every item.
         users: ``(R,) int64`` user of each candidate row.
         candidates: ``(R, 1 + n) int64`` item ids (e.g. a protocol's ``test_candidates``).
+        pair_fn: optional ``pair_fn(user_ids (n,), items (n, 1 + k)) -> (n, 1 + k)`` scoring only
+            the candidates (much cheaper than every item for models with an MLP tower); used
+            instead of ``score_fn`` when given.
 
     Returns:
         per-row metric vectors ``(R,)``.
@@ -707,9 +711,13 @@ def candidate_set_metrics(
     parts: Dict[str, list] = {}
     for start in range(0, users.size, chunk_size):
         user_chunk = torch.as_tensor(users[start : start + chunk_size], device=device)
-        scores = score_fn(user_chunk)  # (n, I)
-        cand = torch.as_tensor(candidates[start : start + chunk_size], device=scores.device)
-        picked = scores.gather(1, cand)  # (n, 1 + negatives)
+        if pair_fn is not None:
+            cand = torch.as_tensor(candidates[start : start + chunk_size], device=user_chunk.device)
+            picked = pair_fn(user_chunk, cand)  # (n, 1 + negatives)
+        else:
+            scores = score_fn(user_chunk)  # (n, I)
+            cand = torch.as_tensor(candidates[start : start + chunk_size], device=scores.device)
+            picked = scores.gather(1, cand)  # (n, 1 + negatives)
         for key, value in sampled_metrics(picked[:, 0], picked[:, 1:], ks=ks, tie_rule=tie_rule).items():
             parts.setdefault(key, []).append(value)
     return {key: torch.cat(values) for key, values in parts.items()}
