@@ -15,7 +15,7 @@ from fedlib.data.synthetic import clustered_interactions
 from fedlib.engine import CommunicationLedger
 from fedlib.methods import kd_agents as A
 from fedlib.methods.fedkdrec import (
-    VARIANTS, FedKDRecConfig, _Server, local_examples, masked_adam_step, mixed_label_bce, prepare_uploads,
+    VARIANTS, FedKDRecConfig, _Server, local_examples, mixed_label_bce, prepare_uploads,
     train_fedkdrec, variant_config,
 )
 from fedlib.metrics.ranking import candidate_set_metrics
@@ -79,29 +79,6 @@ def test_backbone_arguments_are_checked():
     with pytest.raises(ValueError, match="item_init"):
         Backbone("ncf", 2, 3, dim=4, hidden=(4,)).init_server(torch.Generator(), item_init=torch.zeros(3, 5))
     assert paper_hidden("ncf", "ml-100k") == (128, 64) and paper_hidden("ncf", "ml-1m") == (64, 128, 64)
-
-
-# ---------------------------------------------------------------------------- optimiser
-def test_masked_adam_matches_torch_adam_per_client():
-    torch.manual_seed(0)
-    start = torch.randn(3, 4, 2)
-    reference = [start[c:c + 1].clone().requires_grad_() for c in range(3)]
-    optimisers = [torch.optim.Adam([p], lr=0.05, weight_decay=0.01) for p in reference]
-    stacked = start.clone()
-    m, v = torch.zeros_like(stacked), torch.zeros_like(stacked)
-    steps = torch.zeros(3)
-    active_per_step = [3, 3, 2, 1, 3]  # a prefix of the clients steps each time
-    for step, k in enumerate(active_per_step):
-        grads = torch.sin(stacked * (step + 1))
-        for c in range(k):
-            optimisers[c].zero_grad()
-            reference[c].grad = grads[c:c + 1].clone()
-            optimisers[c].step()
-        steps[:k] += 1
-        masked_adam_step([stacked[:k]], [grads[:k]], [m[:k]], [v[:k]], steps[:k], lr=0.05, weight_decay=0.01)
-    for c in range(3):
-        assert torch.allclose(stacked[c:c + 1], reference[c].detach(), atol=1e-6)
-    assert steps.tolist() == [5, 4, 3]
 
 
 # ---------------------------------------------------------------------------- local data

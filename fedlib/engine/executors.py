@@ -4,8 +4,8 @@ Both executors take the same inputs and give the same result (to floating-point
 rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
 
 * :class:`SequentialExecutor` simulates one client at a time in plain PyTorch: download a
-  copy of the public tensors, run autograd + explicit SGD on each planned batch, upload the
-  difference. It is the readable reference.
+  copy of the public tensors, run autograd + explicit SGD (or a fresh ``torch.optim.Adam``)
+  on each planned batch, upload the difference. It is the readable reference.
 * :class:`BatchedExecutor` simulates all clients of a chunk together. Each client still
   takes its own sequential steps on its own copy of the downloaded state:
 
@@ -20,7 +20,7 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
     weighted upload sum ``Σ_c w_c Δ_c``; memory is bounded by processing ``chunk_size``
     clients at a time.
 
-  Two shortcuts, both exact and both off with ``gradient_noise``:
+  Two shortcuts, both exact and both off with ``gradient_noise`` or Adam:
 
   - **one-batch clients** (all their data in one batch, one epoch) need no local copies:
     the gradient is taken at the downloaded rows and scattered directly;
@@ -30,6 +30,18 @@ rounding), because both follow the same :class:`~fedlib.engine.plan.RoundPlan`:
     per-example loss gradients of step ``s``). So all logits of a step are one ``(C, I)``
     matrix product plus rank-one corrections, and every gradient is a product with a
     ``(C, I)`` matrix of per-example coefficients: no ``(examples × d)`` gather or scatter at all.
+
+Adam. With ``method.optimizer`` Adam (:class:`~fedlib.engine.method.LocalOptimizer`) the
+sequential executor gives each client a fresh ``torch.optim.Adam`` over its own copies, one
+parameter group per tensor. The batched executor keeps the same state stacked per client (the
+moments of every local row slot and dense copy, a step count per client and tensor) and
+steps it with :func:`~fedlib.engine.method.masked_adam_step`. Adam's gradients are dense:
+in each step every slot of a stepping client gets a gradient, zero on the rows it does not use
+in that batch, so their moments decay and they keep moving as in ``torch.optim.Adam`` on the
+full table. Rows a client never trains on in the round have zero moments and do not move, so
+local copies of its touched rows suffice, except with weight decay: ``λ θ`` reaches every
+row, and local copies then cover whole tables (as with full-support gradient noise). Clients
+whose data is exhausted are outside the stepping prefix and take no Adam step.
 
 Gradient noise. With ``method.gradient_noise`` set (DP-SGD at the client level), each step's
 covered gradient is clipped per client and Gaussian noise drawn from the client's own
@@ -53,7 +65,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
-from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan, round_noise_key
 from fedlib.engine.privacy import clip_factors, clip_per_sample
 from fedlib.engine.uploads import ClientRowUpdates, client_gradient_noise, client_upload_noise, gradient_noise_shapes
@@ -118,10 +130,15 @@ def _noise_key(plan: RoundPlan, noise_seed: Optional[int]) -> int:
     return plan.noise_key if noise_seed is None else round_noise_key(noise_seed, plan.round_index)
 
 
-def _noises_every_row(method: FederatedMethod) -> bool:
-    """Whether full-support gradient noise reaches a row table: every client changes every row."""
-    return (method.adds_gradient_noise and method.gradient_noise.support == "full"
-            and any(name in method.model.row_names for name in method.gradient_noise_names))
+def _steps_every_row(method: FederatedMethod) -> bool:
+    """Whether every client changes every row of its row tables.
+
+    With full-support gradient noise on a row table, or Adam weight decay (``λ θ`` is in the
+    gradient of every row): the batched executor then keeps whole-table local copies.
+    """
+    noises = (method.adds_gradient_noise and method.gradient_noise.support == "full"
+              and any(name in method.model.row_names for name in method.gradient_noise_names))
+    return noises or method.decays_every_row
 
 
 def _local_step_index(method: FederatedMethod, batch: int, group_index: int) -> int:
@@ -137,7 +154,10 @@ def _rows_from_keys(keys: torch.Tensor, delta: torch.Tensor, plan: RoundPlan, nu
 
 # ======================================================================================
 class SequentialExecutor:
-    """One client at a time: download, local SGD with autograd, upload. The reference.
+    """One client at a time: download, local SGD (or Adam) with autograd, upload. The reference.
+
+    With Adam, each client builds a fresh ``torch.optim.Adam`` over its own copies of the
+    parameters at the start of its round (one parameter group per tensor, with its rate).
 
     Private state is updated in place; ``global_state`` is only read.
     """
@@ -187,7 +207,9 @@ class SequentialExecutor:
                 else:  # private_rows
                     params[name] = private_state[name][user].clone()  # (I, d)
 
-            # 2. Local SGD, batch by batch in the planned order.
+            # 2. Local SGD or Adam, batch by batch in the planned order. Adam's state is the
+            #    client's own and lives for this round only.
+            optimizer = _client_adam(method, params, plan.round_index)
             examples = plan.client_examples(c)
             items = torch.as_tensor(plan.items[examples], device=device)
             labels = torch.as_tensor(plan.labels[examples], device=device, dtype=dtype)
@@ -212,9 +234,12 @@ class SequentialExecutor:
                         local_step = _local_step_index(method, step, group_index)
                         _privatise_client_gradient(method, group, noised, params, global_state, private_state,
                                                    user, noise_key, local_step, touched)
-                    with torch.no_grad():
-                        for name, tensor in zip(group, trainable):
-                            tensor -= method.lr(name, plan.round_index) * tensor.grad
+                    if optimizer is not None:
+                        optimizer.step()  # steps the tensors with a gradient: this group's
+                    else:
+                        with torch.no_grad():
+                            for name, tensor in zip(group, trainable):
+                                tensor -= method.lr(name, plan.round_index) * tensor.grad
                     for tensor in trainable:
                         tensor.grad = None
                         tensor.requires_grad_(False)
@@ -248,6 +273,21 @@ class SequentialExecutor:
                 clients, rows, delta = (torch.cat(t) for t in zip(*parts)) if parts else empty
                 client_updates[name] = ClientRowUpdates(clients, rows, delta)
         return LocalUpdateResult(update, losses, client_updates)
+
+
+def _client_adam(method: FederatedMethod, params, round_index: int) -> Optional[torch.optim.Adam]:
+    """A fresh ``torch.optim.Adam`` over one client's copies (``None`` with SGD).
+
+    One parameter group per stepped tensor, with its rate. Tensors outside the current
+    ``update_steps`` group have no gradient when it steps, and ``torch.optim.Adam`` leaves
+    them (moments and step count) alone: each tensor counts its own steps.
+    """
+    local = method.optimizer
+    if not local.is_adam:
+        return None
+    stepped = list(dict.fromkeys(name for group in method.steps for name in group))
+    groups = [{"params": [params[name]], "lr": method.lr(name, round_index)} for name in stepped]
+    return torch.optim.Adam(groups, betas=local.betas, eps=local.eps, weight_decay=local.weight_decay)
 
 
 def _privatise_client_gradient(method, group, noised, params, global_state, private_state, user, noise_key,
@@ -322,7 +362,7 @@ class BatchedExecutor:
             # Keep the kernel's (C, I) matrices (one per local step) inside the budget.
             per_client = method.model.num_items * (int(plan.num_steps.max(initial=1)) + 3)
             chunk = max(1, min(chunk, self.dense_budget // max(per_client, 1)))
-        elif _noises_every_row(method):
+        elif _steps_every_row(method):
             # Every client's local copy covers every row of the row tables: C × I × row values.
             model = method.model
             one_row = {name: global_state[name][0] if kind == "public_rows" else private_state[name][0, 0]
@@ -431,10 +471,12 @@ class BatchedExecutor:
         # Per-client clipping needs per-(client, row) gradients (gradient noise clips too); a
         # row stepped twice per batch needs a local copy. Otherwise one-batch clients can work
         # on the download directly.
+        # Adam's step is not linear in the gradient, and it needs the moments of each
+        # client's rows between steps: no shortcut.
         row_names = method.model.row_names
         stepped = [name for group in method.steps for name in group if name in row_names]
         return (method.grad_clip_norm is None and method.gradient_noise is None
-                and len(stepped) == len(set(stepped)))
+                and not method.optimizer.is_adam and len(stepped) == len(set(stepped)))
 
     def _generic_chunk(self, method, global_state, private_state, plan, positions, weights, update, losses,
                        direct_rows: bool, sent=None, noise_key: int = 0):
@@ -455,13 +497,14 @@ class BatchedExecutor:
 
         # Row slots: one per (client, item) pair touched (a local copy), or, on the fast path,
         # one per example (gradient at the download, no copy kept between steps), or, with
-        # full-support gradient noise, one per (client, item) pair of the whole table. Slots
-        # are sorted by (client, item) in the last two cases: a client's slots are contiguous.
+        # full-support gradient noise or Adam weight decay, one per (client, item) pair of the
+        # whole table. Slots are sorted by (client, item) in the last two cases: a client's
+        # slots are contiguous.
         slot_touched = None  # with whole-table slots: which ones the client trains on
         if direct_rows:
             slot_client, slot_item = ex_client, ex_item
             ex_slot = torch.arange(ex_item.numel(), device=device)
-        elif _noises_every_row(method):
+        elif _steps_every_row(method):
             ex_slot = ex_client * num_items + ex_item
             slot_client = torch.arange(num_clients, device=device).repeat_interleave(num_items)
             slot_item = torch.arange(num_items, device=device).repeat(num_clients)
@@ -475,6 +518,15 @@ class BatchedExecutor:
         # (a prefix of the ranks) are the slot prefix [0, slot_bounds[C_s]).
         slot_bounds = torch.searchsorted(slot_client, torch.arange(num_clients + 1, device=device)).tolist()
         covered = set(method.gradient_noise_names)
+        # Rows that receive a client's gradient noise: all its slots, except with touched-support
+        # noise on whole-table slots (Adam weight decay, never with SGD), where only its touched
+        # slots do; noise_slots lists them, sorted by (client, item) like the noise draws.
+        noise_slots, noise_bounds = None, slot_bounds
+        touched_noise = method.gradient_noise is not None and method.gradient_noise.support == "touched"
+        if slot_touched is not None and touched_noise:
+            noise_slots = torch.nonzero(slot_touched).squeeze(1)
+            noise_bounds = torch.searchsorted(slot_client[noise_slots],
+                                              torch.arange(num_clients + 1, device=device)).tolist()
 
         params, downloaded = {}, {}
         for name, kind in model.param_kinds.items():
@@ -488,6 +540,7 @@ class BatchedExecutor:
             else:
                 downloaded[name] = private_state[name][users]  # (C, ...)
             params[name] = downloaded[name].clone()
+        adam = _ChunkAdam(method, params, num_clients, plan.round_index) if method.optimizer.is_adam else None
 
         # Examples grouped by step, then client, padded to (C_s, B_s).
         by_step = torch.argsort(ex_step * num_clients + ex_client, stable=True)
@@ -529,7 +582,12 @@ class BatchedExecutor:
                         grads[i] = grad
                     if method.adds_gradient_noise:
                         noise = self._step_noise(method, group, global_state, private_state, sub.clients[:active],
-                                                 slot_bounds, noise_key, _local_step_index(method, step, group_index))
+                                                 noise_bounds, noise_key, _local_step_index(method, step, group_index))
+                if adam is not None:
+                    adam.step(group, grads, noise, step_slots, slot_client, slot_bounds[active], active,
+                              stepping=batch.mask.sum(1) > 0,
+                              noise_slots=None if noise_slots is None else noise_slots[:noise_bounds[active]])
+                    continue
                 with torch.no_grad():
                     for name, grad in zip(group, grads):
                         step_size = method.lr(name, plan.round_index)
@@ -571,7 +629,9 @@ class BatchedExecutor:
         Each client draws from its own generator (what makes it equal to the sequential
         executor's), so the draws are per client, in rank order; the results are then
         concatenated once per tensor: row noise ``(slot_bounds[C_s], *row)`` aligned with the
-        slot prefix, dense noise ``(C_s, ...)``.
+        slot prefix, dense noise ``(C_s, ...)``. ``slot_bounds`` (``C + 1``) delimits each
+        client's noise rows: its slots, or only its touched slots when the executor keeps
+        whole-table slots for another reason (Adam weight decay with touched-support noise).
         """
         row_names = method.model.row_names
         like = next(iter({**global_state, **private_state}.values()))  # dtype and device of the noise
@@ -689,6 +749,54 @@ class BatchedExecutor:
             pair_position = torch.as_tensor(first + order, device=device)[pair_rank]
             sent["item_emb"].append((pair_position * num_items + pair_keys % num_items, delta))
         losses[torch.as_tensor(first + order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
+
+
+class _ChunkAdam:
+    """The Adam state of one chunk's clients, stacked like their parameters (fresh each round).
+
+    Moments ``(R, ...)`` for row tables (aligned with the chunk's row slots) and ``(C, ...)``
+    for dense tensors; a step count ``(C,)`` per client and tensor.
+    """
+
+    def __init__(self, method: FederatedMethod, params, num_clients: int, round_index: int):
+        local = method.optimizer
+        self.row_names = method.model.row_names
+        self.options = dict(betas=local.betas, eps=local.eps, weight_decay=float(local.weight_decay))
+        stepped = dict.fromkeys(name for group in method.steps for name in group)
+        self.lr = {name: method.lr(name, round_index) for name in stepped}
+        self.exp_avg = {name: torch.zeros_like(params[name]) for name in stepped}
+        self.exp_avg_sq = {name: torch.zeros_like(params[name]) for name in stepped}
+        device = next(iter(params.values())).device
+        self.count = {name: torch.zeros(num_clients, dtype=torch.int64, device=device) for name in stepped}
+        self.params = params
+
+    @torch.no_grad()
+    def step(self, group, grads, noise, step_slots, slot_client, num_slots: int, active: int, stepping,
+             noise_slots=None):
+        """One Adam step of the ``active`` clients (a prefix of the ranks) on the tensors of ``group``.
+
+        Args:
+            grads: the group's gradients (clipped): ``(S, ...)`` at ``step_slots`` for row
+                tables, ``(C_s, ...)`` for dense tensors.
+            noise: gradient noise per tensor: dense ``(C_s, ...)``; rows ``(num_slots, ...)`` on
+                the slot prefix, or aligned with ``noise_slots`` when given.
+            num_slots: slots of the active clients (the prefix ``[0, num_slots)``).
+            stepping: ``(C_s,) bool`` the active clients that have a real example in this batch.
+            noise_slots: ``(N,)`` the slots that receive the row noise (``None``: the prefix).
+        """
+        for name, grad in zip(group, grads):
+            if name in self.row_names:
+                # Dense gradient over every slot of the stepping clients: zero on the rows this
+                # batch does not use, whose moments still decay (torch.optim.Adam on a full table).
+                grad = grad.new_zeros((num_slots, *grad.shape[1:])).index_add_(0, step_slots, grad)
+                span, owner = slice(0, num_slots), slot_client[:num_slots]
+            else:
+                span, owner = slice(0, active), None
+            if name in noise:
+                in_rows = name in self.row_names and noise_slots is not None
+                grad = grad.index_add(0, noise_slots, noise[name]) if in_rows else grad + noise[name]
+            masked_adam_step(self.params[name][span], grad, self.exp_avg[name][span], self.exp_avg_sq[name][span],
+                             self.count[name][:active], stepping, lr=self.lr[name], owner=owner, **self.options)
 
 
 def _ranges_np(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

@@ -7,9 +7,10 @@ A :class:`FederatedMethod` answers four questions and nothing else:
   their changes uploaded);
 * **its local loss**: ``client_loss(model, params, batch) -> (C,)`` one mean loss per
   client (default: BCE with logits, mean over the client's batch);
-* **how it steps**: per-parameter learning rates, the parameter groups stepped in turn per
-  batch (``update_steps``; PFedRec steps its head, then its item rows), optional per-client
-  gradient clipping, optionally with Gaussian noise in every local step
+* **how it steps**: per-parameter learning rates, the local optimiser (plain SGD, or a
+  per-client Adam: ``optimizer``, see :class:`LocalOptimizer`), the parameter groups stepped
+  in turn per batch (``update_steps``; PFedRec steps its head, then its item rows), optional
+  per-client gradient clipping, optionally with Gaussian noise in every local step
   (``gradient_noise``, FedRKG's LDP, §5.2);
 * **what the server does**: the aggregation weighting, plus optional hooks to mix the new
   global state with earlier global state (``server_mix``) and to touch private state before
@@ -25,12 +26,16 @@ Example (FedMF with F3CRec's learning rates)::
         learning_rates={"user_emb": 1.0, "item_emb": 1.0 * num_items},
         aggregation=Aggregation("uniform"),
     )
+
+FedMF trained locally with Adam (the FedKDRec baselines; one step size for every parameter)::
+
+    method = fedmf_method(model, lr=1e-3, optimizer=LocalOptimizer("adam", weight_decay=1e-6))
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +49,7 @@ from fedlib.models.pfedrec import PFedRec
 
 __all__ = [
     "LocalBatch", "ClientLossFn", "bce_client_loss", "UploadNoise", "GradientNoise", "UPLOAD_MODES", "FederatedMethod",
+    "LOCAL_OPTIMIZERS", "LocalOptimizer", "masked_adam_step",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
 ]
 
@@ -231,13 +237,152 @@ class GradientNoise:
         return float(self.noise_multiplier) * float(self.clip_norm)
 
 
+LOCAL_OPTIMIZERS = ("sgd", "adam")
+
+
+@dataclass(frozen=True)
+class LocalOptimizer:
+    r"""The optimiser of every client's local training: plain SGD (default) or Adam.
+
+    ``"sgd"``: ``θ ← θ − lr · g`` with ``g`` the step's gradient (after clipping and noise).
+
+    ``"adam"``: ``torch.optim.Adam`` semantics, per client and per parameter, with the L2 form
+    of weight decay (``torch.optim.Adam(weight_decay=λ)``, not AdamW)::
+
+        t  ← t + 1                                 (the client's own step count of θ)
+        g  ← g + λ θ
+        m  ← β₁ m + (1 − β₁) g
+        v  ← β₂ v + (1 − β₂) g²
+        θ  ← θ − lr / (1 − β₁ᵗ) · m / (√v / √(1 − β₂ᵗ) + ε)
+
+    with ``lr`` the parameter's rate (:meth:`FederatedMethod.lr`, ``lr_decay`` included), now
+    read as Adam's step size. What the engine does with it:
+
+    * **Fresh state every round.** A client builds its Adam (``m = v = 0``, ``t = 0``) at the
+      start of each round in which it is selected, as FL code that creates the optimiser
+      inside local training does: nothing of Adam persists across rounds, and the server
+      never sees the moments. Downloaded (public) and private parameters are stepped by the
+      same per-client Adam.
+    * **Only real steps count.** A client steps only on the local steps where it has a batch;
+      a client whose data is exhausted (others still have batches) neither moves nor advances
+      its step count, so bias correction uses its own count. With ``update_steps`` each
+      parameter has its own count, advanced only by the steps of the groups that contain it
+      (one ``torch.optim.Adam`` over all parameters, the others' gradients left ``None``).
+    * **Dense gradients.** A row a client did not use in a step gets a zero gradient, so its
+      moments decay and it keeps moving on its momentum, exactly as ``torch.optim.Adam`` on the
+      client's dense copy of the table. Rows a client never trains on in the round keep
+      ``m = v = 0`` and stay put, so (as with SGD) only its touched rows change and
+      ``upload_mode="rows"`` still sends everything that moved, **except with**
+      ``weight_decay > 0``: the decay term ``λ θ`` reaches every row of every row table the
+      client holds, so every row moves and is uploaded (the batched executor then keeps
+      whole-table copies, ``C × I × d`` values per chunk as with full-support gradient noise,
+      and ``upload_mode="rows"`` is refused).
+    * **Clipping and gradient noise** act on the gradient first; Adam consumes the clipped,
+      noised gradient (post-processing: the DP guarantee of :class:`GradientNoise` is unchanged).
+
+    Attributes:
+        name: ``"sgd"`` or ``"adam"``.
+        weight_decay: L2 coefficient ``λ ≥ 0`` added to the gradient (Adam only).
+        betas: ``(β₁, β₂)``, each in ``[0, 1)`` (Adam only).
+        eps: ``ε > 0`` (Adam only; ``0`` would give ``0 / 0`` on rows whose moments are zero).
+    """
+
+    name: str = "sgd"
+    weight_decay: float = 0.0
+    betas: Tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.name not in LOCAL_OPTIMIZERS:
+            raise ValueError(f"unknown local optimizer {self.name!r}; expected one of {LOCAL_OPTIMIZERS}")
+        decay = float(self.weight_decay)
+        if not math.isfinite(decay) or decay < 0:
+            raise ValueError(f"weight_decay must be a finite number >= 0, got {self.weight_decay!r}")
+        if decay > 0 and self.name != "adam":
+            raise ValueError(f"weight_decay={self.weight_decay} is only supported with the 'adam' local optimizer")
+        try:
+            betas = tuple(float(b) for b in self.betas)
+        except (TypeError, ValueError):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}") from None
+        if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        eps = float(self.eps)
+        if not math.isfinite(eps) or eps <= 0:
+            raise ValueError(f"eps must be a finite number > 0, got {self.eps!r}")
+        object.__setattr__(self, "betas", betas)  # accept a list, store a hashable tuple
+
+    @classmethod
+    def of(cls, value: Union[str, "LocalOptimizer"]) -> "LocalOptimizer":
+        """``"sgd"`` / ``"adam"`` (default settings) or a :class:`LocalOptimizer` as it is."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(value)
+        raise TypeError(f"optimizer must be 'sgd', 'adam' or a LocalOptimizer, got {type(value).__name__}")
+
+    @property
+    def is_adam(self) -> bool:
+        return self.name == "adam"
+
+
+def masked_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                     step: torch.Tensor, mask: torch.Tensor, *, lr: float, betas: Tuple[float, float] = (0.9, 0.999),
+                     eps: float = 1e-8, weight_decay: float = 0.0, owner: Optional[torch.Tensor] = None) -> None:
+    """One Adam step of many clients' stacked tensors, in place; masked clients are left alone.
+
+    Elementwise ``torch.optim.Adam`` (L2 weight decay, see :class:`LocalOptimizer`) with a
+    step count per client, so stacking clients changes nothing: row ``n`` is updated exactly
+    as ``torch.optim.Adam`` would update it in client ``owner[n]``'s own optimiser.
+
+    Args:
+        param: ``(N, ...)`` parameters; row ``n`` belongs to client ``owner[n]``.
+        grad: ``(N, ...)`` gradients (zero on rows the client did not use in this step).
+        exp_avg, exp_avg_sq: ``(N, ...)`` first and second moments (zeros when fresh).
+        step: ``(C,) int64`` step count of each client for this tensor, advanced by one for
+            the clients in ``mask``.
+        mask: ``(C,) bool``, the clients that step. The others (e.g. clients whose local data
+            is exhausted) keep their parameters, moments and step count unchanged.
+        lr, betas, eps, weight_decay: as ``torch.optim.Adam``.
+        owner: ``(N,) int64`` client of each row (e.g. the ragged local rows of an item
+            table); ``None``: ``N == C``, row ``c`` is client ``c``'s.
+    """
+    beta1, beta2 = betas
+    step += mask.to(step.dtype)
+    rows_step = mask if owner is None else mask[owner]  # (N,) bool
+    count = step if owner is None else step[owner]  # (N,)
+    shape = (-1,) + (1,) * (param.dim() - 1)
+    keep = rows_step.view(shape)
+    if weight_decay != 0:
+        grad = grad.add(param, alpha=weight_decay)
+    everyone = bool(rows_step.all())  # the common case: in-place updates, no masking copies
+    if everyone:
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    else:
+        exp_avg.copy_(torch.where(keep, exp_avg.lerp(grad, 1 - beta1), exp_avg))
+        exp_avg_sq.copy_(torch.where(keep, exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2), exp_avg_sq))
+    # Bias corrections for every count in use, computed in Python floats as torch.optim.Adam
+    # does for its scalar step (so the numbers match it), then looked up per row.
+    top = int(count.max()) if count.numel() else 0
+    counts = range(top + 1)
+    step_size = torch.tensor([lr / (1 - beta1 ** max(t, 1)) for t in counts], dtype=param.dtype, device=param.device)
+    bias2_sqrt = torch.tensor([(1 - beta2 ** max(t, 1)) ** 0.5 for t in counts], dtype=param.dtype,
+                              device=param.device)
+    denom = (exp_avg_sq.sqrt() / bias2_sqrt[count].view(shape)).add_(eps)
+    if everyone:
+        param.sub_(step_size[count].view(shape) * exp_avg / denom)
+    else:
+        param.sub_(torch.where(keep, step_size[count].view(shape) * exp_avg / denom, 0.0))
+
+
 @dataclass(frozen=True)
 class FederatedMethod:
     """See the module docstring.
 
     Attributes:
         model: the backbone (roles and logits of its parameters).
-        learning_rates: SGD step size per parameter name (every trainable parameter).
+        learning_rates: step size per parameter name (every trainable parameter): SGD's
+            learning rate, or Adam's step size with ``optimizer="adam"``.
         lr_decay: every learning rate is multiplied by this after each round, i.e. round ``t``
             (0-based) uses ``lr × lr_decay**t`` (FedRKG: 0.99 on Amazon-Video, 1.0 elsewhere).
         update_steps: parameter groups stepped one after another on each batch, the loss
@@ -259,6 +404,11 @@ class FederatedMethod:
             and rules out full-support noise (rows that are not sent cannot carry noise).
         gradient_noise: clipping plus Gaussian noise in every local step (DP-SGD at the
             client level, FedRKG's LDP); ``None`` = none. See :class:`GradientNoise`.
+        optimizer: the clients' local optimiser: ``"sgd"`` (default), ``"adam"`` or a
+            :class:`LocalOptimizer` (Adam's betas, eps, weight decay); a string is stored as
+            ``LocalOptimizer(name)``. Adam composes with every other option (clipping and
+            gradient noise act on the gradient before Adam; each ``update_steps`` group steps
+            its own parameters); see :class:`LocalOptimizer` for its per-round semantics.
     """
 
     model: FederatedModel
@@ -274,8 +424,10 @@ class FederatedMethod:
     upload_noise: Optional[UploadNoise] = None
     upload_mode: str = "full"
     gradient_noise: Optional[GradientNoise] = None
+    optimizer: Union[str, LocalOptimizer] = "sgd"
 
     def __post_init__(self):
+        object.__setattr__(self, "optimizer", LocalOptimizer.of(self.optimizer))
         if self.upload_mode not in UPLOAD_MODES:
             raise ValueError(f"upload_mode must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
         if self.upload_noise is not None and not isinstance(self.upload_noise, UploadNoise):
@@ -293,6 +445,15 @@ class FederatedMethod:
             if unknown:
                 raise ValueError(f"update_steps names unknown parameters {sorted(unknown)}")
         self._check_gradient_noise(names)
+        if self.optimizer.is_adam:
+            negative = sorted(name for name, rate in self.learning_rates.items() if float(rate) < 0)
+            if negative:
+                raise ValueError(f"Adam step sizes must be >= 0, got negative learning_rates for {negative}")
+        if self.upload_mode == "rows" and self.decays_every_row:
+            raise ValueError(
+                f"upload_mode='rows' sends only the touched rows, but Adam's weight_decay="
+                f"{self.optimizer.weight_decay} changes every row of {list(self.model.names('public_rows'))}: "
+                "use weight_decay=0 or upload_mode='full'")
 
     def _check_gradient_noise(self, names) -> None:
         noise = self.gradient_noise
@@ -371,32 +532,64 @@ class FederatedMethod:
         covered = set(self.gradient_noise_names)
         return sum(1 for group in self.steps if covered & set(group))
 
+    @property
+    def decays_every_row(self) -> bool:
+        """Whether Adam's L2 weight decay moves every row of the stepped row tables.
+
+        The decay term ``λ θ`` is part of the gradient of every row the client holds, so
+        with ``weight_decay > 0`` a client changes whole tables, not only its touched rows.
+        """
+        if not (self.optimizer.is_adam and float(self.optimizer.weight_decay) > 0.0):
+            return False
+        stepped = {name for group in self.steps for name in group}
+        return any(name in stepped for name in self.model.row_names)
+
     def uploads_every_row(self, name: str) -> bool:
         """Whether a client's upload of ``public_rows`` table ``name`` changes every row.
 
-        True with full-support upload noise, or full-support gradient noise (multiplier > 0)
-        on that table; otherwise only the rows the client trained on change.
+        True with full-support upload noise, full-support gradient noise (multiplier > 0)
+        on that table, or Adam weight decay on a stepped table; otherwise only the rows the
+        client trained on change.
         """
         if self.adds_upload_noise and self.upload_noise.support == "full":
+            return True
+        if self.decays_every_row and any(name in group for group in self.steps):
             return True
         return (self.adds_gradient_noise and self.gradient_noise.support == "full"
                 and name in self.gradient_noise_names)
 
     @property
     def is_plain(self) -> bool:
-        """Default loss, one step on all parameters, no clipping or gradient noise (enables analytic kernels)."""
+        """Default loss, one step on all parameters, SGD, no clipping or gradient noise (enables analytic kernels)."""
         return (self.client_loss is bce_client_loss and self.update_steps is None and self.grad_clip_norm is None
-                and self.gradient_noise is None)
+                and self.gradient_noise is None and not self.optimizer.is_adam)
 
 
 # -- factories with the learning-rate schemes of the papers' public code ------------------------
+def _uses_adam(kwargs) -> bool:
+    return LocalOptimizer.of(kwargs.get("optimizer", "sgd")).is_adam
+
+
 def fedmf_method(model: FedMF, lr: float = 1.0, **kwargs) -> FederatedMethod:
-    """FedMF with F3CRec's scheme: user lr = ``lr``, item lr = ``lr × num_items``; uniform mean."""
+    """FedMF with F3CRec's scheme: user lr = ``lr``, item lr = ``lr × num_items``; uniform mean.
+
+    With ``optimizer="adam"`` (or an Adam :class:`LocalOptimizer`) every parameter gets step
+    size ``lr``: the ``× num_items`` factor compensates SGD's small per-row item gradients,
+    and Adam's steps do not scale with the gradient.
+    """
+    if _uses_adam(kwargs):
+        return FederatedMethod(model, {"user_emb": lr, "item_emb": lr}, name="FedMF", **kwargs)
     return FederatedMethod(model, {"user_emb": lr, "item_emb": lr * model.num_items}, name="FedMF", **kwargs)
 
 
 def fedncf_method(model: FedNCF, lr: float = 0.05, lr_eta: float = 170.0, **kwargs) -> FederatedMethod:
-    """FedNCF with F3CRec's scheme: head (and tower) ``lr``, user ``lr × lr_eta``, items ``lr × I × lr_eta``."""
+    """FedNCF with F3CRec's scheme: head (and tower) ``lr``, user ``lr × lr_eta``, items ``lr × I × lr_eta``.
+
+    With ``optimizer="adam"`` (or an Adam :class:`LocalOptimizer`) every parameter gets step
+    size ``lr`` and ``lr_eta`` is not used (see :func:`fedmf_method`).
+    """
+    if _uses_adam(kwargs):
+        return FederatedMethod(model, {name: lr for name in model.param_kinds}, name="FedNCF", **kwargs)
     rates = {}
     for name, kind in model.param_kinds.items():
         if name.startswith("user_emb"):
