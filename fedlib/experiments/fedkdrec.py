@@ -107,8 +107,8 @@ def family(config: Mapping[str, Any]) -> str:
 
 def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: str = "FedKDRec",
          init: str = "random", lr: Optional[float] = None, alpha: float = 0.5, beta_range=(0.3, 0.7),
-         rounds: Optional[int] = None, eval_every: int = 10, seed: int = 0, client_fraction: float = 0.1,
-         dim: int = 32) -> Dict[str, Any]:
+         rounds: Optional[int] = None, central_epochs: Optional[int] = None, eval_every: int = 10, seed: int = 0,
+         client_fraction: float = 0.1, dim: int = 32) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
@@ -120,7 +120,9 @@ def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: 
         init: ``"random"`` or ``"text"`` (item tables from the side-information autoencoder).
         lr: Adam step size (default :data:`SELECTED` of the family).
         alpha, beta_range: Eq. 4's α and the sample ratio range (FedKDRec only).
-        rounds: communication rounds (default 200); centralised: epochs (default 100).
+        rounds: communication rounds of the federated methods (default 200).
+        central_epochs: epochs of the centralised baselines (default :data:`CENTRAL_EPOCHS`);
+            each method ignores the other's, so one set of keyword arguments serves a grid.
     """
     if method == "PTF-FedRec":
         method, variant = "FedKDRec", "-m-c~s"
@@ -147,8 +149,10 @@ def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: 
               "variant": variant, "init": init, "seed": int(seed), "eval_every": int(eval_every), "dim": int(dim),
               "client_fraction": float(client_fraction), "weight_decay": WEIGHT_DECAY}
     config["lr"] = float(lr if lr is not None else SELECTED[family(config)])
-    default_rounds = CENTRAL_EPOCHS if method == "Centralized" else 200
-    config["rounds"] = int(rounds if rounds is not None else default_rounds)
+    if method == "Centralized":
+        config["rounds"] = int(central_epochs if central_epochs is not None else CENTRAL_EPOCHS)
+    else:
+        config["rounds"] = int(rounds if rounds is not None else 200)
     if method == "FedKDRec":
         lo, hi = (float(b) for b in beta_range)
         config.update(alpha=float(alpha), beta_range=[lo, hi])
