@@ -110,3 +110,20 @@ def test_cache_files_are_complete_json(tmp_path):
         assert name.endswith(".json") and not name.startswith(".")
         entry = json.loads((tmp_path / name).read_text())
         assert entry["config_hash"] == name[:-5] and "result" in entry and entry["wall_time_s"] >= 0
+
+
+def test_a_cell_finished_by_another_process_meanwhile_is_skipped(tmp_path):
+    """Two processes share a cache: a cell the other one finished while this grid ran is not rerun."""
+    cache = ResultCache(tmp_path)
+    other = ResultCache(tmp_path)  # the second process's view of the same directory
+    ran = []
+
+    def fn(config):
+        ran.append(config["x"])
+        if config["x"] == 1:  # while cell 1 trains, the other process finishes cell 3
+            other.put({"x": 3}, {"y": 30})
+        return {"y": config["x"] * 10}
+
+    frame = cache.run_grid([{"x": 1}, {"x": 2}, {"x": 3}], fn, progress=False)
+    assert ran == [1, 2]
+    assert frame["y"].tolist() == [10, 20, 30]

@@ -564,7 +564,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                      description="Run parts of the FedKDRec paper-profile grid (resumable).")
     parser.add_argument("parts", nargs="+", choices=PARTS)
     parser.add_argument("--dataset", default="ML-100K", choices=list(DATASETS))
-    parser.add_argument("--methods", nargs="+", default=None, help="keep only cells with these row labels")
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="keep only cells with these row labels (FedKDRec, PTF-FedRec, -m, w/o R_i, FedMF, ...)")
     parser.add_argument("--backbones", nargs="+", default=None, choices=list(BACKBONES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],
                         help="run every selected cell with each of these seeds (Tables 1-2: 0 1 2 3 4)")
@@ -573,16 +574,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--worker", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--reverse", action="store_true",
+                        help="walk the cells backwards: a second process sharing the cache meets the first halfway")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cells: List[Dict[str, Any]] = []
     for part in args.parts:
         cells += grid_cells(part, args.dataset)
     if args.methods:
-        cells = [c for c in cells if method_label(c) in args.methods or c["method"] in args.methods]
+        cells = [c for c in cells if method_label(c) in args.methods]
     if args.backbones:
         cells = [c for c in cells if c["backbone"] is None or c["backbone"] in args.backbones]
     cells = [{**c, "seed": seed} for seed in args.seeds for c in cells]
+    if args.reverse:
+        cells = unique_cells(cells)[::-1]
     run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
 
 

@@ -101,7 +101,9 @@ class ResultCache:
         Finished cells are skipped; each new result is saved as soon as ``fn`` returns, so
         an exception (or a kill) in one cell loses only that cell, and calling
         ``run_grid`` again runs just the missing ones. A configuration listed twice is run
-        once. ``on_new_result(config, result, wall_time_s)`` is called for each new result
+        once. Each cell is looked up again just before it runs, so several processes sharing
+        the cache directory (e.g. one walking the grid forwards, one backwards) skip what the
+        others finished. ``on_new_result(config, result, wall_time_s)`` is called for each new result
         *before* it is cached (use it to :func:`~fedlib.reporting.results.append_run`): a
         cell that is in the cache then always has its run record.
 
@@ -124,6 +126,9 @@ class ResultCache:
             unit="cell",
         ) as bar:
             for config in pending.values():
+                if self.contains(config):  # finished meanwhile by another process sharing the cache
+                    bar.update(1)
+                    continue
                 started = time.perf_counter()
                 result = fn(config)
                 wall_time_s = time.perf_counter() - started
