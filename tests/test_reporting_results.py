@@ -246,3 +246,17 @@ def test_atomic_writer_keeps_the_old_file_when_the_block_raises(tmp_path):
             raise RuntimeError("interrupted")
     assert target.read_text() == "old"
     assert os.listdir(tmp_path) == ["x.txt"]
+
+
+def test_cell_index_maps_every_recorded_seed_of_a_cell_to_its_keys():
+    from types import SimpleNamespace
+
+    from fedlib.reporting.results import cell_index, recorded_seeds
+
+    assert recorded_seeds([]) == [0]
+    records = [SimpleNamespace(seed=s) for s in (3, 1, 3)]
+    assert recorded_seeds(records) == [1, 3]
+    cell = {"method": "FedMF", "seed": 0}
+    index = cell_index(records, [({"row": "a"}, cell)])
+    assert index == {config_hash({"method": "FedMF", "seed": 1}): {"row": "a"},
+                     config_hash({"method": "FedMF", "seed": 3}): {"row": "a"}}

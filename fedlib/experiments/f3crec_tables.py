@@ -18,7 +18,8 @@ from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, BACKBONES, DATASETS, M
                                        PAPER, SENSITIVITY_GRID, cell, eps_scale)
 from fedlib.metrics import paired_ttest
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
-from fedlib.reporting.results import config_hash, latest_records
+from fedlib.reporting.results import (cell_index as _cell_index, recorded_seeds as _seeds, config_hash,
+                                      latest_records)
 
 __all__ = ["data_statistics_records", "table1", "table2", "ablation_table", "user_tables", "table7", "table8",
            "all_tables", "improvement_over_second_best", "sensitivity_frame", "significance"]
@@ -37,17 +38,6 @@ def _lookup(records) -> Dict[str, Any]:
     return latest_records(records)
 
 
-def _seeds(records) -> List[int]:
-    return sorted({int(r.seed) for r in records}) or [0]
-
-
-def _cell_index(records, cells: Iterable[tuple[dict, dict]]) -> Dict[str, dict]:
-    """config hash -> table keys, for every (keys, cell config) pair and every recorded seed."""
-    index = {}
-    for seed in _seeds(records):
-        for keys, config in cells:
-            index[config_hash({**config, "seed": seed})] = keys
-    return index
 
 
 def _aggregate(records, index: Mapping[str, dict], metric_cells: Callable[[str], Optional[dict]]) -> pd.DataFrame:

@@ -51,6 +51,7 @@ from fedlib.device import default_device
 from fedlib.engine import CommunicationLedger, FederatedConfig, fedmf_method, fedncf_method, run_federated
 from fedlib.engine.method import LocalOptimizer
 from fedlib.engine.plan import round_generator
+from fedlib.experiments import grid
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
 from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.methods.fedkdrec import VARIANTS, FedKDRecConfig, train_fedkdrec
@@ -498,49 +499,22 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cach
 
     A fresh clone resumes from the committed ``results/fedkdrec[/profile]/runs.jsonl``.
     """
-    from fedlib.reporting import ResultCache, append_run
-    from fedlib.reporting.cache import restore_cache_from_records
-
-    cells = [c for i, c in enumerate(unique_cells(cells)) if i % workers == worker]
-    cache = ResultCache(Path(cache_dir) / profile)
-    restore_cache_from_records(cache, PAPER, profile)
-
-    def record(config, result, wall):
-        append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
-
-    return cache.run_grid(cells, lambda c: run_cell(c), progress=progress, on_new_result=record,
-                          description=f"fedkdrec {profile} worker {worker}/{workers}")
+    return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
+                                  workers=workers, progress=progress)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:
-    """What the notebook calls: train each cell (with a progress bar) and record it at ``profile``.
+    """What the notebook calls: train each cell (progress bars) and record it at ``profile``.
 
     ``paper``: through :func:`run_grid` (recorded cells are not trained again). Otherwise each
     cell is trained live and appended to ``results/fedkdrec/<profile>/runs.jsonl``. Returns one
     ``{"config", "metrics", "extra"}`` per cell, in order.
     """
-    from tqdm.auto import tqdm
+    return grid.run_cells(PAPER, cells, profile, _train, method_label, description)
 
-    from fedlib.reporting import append_run, read_runs
-    from fedlib.reporting.results import latest_records
 
-    if profile == "paper":
-        run_grid(cells, profile)
-        known = latest_records(read_runs(PAPER, profile))
-        return [{**known[config_hash(c)].result(), "config": dict(c)} for c in cells]
-    out, done = [], {}
-    for config in tqdm(list(cells), desc=description, unit="cell"):
-        key = config_hash(config)
-        if key not in done:
-            started = time.perf_counter()
-            bar = tqdm(total=config["rounds"], desc=method_label(config), unit="round", leave=False)
-            result = run_cell(config, progress=lambda r: bar.update(1))
-            bar.close()
-            append_run(PAPER, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
-                       extra=result["extra"])
-            done[key] = result
-        out.append({"config": dict(config), **done[key]})
-    return out
+def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
+    return run_cell(config, progress=progress)
 
 
 def selected_from_records(records) -> Dict[str, float]:

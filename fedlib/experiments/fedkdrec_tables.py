@@ -59,7 +59,8 @@ from fedlib.experiments.fedkdrec import (ALPHAS, BACKBONES, BETA_RANGES, OFFLINE
                                          load_split, method_label)
 from fedlib.methods.fedkdrec import VARIANTS
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
-from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records
+from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
+                                      config_hash, latest_records)
 
 __all__ = ["PAPER_DATASETS", "SAMPLED", "FULL", "PROTOCOLS", "METRICS", "BYTES_PER_UNIT", "data_statistics_records",
            "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims",
@@ -112,17 +113,6 @@ def _missing_note(row: pd.Series) -> str:
     return "not run at this profile"
 
 
-def _seeds(records) -> List[int]:
-    return sorted({int(r.seed) for r in records}) or [0]
-
-
-def _index(records, pairs: Iterable[tuple]) -> Dict[str, dict]:
-    """config hash -> table keys for every (keys, cell) pair and every recorded seed."""
-    out = {}
-    for seed in _seeds(records):
-        for keys, config in pairs:
-            out[config_hash({**config, "seed": seed})] = keys
-    return out
 
 
 def _score_cells(protocols: Sequence[str] = PROTOCOLS, with_protocol: bool = True):

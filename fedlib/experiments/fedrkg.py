@@ -49,6 +49,7 @@ from fedlib.device import default_device
 from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, fedmf_method, fedncf_method,
                            personal_table_method, pfedrec_method, run_federated, union_pairs)
 from fedlib.engine.method import GradientNoise
+from fedlib.experiments import grid
 from fedlib.metrics import DivergedModelError, mean_over_users
 from fedlib.models.guided import GUIDED_BACKBONES
 from fedlib.reporting.results import config_hash
@@ -780,18 +781,8 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cach
     A fresh clone resumes from the committed ``results/fedrkg[/profile]/runs.jsonl``: recorded
     cells are restored into the cache and not trained again.
     """
-    from fedlib.reporting import ResultCache, append_run
-    from fedlib.reporting.cache import restore_cache_from_records
-
-    cells = [c for i, c in enumerate(cells) if i % workers == worker]
-    cache = ResultCache(Path(cache_dir) / profile)
-    restore_cache_from_records(cache, PAPER, profile)
-
-    def record(config, result, wall):
-        append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
-
-    return cache.run_grid(cells, lambda c: _compact(run_cell(c)), progress=progress, on_new_result=record,
-                          description=f"fedrkg {profile} worker {worker}/{workers}")
+    return grid.run_recorded_grid(PAPER, cells, _train, profile, cache_dir=cache_dir, worker=worker,
+                                  workers=workers, progress=progress)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells",
@@ -802,28 +793,11 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str
     cell is trained live and appended to ``results/fedrkg/<profile>/runs.jsonl``. Returns one
     ``{"config", "metrics", "extra"}`` per cell, in order.
     """
-    from tqdm.auto import tqdm
+    return grid.run_cells(PAPER, cells, profile, _train, method_label, description)
 
-    from fedlib.reporting import append_run, read_runs
-    from fedlib.reporting.results import latest_records
 
-    if profile == "paper":
-        run_grid(cells, profile)
-        known = latest_records(read_runs(PAPER, profile))
-        return [{**known[config_hash(c)].result(), "config": dict(c)} for c in cells]
-    out, done = [], {}
-    for config in tqdm(list(cells), desc=description, unit="cell"):
-        key = config_hash(config)
-        if key not in done:
-            started = time.perf_counter()
-            bar = tqdm(total=config["rounds"], desc=method_label(config), unit="round", leave=False)
-            result = _compact(run_cell(config, progress=lambda record: bar.update(1)))
-            bar.close()
-            append_run(PAPER, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
-                       extra=result["extra"])
-            done[key] = result
-        out.append({"config": dict(config), **done[key]})
-    return out
+def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
+    return _compact(run_cell(config, progress=progress))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

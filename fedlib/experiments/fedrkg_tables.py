@@ -26,7 +26,8 @@ import pandas as pd
 from fedlib.experiments.fedrkg import (ABLATION_DATASETS, CENTRALISED, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
                                        PAPER, SAMPLERS, cell, load_split, method_label, probe_cells)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
-from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records
+from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
+                                      config_hash, latest_records)
 
 __all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
            "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame", "strength_frame"]
@@ -43,17 +44,6 @@ def _missing_note(row: pd.Series) -> str:
     return "not run at this profile"
 
 
-def _seeds(records) -> List[int]:
-    return sorted({int(r.seed) for r in records}) or [0]
-
-
-def _index(records, pairs: Iterable[tuple]) -> Dict[str, dict]:
-    """config hash -> table keys for every (keys, cell) pair and every recorded seed."""
-    out = {}
-    for seed in _seeds(records):
-        for keys, config in pairs:
-            out[config_hash({**config, "seed": seed})] = keys
-    return out
 
 
 def _metric_cells(name: str) -> Optional[dict]:

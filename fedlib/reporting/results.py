@@ -412,6 +412,26 @@ def latest_records(records: Iterable[RunRecord]) -> dict[str, RunRecord]:
     return latest
 
 
+def recorded_seeds(records: Iterable[RunRecord]) -> list[int]:
+    """The seeds present in ``records``, sorted (``[0]`` when there is none)."""
+    return sorted({int(record.seed) for record in records}) or [0]
+
+
+def cell_index(records: Sequence[RunRecord], pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+               ) -> dict[str, Mapping[str, Any]]:
+    """Run id -> table keys, for every ``(keys, cell config)`` pair at every seed in ``records``.
+
+    Paper grids build a cell without a seed-specific key besides ``seed``; this maps each
+    recorded seed's run of the cell to the cell's table keys (for :func:`aggregate_runs`).
+    """
+    pairs = list(pairs)
+    index: dict[str, Mapping[str, Any]] = {}
+    for seed in recorded_seeds(records):
+        for keys, config in pairs:
+            index[config_hash({**config, "seed": seed})] = keys
+    return index
+
+
 def aggregate_runs(
     records: Iterable[RunRecord],
     cell_of: Callable[[RunRecord], Optional[Mapping[str, Any]]],

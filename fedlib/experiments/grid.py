@@ -1,0 +1,76 @@
+"""Running a paper's cells: the resumable recorded grid and the notebooks' live runs.
+
+Both paths train a cell with the paper module's ``run_cell`` and append the result to
+``results/<paper>[/<profile>]/runs.jsonl`` (:func:`~fedlib.reporting.append_run`):
+
+* :func:`run_recorded_grid` (``paper`` profile, command line): skips every cell already in
+  the cache, which a fresh clone restores from the committed ``runs.jsonl``; a worker takes
+  every ``workers``-th cell, and processes sharing the cache skip what the others finished;
+* :func:`run_cells` (notebooks): ``paper`` goes through the recorded grid; other profiles
+  train each cell live with a progress bar, once per distinct configuration.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+
+import pandas as pd
+
+from fedlib.reporting.results import config_hash
+
+__all__ = ["run_recorded_grid", "run_cells"]
+
+#: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
+Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
+
+
+def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
+                      cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
+    """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl."""
+    from fedlib.reporting import ResultCache, append_run
+    from fedlib.reporting.cache import restore_cache_from_records
+
+    distinct = list({config_hash(c): c for c in cells}.values())
+    mine = [c for i, c in enumerate(distinct) if i % workers == worker]
+    cache = ResultCache(Path(cache_dir) / profile)
+    restore_cache_from_records(cache, paper, profile)
+
+    def record(config, result, wall):
+        append_run(paper, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
+
+    return cache.run_grid(mine, lambda c: train(c, None), progress=progress, on_new_result=record,
+                          description=f"{paper} {profile} worker {worker}/{workers}")
+
+
+def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, train: Train,
+              label: Callable[[Mapping[str, Any]], str], description: str = "cells", *,
+              cache_dir: Optional[Path] = None) -> List[Dict[str, Any]]:
+    """Train each cell (progress bars) and record it at ``profile``; one ``{"config", "metrics", "extra"}`` per cell.
+
+    ``paper``: through :func:`run_recorded_grid` (recorded cells are not trained again), then
+    read back from the records. Otherwise each distinct cell is trained live and appended to
+    ``results/<paper>/<profile>/runs.jsonl``.
+    """
+    from tqdm.auto import tqdm
+
+    from fedlib.reporting import append_run, read_runs
+    from fedlib.reporting.results import latest_records
+
+    if profile == "paper":
+        run_recorded_grid(paper, cells, train, profile, cache_dir=cache_dir or Path(f".cache/{paper}"))
+        known = latest_records(read_runs(paper, profile))
+        return [{**known[config_hash(c)].result(), "config": dict(c)} for c in cells]
+    out, done = [], {}
+    for config in tqdm(list(cells), desc=description, unit="cell"):
+        key = config_hash(config)
+        if key not in done:
+            started = time.perf_counter()
+            bar = tqdm(total=config["rounds"], desc=label(config), unit="round", leave=False)
+            result = train(config, lambda *_: bar.update(1))
+            bar.close()
+            append_run(paper, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
+                       extra=result["extra"])
+            done[key] = result
+        out.append({"config": dict(config), **done[key]})
+    return out
