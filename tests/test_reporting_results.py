@@ -251,7 +251,7 @@ def test_atomic_writer_keeps_the_old_file_when_the_block_raises(tmp_path):
 def test_cell_index_maps_every_recorded_seed_of_a_cell_to_its_keys():
     from types import SimpleNamespace
 
-    from fedlib.reporting.results import cell_index, recorded_seeds
+    from fedlib.reporting.results import cell_index, config_hash, recorded_seeds
 
     assert recorded_seeds([]) == [0]
     records = [SimpleNamespace(seed=s) for s in (3, 1, 3)]
