@@ -58,7 +58,6 @@ from fedlib.experiments import fedrkg_figures as F
 from fedlib.experiments import fedrkg_tables as T
 from fedlib.methods import fedrkg as G
 from fedlib.reporting import paper_vs_ours, read_runs, recorded_or_none, save_figure, use_style
-from fedlib.reporting.results import latest_records
 
 PAPER = "fedrkg"
 profile = settings.profile
@@ -615,7 +614,7 @@ fnb.record("guidance_strength", strength)
 
 # %%
 def fedrap_rows(records):
-    known = latest_records(records)
+    known = {r.config_hash: r for r in records}
     rows = []
     for dataset in ("FilmTrust", "Amazon-Video"):
         for sampler in ("leaky", "correct"):
