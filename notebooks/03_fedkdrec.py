@@ -669,7 +669,7 @@ fnb.record("traffic", traffic)
 # | evaluation protocol | unstated in the paper. Sampled 1 + 99 reproduces its scale: centralised NeuMF H@10 64.3 % vs the paper's 63.5 %, NeuNCF 63.9 % vs 59.1 %. Full ranking gives 12.8 % for the same model |
 # | centralised baselines | on the paper's scale (N@10 within +4 points) |
 # | FedKDRec vs PTF-FedRec | holds on all three backbones: NeuMF (N@10 29.8 vs 28.7 %), NeuNCF (31.3 vs 26.5 %), LightGCN (26.0 vs 18.3 %); a smaller margin than the paper's on NeuMF, a larger one on LightGCN |
-# | FedKDRec vs parameter transfer | mixed. FedKDRec NeuMF (N@10 29.8 %) beats FedMF (23.2 %) and FedNCF (22.1 %) clearly; FedPerGNN (30.5 %) is level with it |
+# | FedKDRec vs parameter transfer | mixed. FedKDRec NeuMF (N@10 29.8 %) beats FedMF (23.2 %) and FedNCF (22.1 %) clearly; FedPerGNN (30.5 %, H@10 55.9 %) beats FedKDRec on NeuMF and LightGCN and trails it on NeuNCF (31.3 %, 56.5 %) |
 # | federated vs centralised | **differs**. The paper's federated methods match or beat their centralised counterparts (FedKDRec NeuMF N@10 40.0 vs 33.2 %); ours all trail them by 15–40 %, which is what one expects from 10 % participation over 200 rounds. The paper's side-information initialisation is the most likely reason (§5 measures the stand-in) |
 # | LightGCN | the slowest backbone here (a server graph that grows with what clients report); both prediction-transfer methods are weaker on it than on the other two backbones, unlike the paper (PTF-FedRec 18.3 %, FedKDRec 26.0 % N@10; paper 40.8 and 42.4 %) |
 # | Tables 2 and 4, Figures 3–4 | every variant is a flag on one implementation and trained at `quick`; the recorded paper-profile ablations and sweeps fill in run by run (see the recorded tables) |
