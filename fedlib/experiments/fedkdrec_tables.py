@@ -58,6 +58,7 @@ from fedlib.experiments.fedkdrec import (ALPHAS, BACKBONES, BETA_RANGES, OFFLINE
                                          PARAMETER_BASELINE_REFERENCE, TABLE2_VARIANTS, TABLE4_VARIANTS, cell,
                                          load_split, method_label)
 from fedlib.methods.fedkdrec import VARIANTS
+from fedlib.experiments import grid
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
 from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
                                       config_hash, latest_records)
@@ -355,7 +356,7 @@ STATISTICS = {"users": "# Users", "items": "# Items", "interactions": "# Interac
 
 
 def _statistics_config(dataset: str) -> dict:
-    return {"paper": PAPER, "kind": "data_statistics", "dataset": dataset, "seed": 0}
+    return grid.statistics_config(PAPER, dataset)
 
 
 def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
@@ -364,21 +365,7 @@ def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATA
     Metrics: ``users``, ``items``, ``interactions`` (train + valid + test, counts) and
     ``sparsity`` (percent: ``100·(1 − interactions / (users·items))``).
     """
-    known = latest_records(records)
-    out = []
-    for dataset in datasets:
-        config = _statistics_config(dataset)
-        if config_hash(config) in known:
-            out.append(known[config_hash(config)])
-            continue
-        started = time.perf_counter()
-        split = load_split(dataset)
-        interactions = len(split.train) + len(split.valid) + len(split.test)
-        metrics = {"users": float(split.num_users), "items": float(split.num_items),
-                   "interactions": float(interactions),
-                   "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
-        out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
-    return out
+    return grid.record_split_statistics(PAPER, profile, datasets, load_split, records)
 
 
 def table5(records, profile: str) -> pd.DataFrame:

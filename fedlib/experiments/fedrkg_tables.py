@@ -25,6 +25,7 @@ import pandas as pd
 
 from fedlib.experiments.fedrkg import (ABLATION_DATASETS, CENTRALISED, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
                                        PAPER, SAMPLERS, cell, load_split, method_label, probe_cells)
+from fedlib.experiments import grid
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
 from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
                                       config_hash, latest_records)
@@ -106,21 +107,7 @@ STATISTICS = {"users": "#users", "items": "#items", "interactions": "#interactio
 
 def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
     """Record each dataset's statistics (after the protocol's filters) as a run, once."""
-    known = latest_records(records)
-    out = []
-    for dataset in datasets:
-        config = {"paper": PAPER, "kind": "data_statistics", "dataset": dataset, "seed": 0}
-        if config_hash(config) in known:
-            out.append(known[config_hash(config)])
-            continue
-        started = time.perf_counter()
-        split = load_split(dataset)
-        interactions = len(split.train) + len(split.valid) + len(split.test)
-        metrics = {"users": float(split.num_users), "items": float(split.num_items),
-                   "interactions": float(interactions),
-                   "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
-        out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
-    return out
+    return grid.record_split_statistics(PAPER, profile, datasets, load_split, records)
 
 
 def tableC1(records, profile: str) -> pd.DataFrame:

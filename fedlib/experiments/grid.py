@@ -19,7 +19,7 @@ import pandas as pd
 
 from fedlib.reporting.results import config_hash
 
-__all__ = ["run_recorded_grid", "run_cells"]
+__all__ = ["run_recorded_grid", "run_cells", "statistics_config", "record_split_statistics"]
 
 #: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
 Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
@@ -73,4 +73,35 @@ def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, trai
                        extra=result["extra"])
             done[key] = result
         out.append({"config": dict(config), **done[key]})
+    return out
+
+
+def statistics_config(paper: str, dataset: str) -> Dict[str, Any]:
+    """The run configuration under which a dataset's statistics are recorded."""
+    return {"paper": paper, "kind": "data_statistics", "dataset": dataset, "seed": 0}
+
+
+def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], load_split, records=()) -> list:
+    """Record each dataset's split statistics as a run, once (so every table value has a run record).
+
+    Metrics: ``users``, ``items``, ``interactions`` (train + valid + test) and ``sparsity``
+    (percent: ``100·(1 − interactions / (users·items))``). Returns one record per dataset.
+    """
+    from fedlib.reporting import append_run
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(records)
+    out = []
+    for dataset in datasets:
+        config = statistics_config(paper, dataset)
+        if config_hash(config) in known:
+            out.append(known[config_hash(config)])
+            continue
+        started = time.perf_counter()
+        split = load_split(dataset)
+        interactions = len(split.train) + len(split.valid) + len(split.test)
+        metrics = {"users": float(split.num_users), "items": float(split.num_items),
+                   "interactions": float(interactions),
+                   "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
+        out.append(append_run(paper, profile, config, 0, metrics, time.perf_counter() - started))
     return out
