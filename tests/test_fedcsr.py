@@ -81,9 +81,49 @@ def test_first_b_item_is_b_in_every_index_space():
     with torch.no_grad():
         model.head_b.weight.zero_()
         model.head_b.bias.copy_(torch.tensor([50.0, -50.0]))
-        terms = M.prediction_loss(model.logits(*model.represent(b.inputs)[:3]), b)
+        terms = M.prediction_loss((model.head_a, model.head_b), *model.represent(b.inputs)[:3], b)
     assert terms["unified_b"].item() < 1e-6
     assert model.head_a.out_features == NA and model.head_b.out_features == NB
+
+
+def test_prediction_loss_on_gathered_rows_equals_the_full_logit_cross_entropy():
+    """Eq. 17 computed only at target positions equals CE over Eq. 16's full (B, L, |V|) logits."""
+    _, seqs, model = _tiny()
+    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    model.eval()
+    with torch.no_grad():
+        h_cross, h_a, h_b = model.represent(batch.inputs)[:3]
+        full = model.logits(h_cross, h_a, h_b)
+        terms = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch)
+    targets = {"single": ("next_a", "next_b"), "cross": ("next_a", "next_b"), "unified": ("unified_a", "unified_b")}
+    assert set(terms) == {f"{k}_{d}" for k in targets for d in "ab"}
+    for kind, (ta, tb) in targets.items():
+        for d, t in (("a", ta), ("b", tb)):
+            mask = getattr(batch, t + "_mask")
+            assert mask.any()
+            expected = torch.nn.functional.cross_entropy(full[f"{kind}_{d}"][mask], getattr(batch, t)[mask])
+            torch.testing.assert_close(terms[f"{kind}_{d}"], expected)
+    empty = M.head_cross_entropy(model.head_a, h_a, batch.next_a, torch.zeros_like(batch.next_a_mask))
+    assert empty.item() == 0.0
+
+
+def test_sampled_softmax_over_every_item_equals_the_full_softmax_and_needs_an_rng():
+    _, seqs, model = _tiny()
+    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    h = torch.randn(*batch.next_a.shape, 8)
+    full = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask)
+    every = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.arange(NA))
+    torch.testing.assert_close(every, full)                  # the target's own column is masked out of the negatives
+    few = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.tensor([0]))
+    assert few.item() < full.item()                          # fewer competitors → smaller loss
+    negs = M.draw_negatives(NA, NB, 2, np.random.default_rng(0), "cpu")
+    assert negs[0].max() < NA and negs[1].max() < NB and len(negs[0]) == 2
+    assert M.draw_negatives(NA, NB, None, np.random.default_rng(0), "cpu") is None
+    cfg = M.FedCSRConfig(dim=8, maxlen=6, sampled_negatives=2, use_mcl=False, use_scl=False)
+    with pytest.raises(ValueError, match="rng"):
+        M.fedcsr_loss(model, batch, config=cfg)
+    with pytest.raises(ValueError, match="sampled_negatives"):
+        M.FedCSRConfig(sampled_negatives=0)
 
 
 # ----------------------------------------------------------------------------- graphs

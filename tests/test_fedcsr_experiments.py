@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import fedlib.experiments.fedcsr as X
+from fedlib.methods.fedcsr import FedCSRModel
 from fedlib.methods.fedcsr_train import METRICS
 from fedlib.reporting.results import config_hash
 
@@ -41,7 +42,11 @@ def test_cells_validate_their_arguments():
 
 def test_cell_defaults_follow_the_paper_and_the_stated_sizes():
     main = X.cell("Food-Kitchen")
-    assert main["dim"] == X.MAIN_DIM == 256 and main["rounds"] == 100 and main["patience"] == 20
+    assert main["dim"] == X.MAIN_DIM == 256 and main["rounds"] == X.ROUNDS == 20 and main["patience"] == 5
+    assert main["sampled_negatives"] == X.SAMPLED_NEGATIVES and X.cell("synthetic")["sampled_negatives"] is None
+    assert X.cell("Food-Kitchen", sampled_negatives=None)["sampled_negatives"] is None
+    with pytest.raises(ValueError, match="sampled_negatives"):
+        X.cell("Food-Kitchen", sampled_negatives=0)
     assert main["alpha"] == 0.3 and main["num_negatives"] == 999 and main["variant"] == "FedCSR"
     base = X.cell("Movie-Book", "C2DSR")
     assert base["dim"] == X.SMALL_DIM == 64 and "variant" not in base and "alpha" not in base
@@ -57,7 +62,7 @@ def test_variants_map_to_flags_of_the_one_implementation():
     assert len(hashes) == len(X.VARIANTS)
     model, train = X.fedcsr_configs(X.cell("Food-Kitchen", variant="w/o SCL & MCL", dim=16))
     assert (model.use_mcl, model.use_scl, model.use_unified, model.use_single) == (False, False, True, True)
-    assert model.dim == 16 and train.rounds == 100 and train.patience == 20
+    assert model.dim == 16 and train.rounds == 20 and train.patience == 5 and model.sampled_negatives == 1000
     model, _ = X.fedcsr_configs(X.cell("Food-Kitchen", variant="w/o unified"))
     assert not model.use_unified and model.use_single and model.use_mcl
     _, train = X.fedcsr_configs(X.cell("Food-Kitchen", variant="code: central graph"))
@@ -68,6 +73,8 @@ def test_variants_map_to_flags_of_the_one_implementation():
     assert train.central_graph and train.shared_optimizer and not (model.use_mcl or model.use_scl)
     model, _ = X.fedcsr_configs(X.cell("Food-Kitchen", alpha=0.7))
     assert model.alpha == 0.7
+    model, _ = X.fedcsr_configs(X.cell("Food-Kitchen", scl_hidden_factor=0.25, dim=64))
+    assert model.scl_hidden_factor == 0.25 and FedCSRModel(3, 2, model).transform[0].out_features == 16
 
 
 def test_parts_have_their_sizes_and_share_cells():
@@ -79,9 +86,11 @@ def test_parts_have_their_sizes_and_share_cells():
     assert all(c["dim"] == 64 for c in table2 if c["method"] in X.BASELINES)
     assert {c["method"] for c in table2} == {"FedCSR", *X.BASELINES}
     assert sorted(c["alpha"] for c in X.grid_cells("alpha")) == list(X.ALPHAS)
-    assert [c["dim"] for c in X.grid_cells("hidden")] == [16, 32, 64, 128, 256]
+    hidden = X.grid_cells("hidden")
+    assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
+    assert {c["dim"] for c in hidden} == {X.SMALL_DIM}
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
-    assert len(X.unique_cells(every)) == 45  # FedCSR@64 / @256 rows are shared between parts
+    assert len(X.unique_cells(every)) == 46  # FedCSR@64 / @256 rows are shared between parts
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("figure9")
 

@@ -166,9 +166,8 @@ class C2DSR(nn.Module):
         """``pred`` (sum of the four CE terms), ``cl_a``, ``cl_b`` and ``total``; all scalars."""
         x = batch.inputs
         h_cross, h_a, h_b = self.encoder(x)                                 # 3 × (B, L, n)
-        logits = {"cross_a": self.head_a(h_a + h_cross), "cross_b": self.head_b(h_b + h_cross),
-                  "unified_a": self.head_a(h_cross), "unified_b": self.head_b(h_cross)}
-        terms = prediction_loss(logits, batch, use_unified=True, use_single=False)
+        terms = prediction_loss((self.head_a, self.head_b), h_cross, h_a, h_b, batch, use_unified=True,
+                                use_single=False)
         parts = {"pred": sum(terms.values())}
         h_star = masked_mean(h_cross, x.pos_cross)                          # (B, n)
         has_a, has_b = (x.pos_a > 0).any(1), (x.pos_b > 0).any(1)           # (B,), (B,)

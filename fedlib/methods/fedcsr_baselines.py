@@ -57,7 +57,7 @@ from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, fedavg, platform_gr
                                          ranks_from_scores, state_bytes)
 
 __all__ = ["FedProxConfig", "BaselineResult", "proximal_term", "local_update", "evaluate_baseline",
-           "masked_cross_entropy", "gather_domain_scores",
+           "gather_domain_scores",
            "train_federated_baseline"]
 
 
@@ -322,13 +322,6 @@ def train_federated_baseline(model_factory: Callable[[], nn.Module], split: Sequ
 
 
 # ----------------------------------------------------------------------------- helpers for the baselines
-def masked_cross_entropy(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean CE over the masked positions (0, still in the graph, when none). logits (B, L, C), target/mask (B, L)."""
-    if not bool(mask.any()):
-        return logits.sum() * 0.0
-    return torch.nn.functional.cross_entropy(logits[mask], target[mask])
-
-
 def gather_domain_scores(logits_a: torch.Tensor, logits_b: torch.Tensor, candidates: torch.Tensor,
                          gt_domain: torch.Tensor, num_items_a: int) -> torch.Tensor:
     """Scores of global candidate ids from per-domain head logits (B, |V^A|), (B, |V^B|) → (B, C).

@@ -61,10 +61,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
+from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, head_cross_entropy
 
 __all__ = ["PiNetConfig", "PiNet", "SharedAccountFilter", "masked_gru", "parallel_targets",
-           "candidate_scores", "masked_ce"]
+           "candidate_scores"]
 
 
 @dataclass(frozen=True)
@@ -126,13 +126,6 @@ def parallel_targets(batch: SequenceBatch) -> Tuple[torch.Tensor, torch.Tensor, 
         carry_a, carry_am, carry_b, carry_bm = na[:, t], ma[:, t], nb[:, t], mb[:, t]
     na, nb = torch.where(ma, na, torch.zeros_like(na)), torch.where(mb, nb, torch.zeros_like(nb))
     return na, ma, nb, mb
-
-
-def masked_ce(logits: torch.Tensor, target: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean CE over masked positions (0 if none). logits (B, L, C), target/mask (B, L)."""
-    if not bool(mask.any()):
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[mask], target[mask])
 
 
 def candidate_scores(logits_a: torch.Tensor, logits_b: torch.Tensor, candidates: torch.Tensor,
@@ -229,9 +222,10 @@ class PiNet(nn.Module):
 
     def loss(self, batch: SequenceBatch) -> torch.Tensor:
         """Eq. 9: next-A and next-B cross-entropy at every prefix (each a mean over its steps)."""
-        logit_a, logit_b = self.logits(batch.inputs)
+        z_a, z_b = self.features(batch.inputs)                             # (B, L, 2n) each
         ta, ma, tb, mb = parallel_targets(batch)
-        return masked_ce(logit_a, ta, ma) + masked_ce(logit_b, tb, mb)
+        return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
+                + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:

@@ -54,8 +54,8 @@ from typing import Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
-from fedlib.methods.pinet import candidate_scores, masked_ce, masked_gru, parallel_targets
+from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, head_cross_entropy
+from fedlib.methods.pinet import candidate_scores, masked_gru, parallel_targets
 
 __all__ = ["PSJNetConfig", "PSJNet", "SplitUnit", "JoinUnit"]
 
@@ -187,9 +187,10 @@ class PSJNet(nn.Module):
 
     def loss(self, batch: SequenceBatch) -> torch.Tensor:
         """Eq. 9: next-A and next-B cross-entropy at every prefix."""
-        logit_a, logit_b = self.logits(batch.inputs)
+        z_a, z_b = self.features(batch.inputs)                             # (B, L, 2n) each
         ta, ma, tb, mb = parallel_targets(batch)
-        return masked_ce(logit_a, ta, ma) + masked_ce(logit_b, tb, mb)
+        return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
+                + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:

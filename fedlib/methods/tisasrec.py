@@ -52,7 +52,8 @@ import torch
 from torch import nn
 
 from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
-from fedlib.methods.fedcsr_baselines import gather_domain_scores, masked_cross_entropy
+from fedlib.methods.fedcsr import head_cross_entropy
+from fedlib.methods.fedcsr_baselines import gather_domain_scores
 
 __all__ = ["TiSASRecConfig", "relation_matrix", "TimeIntervalAttention", "TiSASRec"]
 
@@ -173,8 +174,8 @@ class TiSASRec(nn.Module):
 
     def loss(self, batch: SequenceBatch) -> torch.Tensor:
         h = self.hidden(batch.inputs)                                        # (B, L, n)
-        return (masked_cross_entropy(self.head_a(h), batch.unified_a, batch.unified_a_mask)
-                + masked_cross_entropy(self.head_b(h), batch.unified_b, batch.unified_b_mask))
+        return (head_cross_entropy(self.head_a, h, batch.unified_a, batch.unified_a_mask)
+                + head_cross_entropy(self.head_b, h, batch.unified_b, batch.unified_b_mask))
 
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
         """(B, C) scores of global candidate ids (all of ``gt_domain``) for the item after the history."""
