@@ -133,3 +133,17 @@ def test_sequences_padding_and_subset(food_kitchen):
         assert np.all(padded[r, :8 - tail.size] == food_kitchen.pad_id)
     picked = seqs.subset([5, 2])
     assert picked.sequence(0).tolist() == seqs.sequence(5).tolist() and picked.users.tolist() == seqs.users[[5, 2]].tolist()
+
+
+def test_platform_statistics_add_up_and_show_the_length_ordering(food_kitchen):
+    stats = fedcsr.platform_statistics(food_kitchen)
+    assert list(stats["platform"]) == list(range(1, 11))
+    assert stats["train_sequences"].sum() == len(food_kitchen.train)
+    assert stats["valid"].sum() == len(food_kitchen.valid) and stats["test"].sum() == len(food_kitchen.test)
+    assert stats["share_of_users"].sum() == pytest.approx(100.0, abs=0.1)
+    # platforms are cut from users sorted by sequence length: mean length never decreases
+    assert (np.diff(stats["mean_length"].to_numpy()) >= 0).all()
+    assert (stats["share_Food"].between(0, 100)).all() and (stats["items_seen"] > 0).all()
+    first = food_kitchen.train.subset(food_kitchen.platforms[0])
+    assert stats.loc[0, "popularity_of_top_item"] == pytest.approx(
+        100 * np.bincount(first.items).max() / first.items.size, abs=0.01)

@@ -240,6 +240,42 @@ def statistics(split: SequenceSplit) -> pd.DataFrame:
     }])
 
 
+def platform_statistics(split: SequenceSplit) -> pd.DataFrame:
+    """One row per platform: how the ten platforms differ (the paper's setting, Sec. 3).
+
+    Columns: ``platform`` (1-based, as the paper), ``users`` and ``train_sequences`` (training
+    data), ``share_of_users`` (percent of all training users), ``valid`` / ``test`` (rows held
+    out on that platform), ``mean_length`` (training sequence length, items), ``share_<A>``
+    (percent of the platform's training interactions in domain A), ``items_seen`` (distinct
+    items in its training data) and ``popularity_of_top_item`` (percent of the platform's
+    interactions that go to its most frequent item; a skew measure).
+    """
+    names = split.extra.get("domain_names", ("A", "B"))
+    lengths = split.train.lengths()
+    total_users = max(1, np.unique(split.train.users).size)
+    rows = []
+    for k, platform in enumerate(split.platforms):
+        platform = np.asarray(platform, dtype=np.int64)
+        seqs = split.train.subset(platform)
+        items = seqs.items
+        counts = np.bincount(items) if items.size else np.zeros(1, np.int64)
+        users = np.unique(seqs.users).size
+        rows.append({
+            "platform": k + 1,
+            "users": int(users),
+            "share_of_users": round(100.0 * users / total_users, 2),
+            "train_sequences": int(platform.size),
+            "valid": int(len(split.extra["valid_platforms"][k])) if "valid_platforms" in split.extra else 0,
+            "test": int(len(split.extra["test_platforms"][k])) if "test_platforms" in split.extra else 0,
+            "mean_length": round(float(lengths[platform].mean()), 2) if platform.size else float("nan"),
+            f"share_{names[0]}": round(100.0 * float((items < split.num_items_a).mean()), 1) if items.size
+            else float("nan"),
+            "items_seen": int((counts > 0).sum()),
+            "popularity_of_top_item": round(100.0 * counts.max() / max(1, items.size), 2),
+        })
+    return pd.DataFrame(rows)
+
+
 def _to_sequences(frame: pd.DataFrame) -> Sequences:
     stamps = frame["timestamps"].tolist() if "timestamps" in frame.columns else None
     return Sequences.from_lists(frame["user"].to_numpy(), frame["items"].tolist(), stamps)
