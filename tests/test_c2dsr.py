@@ -1,8 +1,11 @@
 """C2DSR: infomax objective and corruption on toy cases, interface shapes, history dependence, training."""
+import dataclasses
 import math
 
 import numpy as np
+import pytest
 import torch
+import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods import c2dsr as C
@@ -80,6 +83,42 @@ def test_loss_and_score_shapes_and_history_dependence():
         s2 = model.score(changed, cand, dom)
     # the history of row 1 ends in 1 instead of 0 (the last item of a row is its target, not history)
     assert torch.equal(s[0], s2[0]) and not torch.allclose(s[1], s2[1])
+
+
+def test_default_prediction_loss_is_the_full_softmax_of_the_logits():
+    model = _model().eval()
+    batch = make_batch(SEQS, NA, NB, maxlen=6)
+    assert model.config.sampled_negatives is None
+    with torch.no_grad():
+        pred = model.loss_parts(batch)["pred"]
+        h_cross, h_a, h_b = model.encoder(batch.inputs)                     # 3 × (B, L, n)
+        ref = 0.0
+        for head, h, target, mask in ((model.head_a, h_a + h_cross, batch.next_a, batch.next_a_mask),
+                                      (model.head_b, h_b + h_cross, batch.next_b, batch.next_b_mask),
+                                      (model.head_a, h_cross, batch.unified_a, batch.unified_a_mask),
+                                      (model.head_b, h_cross, batch.unified_b, batch.unified_b_mask)):
+            ref = ref + F.cross_entropy(head(h)[mask], target[mask])       # full (B, L, |V^d|) logits
+    assert torch.allclose(pred, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_sampled_softmax_over_every_item_is_the_full_softmax():
+    batch = make_batch(SEQS, NA, NB, maxlen=6)
+    full = _model().eval()
+    model = C.C2DSR(NA, NB, dataclasses.replace(full.config, sampled_negatives=1)).eval()
+    model.set_graphs(transition_graphs(SEQS, NA, NB))
+    every = (torch.arange(NA), torch.arange(NB).flip(0))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        ref = full.loss(batch)                                              # corruption uses the same draws
+        torch.manual_seed(0)
+        assert torch.allclose(model.loss(batch, negatives=every), ref, rtol=1e-5, atol=1e-6)
+        sampled = model.loss_parts(batch)["pred"]                           # one drawn negative per domain
+        assert not torch.allclose(sampled, full.loss_parts(batch)["pred"], rtol=1e-2)
+    with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
+        C.C2DSRConfig(sampled_negatives=0)
+    for bad in (-2, 1.0, False, "5"):
+        with pytest.raises(ValueError, match="sampled_negatives"):
+            C.C2DSRConfig(sampled_negatives=bad)
 
 
 def test_construction_is_deterministic_from_the_seed():

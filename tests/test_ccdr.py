@@ -4,6 +4,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods.ccdr import CCDR, CCDRConfig, info_nce, propagate_mean, undirected_edges
@@ -99,6 +100,40 @@ def test_shapes_history_dependence_seed_and_graph_requirement():
     assert not torch.equal(_model(seed=1).emb[0], twin.emb[0])
     with pytest.raises(ValueError, match="set_graphs"):
         CCDR(NA, NB, CCDRConfig(dim=8, maxlen=6)).loss(b)
+
+
+def test_default_match_loss_is_the_full_softmax_over_the_domain():
+    b = make_batch(SEQS, NA, NB, maxlen=6)
+    model = _model().eval()
+    assert model.config.sampled_negatives is None
+    with torch.no_grad():
+        match = model.loss_parts(b)["match"]
+        ref = 0.0
+        for d, (target, mask) in enumerate(((b.unified_a, b.unified_a_mask), (b.unified_b, b.unified_b_mask))):
+            reps = model.item_reps(d)                                      # (n_d + 1, n)
+            logits = model.user_reps(b.inputs, d, reps) @ reps[:-1].T      # (B, L, n_d) every item
+            ref = ref + F.cross_entropy(logits[mask], target[mask])
+    assert torch.allclose(match, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_sampled_softmax_over_every_item_is_the_full_softmax():
+    b = make_batch(SEQS, NA, NB, maxlen=6)
+    full, model = _model().eval(), _model(sampled_negatives=1).eval()      # same seed, same weights
+    every = (torch.arange(NA).flip(0), torch.arange(NB))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        ref = full.loss_parts(b)                                           # edge dropout uses the same draws
+        torch.manual_seed(0)
+        got = model.loss_parts(b, negatives=every)
+        assert torch.allclose(got["match"], ref["match"], rtol=1e-5, atol=1e-6)
+        assert torch.allclose(got["intra"], ref["intra"])
+        sampled = model.loss_parts(b)["match"]                             # one drawn negative per domain
+        assert not torch.allclose(sampled, ref["match"], rtol=1e-2)
+    model.train().loss(b).backward()
+    assert model.emb[0].grad.abs().sum() > 0 and model.emb[1].grad.abs().sum() > 0
+    for bad in (0, -1, 3.0, True, "100"):
+        with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
+            CCDRConfig(sampled_negatives=bad)
 
 
 def test_short_training_ranks_the_ground_truth_well():

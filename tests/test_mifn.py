@@ -3,6 +3,7 @@ import copy
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
@@ -84,6 +85,53 @@ def test_loss_and_score_shapes_and_history_dependence():
         changed = make_batch([[0, 3, 1, 4, 2], [3, 4, 1, 1], [1, 2, 3, 0, 4, 3]], NA, NB, maxlen=6).inputs
         s2 = model.score(changed, cand, dom)
     assert torch.equal(s[0], s2[0]) and not torch.allclose(s[1], s2[1])
+
+
+def _full_distribution_nll(model, batch):
+    """Reference: −mean log P(next item) read off the full distribution over every item."""
+    every = torch.arange(NA + NB).view(1, 1, -1).expand(*batch.inputs.cross.shape, -1)   # (B, L, N)
+    lp = model.log_probs(batch.inputs, every)                              # (B, L, N) exact G^d
+    mask = batch.unified_a_mask | batch.unified_b_mask
+    target = torch.where(batch.unified_b_mask, batch.unified_b + NA, batch.unified_a)      # (B, L)
+    return -lp.gather(2, target.unsqueeze(-1)).squeeze(-1)[mask].mean()
+
+
+def test_default_loss_is_the_exact_mixture_likelihood():
+    model = _model().eval()
+    batch = make_batch(SEQS, NA, NB, maxlen=6)
+    assert model.config.sampled_negatives is None
+    with torch.no_grad():
+        state = torch.get_rng_state()
+        loss = model.loss(batch)
+        assert torch.equal(torch.get_rng_state(), state)                   # no negatives drawn
+        assert torch.allclose(loss, _full_distribution_nll(model, batch), rtol=1e-6, atol=1e-6)
+
+
+def test_sampled_generator_normaliser_is_exact_over_every_item_and_scaled_by_v_over_s():
+    batch = make_batch(SEQS, NA, NB, maxlen=6)
+    model = M.MIFN(NA, NB, M.MIFNConfig(dim=8, maxlen=6, dropout=0.0, seed=0, sampled_negatives=1)).eval()
+    model.set_graphs(transition_graphs(SEQS, NA, NB))
+    full = _model().eval()                                                 # same seed, same weights
+    with torch.no_grad():
+        ref = _full_distribution_nll(full, batch)
+        every = (torch.arange(NA), torch.arange(NB))
+        assert torch.allclose(model.loss(batch, negatives=every), ref, rtol=1e-5, atol=1e-6)
+        # every item twice (S = 2|V^d|): the |V^d|/S scaling keeps the normaliser exact
+        twice = (torch.arange(NA).repeat(2), torch.arange(NB).repeat(2))
+        assert torch.allclose(model.loss(batch, negatives=twice), ref, rtol=1e-5, atol=1e-6)
+        # one negative: an estimate, not the exact likelihood; the exact scores are untouched
+        torch.manual_seed(0)
+        sampled = model.loss(batch)
+        assert torch.isfinite(sampled) and not torch.allclose(sampled, ref, rtol=1e-3)
+        cand, dom = torch.tensor([[0, 1, 2], [3, 4, 3], [0, 2, 1]]), torch.tensor([0, 1, 0])
+        assert torch.equal(model.score(batch.inputs, cand, dom), full.score(batch.inputs, cand, dom))
+
+
+def test_sampled_negatives_is_validated():
+    for bad in (0, -7, 2.0, True, "1000"):
+        with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
+            M.MIFNConfig(sampled_negatives=bad)
+    assert M.MIFNConfig(sampled_negatives=1000).sampled_negatives == 1000
 
 
 def test_construction_is_deterministic_from_the_seed():

@@ -1,12 +1,15 @@
 """TiSASRec baseline: clipped personalised intervals, interval-aware attention, interface, learning."""
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.fedcsr import make_batch
+from fedlib.experiments import fedcsr as X
+from fedlib.methods.fedcsr import draw_negatives_torch, make_batch
 from fedlib.methods.fedcsr_train import ranks_from_scores
 from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig, TimeIntervalAttention, relation_matrix
 
@@ -70,6 +73,61 @@ def test_model_uses_the_time_intervals(split):
         default = model.hidden(inputs)                        # stamps = positions
         stretched = model.hidden(inputs, times=inputs.pos_cross ** 2)   # growing gaps
     assert not torch.allclose(default, stretched)
+
+
+# ----------------------------------------------------------------------------- sampled softmax
+def _full_logit_loss(model, batch):
+    """Reference: each domain's CE from the complete (B, L, |V^d|) logits."""
+    h = model.hidden(batch.inputs)                                          # (B, L, n)
+    ma, mb = batch.unified_a_mask, batch.unified_b_mask
+    return (F.cross_entropy(model.head_a(h)[ma], batch.unified_a[ma])
+            + F.cross_entropy(model.head_b(h)[mb], batch.unified_b[mb]))
+
+
+def test_default_loss_is_the_full_softmax_and_draws_nothing(split):
+    model = _model(split).eval()
+    batch = make_batch(split.train, split.num_items_a, split.num_items_b, 15, rows=np.arange(16))
+    assert model.config.sampled_negatives is None
+    with torch.no_grad():
+        state = torch.get_rng_state()
+        loss = model.loss(batch)
+        assert torch.equal(torch.get_rng_state(), state)                   # no negatives drawn
+        assert torch.allclose(loss, _full_logit_loss(model, batch), rtol=1e-6, atol=1e-6)
+
+
+def test_sampled_softmax_over_every_item_is_the_full_softmax(split):
+    na, nb = split.num_items_a, split.num_items_b
+    model = _model(split, dataclasses.replace(CFG, sampled_negatives=5)).eval()
+    full = _model(split).eval()                                             # same seed, same weights
+    batch = make_batch(split.train, na, nb, 15, rows=np.arange(16))
+    every = (torch.randperm(na), torch.randperm(nb))
+    with torch.no_grad():
+        ref = full.loss(batch)
+        assert torch.allclose(model.loss(batch, negatives=every), ref, rtol=1e-5, atol=1e-6)
+        torch.manual_seed(3)
+        sampled = model.loss(batch)                                         # 5 drawn negatives per domain
+        torch.manual_seed(3)
+        drawn = draw_negatives_torch(na, nb, 5, "cpu")
+        assert drawn[0].shape == (5,) and int(drawn[0].max()) < na and int(drawn[1].max()) < nb
+        assert torch.equal(sampled, model.loss(batch, negatives=drawn))     # drawn from torch's global RNG
+        assert not torch.allclose(sampled, ref, rtol=1e-2)                  # really a smaller softmax
+    # the sampled loss only touches the head rows of targets and negatives
+    model.train().loss(batch, negatives=drawn).backward()
+    used = torch.zeros(na, dtype=torch.bool)
+    used[batch.unified_a[batch.unified_a_mask]] = True
+    used[drawn[0]] = True
+    grad_rows = model.head_a.weight.grad.abs().sum(1) > 0                   # (|A|,)
+    assert bool(grad_rows[used].all()) and not bool(grad_rows[~used].any())
+
+
+def test_sampled_negatives_is_validated_and_set_by_the_grid(split):
+    for bad in (0, -3, 2.5, True, "1000"):
+        with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
+            TiSASRecConfig(sampled_negatives=bad)
+    assert TiSASRecConfig(sampled_negatives=1000).sampled_negatives == 1000
+    real = X.baseline_factory(X.cell("Food-Kitchen", "TiSASRec", dim=8), split)()
+    assert real.config.sampled_negatives == X.SAMPLED_NEGATIVES
+    assert X.baseline_factory(X.cell("synthetic", "TiSASRec", dim=8), split)().config.sampled_negatives is None
 
 
 # ----------------------------------------------------------------------------- interface

@@ -36,7 +36,7 @@ from fedlib.experiments.fedpcl_cdr import (ALPHAS, BASELINES, CLUSTER_COUNTS, EP
                                            NEEDS_DOWNLOAD, OVERLAP_RATIOS, PAPER, TABLE4_METHODS, TASKS, cell,
                                            load_split, method_cell)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
-from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, recorded_seeds
+from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
 __all__ = ["DOMAINS", "SUBSTITUTE_NOTES", "table1", "table2", "table3", "table4", "table5", "all_tables",
            "write_tables", "statistics_records", "sweep_frame", "list_length_frame", "curve_frame", "figure_sweeps",
@@ -290,11 +290,6 @@ def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping
 # ======================================================================================
 # Figures
 # ======================================================================================
-def _runs_of(records, config: Mapping[str, Any]):
-    known = latest_records(records)
-    return [known[h] for h in (config_hash({**config, "seed": s}) for s in recorded_seeds(records)) if h in known]
-
-
 def sweep_frame(records, cell_kwargs: Mapping = {}, tasks_privacy: Sequence[str] = ("Phone-Sport", "Book-Music"),
                 task_sensitivity: str = "Phone-Sport") -> pd.DataFrame:
     """Figures 3–5: test HR@10 / NDCG@10 per domain as ε, α or K varies alone.
@@ -309,7 +304,7 @@ def sweep_frame(records, cell_kwargs: Mapping = {}, tasks_privacy: Sequence[str]
                for k in CLUSTER_COUNTS]
     rows = []
     for task, parameter, setting, config in sweeps:
-        runs = _runs_of(records, config)
+        runs = runs_of_config(records, config)
         if not runs:
             continue
         for name in runs[0].metrics:
@@ -328,7 +323,7 @@ def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] =
     """Figure 6: test HR@N and NDCG@N of the main FedPCL-CDR run for N in 2..10 (one run gives all N)."""
     rows = []
     for task in tasks:
-        for run in _runs_of(records, cell(task, "FedPCL-CDR", **cell_kwargs)):
+        for run in runs_of_config(records, cell(task, "FedPCL-CDR", **cell_kwargs)):
             for name, value in run.metrics.items():
                 parts = name.split("/")
                 if len(parts) != 3 or parts[1] != "test" or not _domain_of(parts[0]) or "@" not in parts[2]:
@@ -347,7 +342,7 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
     rows = []
     for config in configs:
-        for run in _runs_of(records, config):
+        for run in runs_of_config(records, config):
             for point in (run.extra or {}).get("curve", []):
                 for key, value in point.items():
                     if key != "round" and isinstance(value, (int, float)):
@@ -363,7 +358,7 @@ def selection_gap_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.Dat
 
     rows = []
     for config in configs:
-        for run in _runs_of(records, config):
+        for run in runs_of_config(records, config):
             for name, value in run.metrics.items():
                 keys = _score_cells(name)
                 other = run.metrics.get(f"test_selected/{name}")

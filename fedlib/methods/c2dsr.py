@@ -43,18 +43,22 @@ Simplifications on this machine:
   other-domain items of the window (rows without any other-domain item, or without any
   domain-``d`` item, are left out of ``L_cl^d`` as they have no informative negative).
 * One ``W^d`` is shared by the mixed and single-domain heads of domain ``d``; ``λ`` is untuned.
+* ``sampled_negatives``: None (default) = the full softmax of ``P^A, P^B, P*``; an int ``S``
+  trains the prediction CEs as a sampled softmax over the target and ``S`` uniform same-domain
+  negatives shared by the mini-batch (``prediction_loss`` / ``head_cross_entropy``, as FedCSR),
+  the grid's stated CPU reduction (1000 on real data); ``score`` stays exact (full logits).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import (FedCSRConfig, GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs,
-                                   prediction_loss)
+                                   check_sampled_negatives, draw_negatives_torch, prediction_loss)
 
 __all__ = ["C2DSRConfig", "C2DSR", "BilinearDiscriminator", "corrupt_other_domain", "infomax_loss",
            "masked_mean"]
@@ -71,6 +75,7 @@ class C2DSRConfig:
     dropout: float = 0.2
     lambda_cl: float = 0.5
     seed: int = 0
+    sampled_negatives: Optional[int] = None   # None: full softmax; S: target + S shared uniform negatives
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 2 or self.dim % self.num_heads:
@@ -81,6 +86,7 @@ class C2DSRConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if not self.lambda_cl >= 0:
             raise ValueError(f"lambda_cl must be >= 0, got {self.lambda_cl!r}")
+        check_sampled_negatives(self.sampled_negatives)
 
 
 def masked_mean(h: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -162,12 +168,20 @@ class C2DSR(nn.Module):
             raise ValueError("C2DSR has no item graphs: call set_graphs(transition_graphs(train_sequences, ...))")
         return enc.enc_cross(enc._features(enc.emb_cross, enc.graphs.cross, cross), pos_cross)
 
-    def loss_parts(self, batch: SequenceBatch, generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-        """``pred`` (sum of the four CE terms), ``cl_a``, ``cl_b`` and ``total``; all scalars."""
+    def loss_parts(self, batch: SequenceBatch, generator: Optional[torch.Generator] = None,
+                   negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+        """``pred`` (sum of the four CE terms), ``cl_a``, ``cl_b`` and ``total``; all scalars.
+
+        ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
+        default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
+        """
         x = batch.inputs
         h_cross, h_a, h_b = self.encoder(x)                                 # 3 × (B, L, n)
+        if negatives is None:
+            negatives = draw_negatives_torch(self.num_items_a, self.num_items_b, self.config.sampled_negatives,
+                                             h_cross.device)                # None or ((S_A,), (S_B,))
         terms = prediction_loss((self.head_a, self.head_b), h_cross, h_a, h_b, batch, use_unified=True,
-                                use_single=False)
+                                use_single=False, negatives=negatives)
         parts = {"pred": sum(terms.values())}
         h_star = masked_mean(h_cross, x.pos_cross)                          # (B, n)
         has_a, has_b = (x.pos_a > 0).any(1), (x.pos_b > 0).any(1)           # (B,), (B,)
@@ -179,8 +193,8 @@ class C2DSR(nn.Module):
         parts["total"] = parts["pred"] + self.config.lambda_cl * (parts["cl_a"] + parts["cl_b"])
         return parts
 
-    def loss(self, batch: SequenceBatch) -> torch.Tensor:
-        return self.loss_parts(batch)["total"]
+    def loss(self, batch: SequenceBatch, negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        return self.loss_parts(batch, negatives=negatives)["total"]
 
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
         """``W^d (h*_last + h^d_last)`` at the candidates (B, C) of the GT domain ``gt_domain`` (B,) → (B, C)."""

@@ -85,6 +85,13 @@ from fedlib.data.splits import Sequences
 
 
 # ----------------------------------------------------------------------------- config
+def check_sampled_negatives(value) -> None:
+    """Raise ``ValueError`` unless ``value`` is None (full softmax) or a positive int (sampled softmax)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"sampled_negatives must be None (full softmax over the domain's items) or a positive int "
+                         f"(uniform same-domain negatives shared by the mini-batch), got {value!r}")
+
+
 @dataclass(frozen=True)
 class FedCSRConfig:
     """Hyper-parameters of the FedCSR model and local loss (paper / code defaults).
@@ -128,10 +135,7 @@ class FedCSRConfig:
             raise ValueError(f"alpha (augmentation ratio) must be in [0, 1], got {self.alpha!r}; the paper's best is 0.3")
         if not self.tau > 0:
             raise ValueError(f"tau must be > 0, got {self.tau!r}; the paper uses 0.5")
-        if self.sampled_negatives is not None and (isinstance(self.sampled_negatives, bool) or not isinstance(
-                self.sampled_negatives, int) or self.sampled_negatives < 1):
-            raise ValueError(f"sampled_negatives must be None (full softmax) or a positive int, "
-                             f"got {self.sampled_negatives!r}")
+        check_sampled_negatives(self.sampled_negatives)
         if not self.scl_hidden_factor > 0 or int(self.scl_hidden_factor * self.dim) < 1:
             raise ValueError(f"scl_hidden_factor must make t's hidden layer >= 1 unit (factor * dim), got "
                              f"{self.scl_hidden_factor!r} with dim={self.dim}; the paper uses 2")
@@ -502,6 +506,18 @@ def draw_negatives(num_items_a: int, num_items_b: int, count: Optional[int], rng
                  for n in (num_items_a, num_items_b))
 
 
+def draw_negatives_torch(num_items_a: int, num_items_b: int, count: Optional[int],
+                         device) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`draw_negatives` from torch's global RNG (the baselines' ``loss``; FedProx seeds it).
+
+    ``count`` uniform ids per domain (with replacement, local index spaces, ``min(count, |V^d|)``
+    each), or None (no draw, no RNG use) for the full softmax.
+    """
+    if count is None:
+        return None
+    return tuple(torch.randint(0, n, (min(int(count), n),), device=device) for n in (num_items_a, num_items_b))
+
+
 def prediction_loss(heads: Tuple[nn.Linear, nn.Linear], h_cross: torch.Tensor, h_a: torch.Tensor, h_b: torch.Tensor,
                     batch: SequenceBatch, *, use_unified: bool = True, use_single: bool = True,
                     negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
@@ -604,6 +620,7 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
 __all__ = [
     "FedCSRConfig", "SequenceInputs", "SequenceBatch", "TransitionGraphs", "CausalSelfAttention", "GAEncoder",
     "FedCSRModel", "domain_index", "inputs_from_cross", "make_batch", "augment_sequence", "augment_inputs",
-    "transition_graphs", "propagate", "sequence_representations", "frozen_copy", "head_cross_entropy", "draw_negatives", "prediction_loss",
+    "transition_graphs", "propagate", "sequence_representations", "frozen_copy", "head_cross_entropy", "check_sampled_negatives", "draw_negatives",
+    "draw_negatives_torch", "prediction_loss",
     "information_gap", "mcl_loss", "scl_loss", "fedcsr_loss",
 ]

@@ -50,18 +50,25 @@ Readings chosen:
 
 Simplifications on this machine: one GRU layer per encoder / CTU; ``dim = 64`` (embedding =
 hidden size; the paper uses 90–100); input window ``maxlen = 15`` (the evaluation protocol's);
-full softmax over the domain's items (no sampling) because domains are small.
+full softmax over the domain's items by default.
+
+* ``sampled_negatives``: None (default) = the full softmax of Eqs. 7–8; an int ``S`` trains
+  Eq. 9 as a sampled softmax over the target and ``S`` uniform same-domain negatives shared by
+  the mini-batch (dropout on the features, then
+  :func:`~fedlib.methods.fedcsr.head_cross_entropy` on ``W_A`` / ``W_B``), the grid's stated CPU
+  reduction (1000 on real data, as FedCSR); ``score`` stays exact (full logits).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, head_cross_entropy
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
+                                   head_cross_entropy)
 
 __all__ = ["PiNetConfig", "PiNet", "SharedAccountFilter", "masked_gru", "parallel_targets",
            "candidate_scores"]
@@ -76,6 +83,7 @@ class PiNetConfig:
     num_members: int = 4
     dropout: float = 0.1
     seed: int = 0
+    sampled_negatives: Optional[int] = None   # None: full softmax; S: target + S shared uniform negatives
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -86,6 +94,7 @@ class PiNetConfig:
             raise ValueError(f"num_members (K latent users) must be a positive int, got {self.num_members!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_sampled_negatives(self.sampled_negatives)
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -220,12 +229,24 @@ class PiNet(nn.Module):
         z_a, z_b = self.features(inputs)
         return self.head_a(self.drop(z_a)), self.head_b(self.drop(z_b))
 
-    def loss(self, batch: SequenceBatch) -> torch.Tensor:
-        """Eq. 9: next-A and next-B cross-entropy at every prefix (each a mean over its steps)."""
+    def loss(self, batch: SequenceBatch,
+             negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """Eq. 9: next-A and next-B cross-entropy at every prefix (each a mean over its steps).
+
+        ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
+        default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
+        """
         z_a, z_b = self.features(batch.inputs)                             # (B, L, 2n) each
         ta, ma, tb, mb = parallel_targets(batch)
-        return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
-                + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
+        if negatives is None:
+            negatives = draw_negatives_torch(self.num_items_a, self.num_items_b, self.config.sampled_negatives,
+                                             z_a.device)                   # None or ((S_A,), (S_B,))
+        if negatives is None:                                              # full softmax, dropout on used rows
+            return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
+                    + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
+        neg_a, neg_b = negatives                                           # (S_A,), (S_B,) local ids
+        return (head_cross_entropy(self.head_a, self.drop(z_a), ta, ma, neg_a)
+                + head_cross_entropy(self.head_b, self.drop(z_b), tb, mb, neg_b))
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:

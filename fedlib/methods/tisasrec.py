@@ -41,18 +41,22 @@ Simplifications on this machine:
   sampled negative; one attention head (the paper's setting); ``dim = 64``, ``maxlen = 15``,
   two blocks.
 * Absolute positions count the real items (1..len, padding 0) rather than window columns.
+* ``sampled_negatives``: None (default) trains each domain's CE with the full softmax above; an
+  int ``S`` uses a sampled softmax over the target and ``S`` uniform same-domain negatives shared
+  by the mini-batch (:func:`~fedlib.methods.fedcsr.head_cross_entropy`), the grid's stated CPU
+  reduction (1000 on real data, as FedCSR); ``score`` stays exact (full logits).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
-from fedlib.methods.fedcsr import head_cross_entropy
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
+                                   head_cross_entropy)
 from fedlib.methods.fedcsr_baselines import gather_domain_scores
 
 __all__ = ["TiSASRecConfig", "relation_matrix", "TimeIntervalAttention", "TiSASRec"]
@@ -66,6 +70,7 @@ class TiSASRecConfig:
     time_span: int = 256
     dropout: float = 0.2
     seed: int = 0
+    sampled_negatives: Optional[int] = None   # None: full softmax; S: target + S shared uniform negatives
 
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 1:
@@ -78,6 +83,7 @@ class TiSASRecConfig:
             raise ValueError(f"time_span (interval clip k) must be a positive int, got {self.time_span!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_sampled_negatives(self.sampled_negatives)
 
 
 def relation_matrix(times: torch.Tensor, real: torch.Tensor, time_span: int) -> torch.Tensor:
@@ -172,10 +178,19 @@ class TiSASRec(nn.Module):
             h = block(h, positions, rel)                                     # (B, L, n)
         return self.last_norm(h) * real.unsqueeze(-1).to(h.dtype)           # (B, L, n)
 
-    def loss(self, batch: SequenceBatch) -> torch.Tensor:
+    def loss(self, batch: SequenceBatch, negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+        """Sum of the two domains' next-item CEs.
+
+        ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
+        default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
+        """
         h = self.hidden(batch.inputs)                                        # (B, L, n)
-        return (head_cross_entropy(self.head_a, h, batch.unified_a, batch.unified_a_mask)
-                + head_cross_entropy(self.head_b, h, batch.unified_b, batch.unified_b_mask))
+        if negatives is None:
+            negatives = draw_negatives_torch(self.num_items_a, self.num_items_b, self.config.sampled_negatives,
+                                             h.device)                       # None or ((S_A,), (S_B,))
+        neg_a, neg_b = negatives if negatives is not None else (None, None)
+        return (head_cross_entropy(self.head_a, h, batch.unified_a, batch.unified_a_mask, neg_a)
+                + head_cross_entropy(self.head_b, h, batch.unified_b, batch.unified_b_mask, neg_b))
 
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
         """(B, C) scores of global candidate ids (all of ``gt_domain``) for the item after the history."""

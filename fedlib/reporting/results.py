@@ -417,6 +417,13 @@ def recorded_seeds(records: Iterable[RunRecord]) -> list[int]:
     return sorted({int(record.seed) for record in records}) or [0]
 
 
+def runs_of_config(records: Iterable[RunRecord], config: Mapping[str, Any]) -> list[RunRecord]:
+    """The latest record of ``config`` at every recorded seed (seed order); seeds without one are skipped."""
+    records = list(records)
+    known = latest_records(records)
+    return [known[h] for h in (config_hash({**config, "seed": s}) for s in recorded_seeds(records)) if h in known]
+
+
 def cell_index(records: Sequence[RunRecord], pairs: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
                ) -> dict[str, Mapping[str, Any]]:
     """Run id -> table keys, for every ``(keys, cell config)`` pair at every seed in ``records``.

@@ -1,0 +1,856 @@
+"""FedCSR: from recorded runs to the paper's Tables 1–9 and App. A.5 (paper vs ours) and Figures 2, 3, 4, 6.
+
+Every number is read from ``runs.jsonl`` records written by
+:func:`fedlib.experiments.fedcsr.run_grid` or :func:`~fedlib.experiments.fedcsr.run_cells`,
+matched to table cells by the configuration hash of the cells of
+:func:`fedlib.experiments.fedcsr.method_cell` (the same cells as the grid's parts; seed
+means, ``std_ours`` the sample standard deviation over seeds, ``n_seeds`` the seeds found).
+
+**Scores and units.** Ours are the **test** MRR / NDCG@5 / NDCG@10 / HR@1 / HR@5 / HR@10 of
+each domain at the round with the best mean validation MRR (``"<domain>/test/<M>"``,
+fractions in ``runs.jsonl``). The paper prints percent: ``value_ours``, ``std_ours`` and
+``delta`` are in percent (``delta`` in percentage points), and rows of ours without a
+paper cell are shown in percent too.
+
+**Substitute split.** The C2DSR training files of Food-Kitchen and Movie-Book are not
+available offline; :mod:`fedlib.data.protocols.fedcsr` then splits the users of the valid
+and test files 80/10/10 into train/valid/test users. Every row of ours says so in its note
+(:data:`SUBSTITUTE_NOTES`; a run recorded on the original split, ``extra["substitute_split"]
+= False``, says "original split" instead). Entertainment-Education (Table 8) has no sequence
+files: its rows keep the paper value, an empty ``value_ours`` and
+:data:`~fedlib.reporting.NEEDS_DOWNLOAD_NOTE`.
+
+**Sizes.** The paper runs every method at n = 256. FedCSR is recorded at 256 and at 64 (the
+baselines' size, :data:`~fedlib.experiments.fedcsr.SMALL_DIM`); Tables 2, 6–8 and App. A.5
+carry a key column ``dim`` (our n) so that both FedCSR rows sit next to the paper's one
+FedCSR value (the n = 64 row has ``repeats_paper_value`` true, so the README status counts
+the paper cell once). Baselines (n = 64, FedProx μ = 0.01), ablations, α, Table 9 and the
+audit run at n = 64; their notes say so. Rounds: at most 20 with patience 5 (paper: 100 / 20).
+These are the grid's sizes (:func:`fedlib.experiments.fedcsr.table2_cells` and the other
+parts). A ``dim`` in the profile's keywords (``cell_kwargs``, or a method's ``method_kwargs``)
+replaces them: every row of that method is then read at that one size (quick and smoke
+profiles train every cell at one small n). Pass the grid's keywords, without ``dim``, at the
+paper profile.
+
+The tables (``results/fedcsr[/profile]/<table id>.csv``; :func:`all_tables` keys them by the
+``paper_tables`` file stem):
+
+* **Table 1** (:func:`table1`): users, items per domain, #Train/#Valid/#Test sequences,
+  Avg.Len and Sparsity of the split we train on (recorded once per dataset by
+  :func:`statistics_records`), plus rows of ours only with each of the ten platforms'
+  users, sequences, mean length, share of the training users, items seen and top-item share (``setting = "platform k"``).
+* **Tables 2, 6, 7, 8** (:func:`table2`, :func:`table6`, :func:`table7`, :func:`table8`):
+  the baselines (``TiSASRec`` → ``FedTiSASRec``, ``PiNet`` → ``FedPi-Net``, ...,
+  :data:`PAPER_LABELS`) and FedCSR at both sizes.
+* **Tables 3, 4** (:func:`table3`, :func:`table4`): ``"w/o SCL & MCL"``, ``"w/o MCL"`` →
+  ``"SCL only (w/o MCL)"``, ``"FedCSR"`` → ``"FedCSR (SCL + MCL)"``; ``"w/o SCL"`` →
+  ``"MCL only (w/o SCL)"`` is a row of ours only (the paper prints no such row).
+* **Table 5** (:func:`table5`): α = 0.1 / 0.3 / 0.5 / 0.7; our 0.2 / 0.4 / 0.6 are rows of ours only.
+* **Table 9** (:func:`table9`): ``platform k`` ↔ the Individual run's ``platform<k-1>/...``
+  metrics (each platform's own model on its own test rows); ``federated (all 10 platforms)``
+  ↔ FedCSR at n = 64; ``Centralized training`` (all platforms pooled) and the Individual
+  run's overall score are rows of ours only.
+* **App. A.5** (:func:`appendix_a5`): rounds to the selected (best validation) round, rounds
+  run, measured bytes per round (upload + download of all platforms) and per single
+  communication (one model, one direction), in MB = 1024² B like the paper's 24.41 MB. That
+  24.41 MB is the paper's hypothetical (100K items, n = 32, float64), not a measurement: it
+  has no value of ours.
+* Tables of ours only (no paper numbers): ``figure2`` (:func:`figure2_table`: FedCSR, w/o
+  unified, w/o single), ``figure6`` (:func:`figure6_table`: hidden size of SCL's ``t``) and
+  ``audit`` (:func:`audit_table`: validation- vs test-selected scores of the public code's
+  configurations, and the gap).
+
+Figures (:func:`figure_prediction_targets`, :func:`figure_curves`, :func:`figure_individual`,
+:func:`figure_hidden`) take these frames (or :func:`curve_frame`) and return the figure,
+saved under ``figures/fedcsr/`` when given a name (:func:`fedlib.reporting.save_figure`).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import pandas as pd
+
+from fedlib.data.protocols.fedcsr import DATASETS as PROTOCOL_DATASETS
+from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
+from fedlib.experiments import grid
+from fedlib.experiments.fedcsr import (ALPHAS, AUDIT_VARIANTS, BASELINES, DATASETS, FEDPROX_MU,
+                                       HIDDEN_FACTORS, MAIN_DIM, PAPER, SMALL_DIM, cell, load_split, method_cell,
+                                       method_label)
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
+from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
+
+__all__ = ["PAPER_LABELS", "ABLATION_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES",
+           "statistics_records", "table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8",
+           "table9", "appendix_a5", "figure2_table", "figure6_table", "audit_table", "all_tables", "write_tables",
+           "figure3_configs", "curve_frame", "figure_prediction_targets", "figure_curves", "figure_individual",
+           "figure_hidden"]
+
+METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
+"""Every score a run records per domain (Tables 6–8)."""
+SCORES = ("MRR", "HR@10", "NDCG@10")
+"""The scores of Tables 3–5, 9 and Figures 2, 6."""
+
+PAPER_LABELS = {"TiSASRec": "FedTiSASRec", "CLSR": "FedCLSR", "CoNet": "FedCoNet", "CCDR": "FedCCDR",
+                "PiNet": "FedPi-Net", "PSJNet": "FedPSJNet", "MIFN": "FedMIFN", "C2DSR": "FedC2DSR",
+                "FedCSR": "FedCSR"}
+"""Our method -> the paper's row label in Tables 2, 6–8 (every baseline federated with FedProx)."""
+
+ABLATION_LABELS = {"w/o SCL & MCL": ("w/o SCL & MCL", "SCL=no, MCL=no"),
+                   "w/o MCL": ("SCL only (w/o MCL)", "SCL=yes, MCL=no"),
+                   "w/o SCL": ("MCL only (w/o SCL)", "SCL=no, MCL=yes"),
+                   "FedCSR": ("FedCSR (SCL + MCL)", "SCL=yes, MCL=yes")}
+"""Our FedCSR variant -> (the paper's method, setting) in Tables 3–4 ("MCL only" is ours only)."""
+
+FIGURE2_VARIANTS = ("FedCSR", "w/o unified", "w/o single")
+FIGURE3_VARIANTS = ("w/o SCL & MCL", "w/o MCL", "FedCSR")
+
+_SPLIT = ("the C2DSR training file is absent, so the users of the valid and test files were pooled and "
+          "split 80/10/10 into train/valid/test users (seeded; training users give their whole sequence)")
+SUBSTITUTE_NOTES = {
+    "Food-Kitchen": f"SUBSTITUTE split of Food-Kitchen: {_SPLIT}",
+    "Movie-Book": f"SUBSTITUTE split of Movie-Book: {_SPLIT}",
+    "synthetic": "synthetic smoke data (not a paper scenario)",
+}
+"""Our dataset -> the note every row of ours on it carries."""
+
+NEEDS_DOWNLOAD = {"Entertainment-Education": "the C2DSR Entertainment-Education sequence files are not available "
+                                             "offline (only its item lists are)"}
+
+TABLE9_FEDERATED = "federated (all 10 platforms)"
+TABLE9_INDIVIDUAL = "Individual training"
+TABLE9_ALL_PLATFORMS = "all platforms (each its own model)"
+TABLE9_CENTRALIZED = ("Centralized training", "centralized (all platforms pooled)")
+
+MB = 1024 ** 2
+"""Bytes per MB (binary, as the paper's 24.41 MB = 10^5·32·8 B)."""
+HYPOTHETICAL = "hypothetical"
+DERIVED = "derived"
+
+
+# ======================================================================================
+# Matching runs to cells
+# ======================================================================================
+def _domains(dataset: str) -> tuple:
+    """The domain names of ``dataset`` as they appear in the metric names (``"Food"``, ``"A"``)."""
+    if dataset in DATASETS:
+        return tuple(PROTOCOL_DATASETS[DATASETS[dataset]]["domains"])
+    return ("A", "B")
+
+
+def _pick(datasets: Sequence[str], preferred: str) -> str:
+    """The dataset of a one-scenario part: ``preferred`` if asked for, else the smoke task if asked for."""
+    if preferred in datasets or "synthetic" not in datasets:
+        return preferred
+    return "synthetic"
+
+
+def _dim(method: str, cell_kwargs: Mapping, method_kwargs: Mapping, default: int) -> int:
+    """Our size n of a row: the grid's ``default`` unless the profile's keywords fix ``dim``."""
+    return int({**cell_kwargs, **method_kwargs.get(method, {})}.get("dim", default))
+
+
+def _sized(dataset: str, method: str, cell_kwargs: Mapping, method_kwargs: Mapping, default: int = SMALL_DIM,
+           **extra) -> tuple:
+    """``(n, cell)``: :func:`~fedlib.experiments.fedcsr.method_cell` at the row's size (:func:`_dim`)."""
+    dim = _dim(method, cell_kwargs, method_kwargs, default)
+    return dim, method_cell(dataset, method, cell_kwargs, method_kwargs, dim=dim, **extra)
+
+
+def _fedcsr_dims(cell_kwargs: Mapping, method_kwargs: Mapping) -> List[int]:
+    """FedCSR's sizes in Tables 2, 6–8 and App. A.5: 256 and 64, or the one size the profile fixes."""
+    return list(dict.fromkeys(_dim("FedCSR", cell_kwargs, method_kwargs, d) for d in (MAIN_DIM, SMALL_DIM)))
+
+
+def _size(dim: int) -> str:
+    return f"n={dim}" + (" (the paper's size)" if dim == MAIN_DIM else " (paper: 256)")
+
+
+def _with_dims(paper: pd.DataFrame, dims_of) -> pd.DataFrame:
+    """The paper rows once per size in ``dims_of(row)`` (key ``dim``); copies after the first
+    have ``repeats_paper_value`` true (the README status counts the paper cell once)."""
+    rows = [{**r.to_dict(), "dim": dim, "repeats_paper_value": i > 0}
+            for _, r in paper.iterrows() for i, dim in enumerate(dims_of(r))]
+    return pd.DataFrame(rows, columns=[*paper.columns, "dim", "repeats_paper_value"])
+
+
+def _score_cells(metrics: Sequence[str] = METRICS, **fixed):
+    """``"<domain>/test/<M>"`` -> ``{"domain", "metric", **fixed}`` (validation-selected test scores)."""
+    def metric_cells(name: str) -> Optional[dict]:
+        parts = name.split("/")
+        if len(parts) == 3 and parts[1] == "test" and parts[2] in metrics:
+            return {"domain": parts[0], "metric": parts[2], **fixed}
+        return None
+    return metric_cells
+
+
+def _split_note(dataset: str, run_ids: str, known: Mapping[str, Any]) -> str:
+    if dataset not in SUBSTITUTE_NOTES:
+        return ""
+    flags = [(known[h].extra or {}).get("substitute_split") for h in str(run_ids).split(RUN_ID_SEPARATOR)
+             if h in known]
+    if dataset != "synthetic" and flags and all(flag is False for flag in flags):
+        return f"original C2DSR split of {dataset}"
+    return SUBSTITUTE_NOTES[dataset]
+
+
+def _with_notes(ours: pd.DataFrame, records) -> pd.DataFrame:
+    """Prefix each row's note (a cell note from the pair keys, if any) with its split's note."""
+    if ours.empty:
+        return ours
+    known = latest_records(records)
+    cell_notes = ours["note"] if "note" in ours.columns else [""] * len(ours)
+    ours["note"] = ["; ".join(p for p in (_split_note(d, ids, known), n if isinstance(n, str) else "") if p)
+                    for d, ids, n in zip(ours["dataset"], ours["run_ids"], cell_notes)]
+    return ours
+
+
+def _aggregate(records, pairs, metric_cells) -> pd.DataFrame:
+    """Seed means of the runs of ``(keys, cell)`` pairs; a ``"note"`` in keys is the cell's note."""
+    index = cell_index(records, pairs)
+    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=metric_cells)
+    return _with_notes(ours, records)
+
+
+def _missing_note(row: pd.Series) -> str:
+    dataset = str(row.get("dataset", ""))
+    if dataset in NEEDS_DOWNLOAD:
+        return f"{NEEDS_DOWNLOAD_NOTE}: {NEEDS_DOWNLOAD[dataset]}"
+    if dataset.startswith(HYPOTHETICAL):
+        return ("the paper's hypothetical volume ((Σ|V|·n·64)/8 bytes for 100K items, n = 32, float64), not a "
+                "measurement: see our measured 'data volume per single communication' rows")
+    if str(row.get("method", "")) in {PAPER_LABELS[m] for m in BASELINES}:
+        return "not run at this profile (baseline not recorded yet)"
+    return "not run at this profile"
+
+
+def _percent_rows_of_ours(out: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ours without a paper cell, still in fractions, shown in percent like the paper's."""
+    unmatched = out["value_paper"].isna() & out["value_ours"].notna() & (out["unit"] == "fraction")
+    for column in ("value_ours", "std_ours"):
+        out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
+    out.loc[unmatched, "unit"] = "percent"
+    return out
+
+
+def _compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: Sequence[str], profile: str) -> pd.DataFrame:
+    if ours.empty:
+        ours = pd.DataFrame(columns=[*keys, "value"])
+    out = compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
+    return _percent_rows_of_ours(out)
+
+
+def _ours_table(ours: pd.DataFrame, table_id: str, cells: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                profile: str) -> pd.DataFrame:
+    """A table of ours only: ``cells`` (key dicts, optional ``"unit"``, default percent) are the
+    expected rows, without paper values; rows of ``ours`` outside them are kept too."""
+    skeleton = pd.DataFrame([{**{k: c.get(k, "") for k in keys}, "table": table_id, "value": math.nan,
+                              "unit": c.get("unit", "percent"), "confidence": ""} for c in cells])
+    return _compare(ours, skeleton, keys, profile)
+
+
+def _derived(keys: Mapping[str, Any], value: float, std: float, sources: Sequence[Mapping[str, Any]], note: str,
+             unit: str) -> dict:
+    """A cell computed from rows of ours (``sources``), carrying all their run ids and provenance."""
+    def joined(column):
+        return RUN_ID_SEPARATOR.join(sorted({p for row in sources for p in str(row.get(column) or "").split(
+            RUN_ID_SEPARATOR) if p}))
+    run_ids = joined("run_ids")
+    return {**keys, "value": float(value), "std": float(std), "run_ids": run_ids,
+            "n_seeds": len(run_ids.split(RUN_ID_SEPARATOR)) if run_ids else 0, "run_metric": "", "ours_unit": unit,
+            "commit": joined("commit"), "device": joined("device"), "note": f"{DERIVED}: {note}"}
+
+
+# ======================================================================================
+# Table 1: dataset statistics (+ the ten platforms)
+# ======================================================================================
+STAT_NAMES = {"users": "#Users", "train": "#Train", "valid": "#Valid", "test": "#Test", "avg_len": "Avg.Len",
+              "sparsity": "Sparsity"}
+PLATFORM_STATS = {"users": "platform #Users", "train_sequences": "platform #Train sequences",
+                  "mean_length": "platform Avg.Len (train)", "share_of_users": "platform share of training users",
+                  "items_seen": "platform #Items seen", "popularity_of_top_item": "platform top-item share"}
+STAT_UNITS = {"Avg.Len": "items", "Sparsity": "percent", "platform Avg.Len (train)": "items",
+              "platform share of training users": "percent", "platform top-item share": "percent"}
+"""Units of Table 1's metrics other than counts."""
+
+
+def _statistics_metrics(split) -> Dict[str, float]:
+    """Table 1's metrics of one split: :func:`~fedlib.data.protocols.fedcsr.statistics` and, per
+    platform ``k``, ``platform<k>/<column>`` of :func:`~fedlib.data.protocols.fedcsr.platform_statistics`
+    for the columns of :data:`PLATFORM_STATS`."""
+    row = statistics(split).iloc[0]
+    metrics = {name: float(row[name]) for name in row.index}
+    for k, platform in platform_statistics(split).iterrows():
+        metrics.update({f"platform{k}/{column}": float(platform[column]) for column in PLATFORM_STATS})
+    return metrics
+
+
+def statistics_records(profile: str, datasets: Sequence[str] = tuple(DATASETS), records=()) -> list:
+    """Record each dataset's Table 1 statistics (the split we train on, seed 0) as a run, once.
+
+    The run's config is :func:`fedlib.experiments.grid.statistics_config`; its metrics are those
+    of :func:`_statistics_metrics` and ``extra["substitute_split"]`` says which split it is.
+    Datasets without data (Entertainment-Education) are skipped.
+    """
+    from fedlib.reporting import append_run
+
+    known, out = latest_records(records), []
+    for dataset in datasets:
+        if dataset not in DATASETS and dataset != "synthetic":
+            continue
+        config = grid.statistics_config(PAPER, dataset)
+        if config_hash(config) in known:
+            out.append(known[config_hash(config)])
+            continue
+        started = time.perf_counter()
+        split = load_split(dataset, cell(dataset)["num_negatives"])
+        out.append(append_run(PAPER, profile, config, 0, _statistics_metrics(split), time.perf_counter() - started,
+                              extra={"substitute_split": bool(split.extra.get("substitute_train", False))}))
+    return out
+
+
+def table1(records, profile: str, datasets: Sequence[str] = tuple(DATASETS)) -> pd.DataFrame:
+    """Table 1: #Users, #Items per domain, #Train/#Valid/#Test sequences (counts), Avg.Len (items)
+    and Sparsity (percent) per dataset; ``setting = "platform k"`` rows (ours only) describe the
+    ten platforms (users, training sequences, mean length, share of training users in percent)."""
+    index = {config_hash(grid.statistics_config(PAPER, d)): {"dataset": d, "method": ""}
+             for d in [*datasets, "synthetic"]}
+    fractions = {f"platform {k + 1}": f for k, f in enumerate(PLATFORM_FRACTIONS)}
+
+    def metric_cells(name: str) -> Optional[dict]:
+        head, _, stat = name.partition("/")
+        if head.startswith("platform") and stat in PLATFORM_STATS:
+            return {"domain": "", "setting": f"platform {int(head[len('platform'):]) + 1}",
+                    "metric": PLATFORM_STATS[stat]}
+        if name.startswith("items_"):
+            return {"domain": name[len("items_"):], "setting": "", "metric": "#Items"}
+        return {"domain": "", "setting": "", "metric": STAT_NAMES[name]} if name in STAT_NAMES else None
+
+    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=metric_cells)
+    if len(ours):
+        order = list(PLATFORM_STATS.values())
+        ours = ours.iloc[sorted(range(len(ours)), key=lambda i: (
+            int(ours["setting"].iloc[i].split()[1]) if ours["setting"].iloc[i] else 0,
+            order.index(ours["metric"].iloc[i]) if ours["metric"].iloc[i] in order else -1))].reset_index(drop=True)
+        ours["ours_unit"] = [STAT_UNITS.get(m, "count") for m in ours["metric"]]
+        ours["note"] = [f"ours only: reference share {100 * fractions[s]:.2f}% of the users (the public code's cut)"
+                        if m == PLATFORM_STATS["share_of_users"] and s in fractions else
+                        "ours only: the platforms' training data" if s else ""
+                        for m, s in zip(ours["metric"], ours["setting"])]
+        ours = _with_notes(ours, records)
+    paper = load_paper_table(PAPER, "table1_dataset_stats").assign(setting="")
+    return _compare(ours, paper, ["dataset", "domain", "method", "setting", "metric"], profile)
+
+
+# ======================================================================================
+# Tables 2, 6, 7, 8: every method
+# ======================================================================================
+MAIN_KEYS = ["dataset", "domain", "method", "dim", "metric"]
+
+
+def _main_pairs(datasets: Sequence[str], cell_kwargs: Mapping, method_kwargs: Mapping) -> List[tuple]:
+    small = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = []
+    for d in datasets:
+        if d not in DATASETS and d != "synthetic":
+            continue
+        for dim in _fedcsr_dims(cell_kwargs, method_kwargs):
+            note = f"FedCSR at {_size(dim)}" + ("; the baselines' size" if dim == small else "")
+            pairs.append(({"dataset": d, "method": "FedCSR", "dim": str(dim), "note": note},
+                          method_cell(d, "FedCSR", cell_kwargs, method_kwargs, dim=dim)))
+        for m in BASELINES:
+            dim, config = _sized(d, m, cell_kwargs, method_kwargs)
+            pairs.append(({"dataset": d, "method": PAPER_LABELS[m], "dim": str(dim),
+                           "note": f"{m} at {_size(dim)}, federated with FedProx (mu = {FEDPROX_MU})"}, config))
+    return pairs
+
+
+def _main_table(records, profile: str, table_id: str, datasets: Sequence[str], cell_kwargs: Mapping,
+                method_kwargs: Mapping) -> pd.DataFrame:
+    fedcsr = [str(d) for d in _fedcsr_dims(cell_kwargs, method_kwargs)]
+    ours_of = {label: m for m, label in PAPER_LABELS.items()}
+    paper = _with_dims(load_paper_table(PAPER, table_id), lambda r: fedcsr if r["method"] == "FedCSR" else
+                       [str(_dim(ours_of[r["method"]], cell_kwargs, method_kwargs, SMALL_DIM))])
+    metrics = sorted(set(paper["metric"]))
+    ours = _aggregate(records, _main_pairs(datasets, cell_kwargs, method_kwargs), _score_cells(metrics))
+    return _compare(ours, paper, MAIN_KEYS, profile)
+
+
+def table2(records, profile: str, datasets: Sequence[str] = tuple(DATASETS), cell_kwargs: Mapping = {},
+           method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Table 2: MRR, NDCG@5, HR@5 (percent, seed means) of every method on both scenarios.
+
+    Keys ``dataset, domain, method, dim, metric``; ``dim`` is our embedding size (FedCSR at
+    256 and 64, baselines at 64). The smoke task's rows (``dataset = "synthetic"``) are ours only.
+    """
+    return _main_table(records, profile, "table2_main", datasets, cell_kwargs, method_kwargs)
+
+
+def table6(records, profile: str, datasets: Sequence[str] = ("Food-Kitchen",), cell_kwargs: Mapping = {},
+           method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Table 6: all six scores (percent) on Food-Kitchen; layout of :func:`table2`."""
+    return _main_table(records, profile, "table6_food_kitchen_full", [d for d in datasets if d == "Food-Kitchen"],
+                       cell_kwargs, method_kwargs)
+
+
+def table7(records, profile: str, datasets: Sequence[str] = ("Movie-Book",), cell_kwargs: Mapping = {},
+           method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Table 7: all six scores (percent) on Movie-Book; layout of :func:`table2`."""
+    return _main_table(records, profile, "table7_movie_book_full", [d for d in datasets if d == "Movie-Book"],
+                       cell_kwargs, method_kwargs)
+
+
+def table8(records, profile: str, datasets: Sequence[str] = (), cell_kwargs: Mapping = {},
+           method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Table 8: Entertainment-Education, not available offline: every row "needs download"."""
+    return _main_table(records, profile, "table8_entertainment_education_full", (), cell_kwargs, method_kwargs)
+
+
+# ======================================================================================
+# Tables 3, 4: SCL / MCL ablation; Table 5: alpha
+# ======================================================================================
+SETTING_KEYS = ["dataset", "domain", "method", "setting", "metric"]
+
+
+def _ablation(records, profile: str, table_id: str, dataset: str, cell_kwargs: Mapping,
+              method_kwargs: Mapping) -> pd.DataFrame:
+    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = [({"dataset": dataset, "method": label, "setting": setting,
+               "note": f"variant {v!r} at {_size(dim)}" + (
+                   "; ours only (the paper prints no MCL-only row)" if v == "w/o SCL" else "")},
+              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=dim))
+             for v, (label, setting) in ABLATION_LABELS.items()]
+    ours = _aggregate(records, pairs, _score_cells(SCORES))
+    return _compare(ours, load_paper_table(PAPER, table_id), SETTING_KEYS, profile)
+
+
+def table3(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+           dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Table 3: SCL / MCL ablation on Food-Kitchen (``dataset``): MRR, HR@10, NDCG@10 in percent.
+
+    ``"w/o SCL & MCL"``, ``"w/o MCL"`` → ``"SCL only (w/o MCL)"``, ``"FedCSR"`` → ``"FedCSR (SCL +
+    MCL)"``, all at n = 64; ``"w/o SCL"`` → ``"MCL only (w/o SCL)"`` is ours only.
+    """
+    return _ablation(records, profile, "table3_ablation_food_kitchen", dataset, cell_kwargs, method_kwargs)
+
+
+def table4(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+           dataset: str = "Movie-Book") -> pd.DataFrame:
+    """Table 4: the ablation of :func:`table3` on Movie-Book."""
+    return _ablation(records, profile, "table4_ablation_movie_book", dataset, cell_kwargs, method_kwargs)
+
+
+def table5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+           dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Table 5: FedCSR (n = 64) at each α of :data:`~fedlib.experiments.fedcsr.ALPHAS`, percent;
+    ``setting = "alpha=0.1"``; the α the paper does not print are rows of ours only."""
+    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = [({"dataset": dataset, "method": "FedCSR", "setting": f"alpha={a:g}", "note": f"FedCSR at {_size(dim)}"},
+              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, alpha=a, dim=dim)) for a in ALPHAS]
+    ours = _aggregate(records, pairs, _score_cells(SCORES))
+    return _compare(ours, load_paper_table(PAPER, "table5_alpha"), SETTING_KEYS, profile)
+
+
+# ======================================================================================
+# Table 9: individual training per platform
+# ======================================================================================
+def table9(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+           dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Table 9: each platform trained alone vs FedCSR (MRR, HR@10, NDCG@10 in percent, n = 64).
+
+    ``method = "Individual training", setting = "platform k"`` is the Individual run's
+    ``platform<k-1>/<domain>/test/<M>`` (platform k's model on its own test rows);
+    ``"FedCSR", "federated (all 10 platforms)"`` the FedCSR n = 64 run. Ours only: the
+    Individual run over all test rows (``"all platforms (each its own model)"``) and
+    ``"Centralized training"`` (the FedCSR model on all platforms' data pooled).
+    """
+    def metric_cells(name: str) -> Optional[dict]:
+        head, _, rest = name.partition("/")
+        if head.startswith("platform") and head[len("platform"):].isdigit():
+            keys = _score_cells(SCORES)(rest)
+            return {**keys, "setting": f"platform {int(head[len('platform'):]) + 1}"} if keys else None
+        return _score_cells(SCORES)(name)
+
+    individual, federated, centralized = (_sized(dataset, m, cell_kwargs, method_kwargs)
+                                          for m in ("Individual", "FedCSR", "Centralized"))
+    pairs = [({"dataset": dataset, "method": TABLE9_INDIVIDUAL, "setting": TABLE9_ALL_PLATFORMS,
+               "note": f"each platform trains its own FedCSR model at {_size(individual[0])}; platform k = our "
+                       "platform<k-1> (the public code's length-sorted unequal cut)"}, individual[1]),
+             ({"dataset": dataset, "method": "FedCSR", "setting": TABLE9_FEDERATED,
+               "note": f"FedCSR at {_size(federated[0])}"}, federated[1]),
+             ({"dataset": dataset, "method": TABLE9_CENTRALIZED[0], "setting": TABLE9_CENTRALIZED[1],
+               "note": f"ours only: the FedCSR model trained on all platforms' data as one platform, at "
+                       f"{_size(centralized[0])} (the paper's caption mentions it, no row is printed)"},
+              centralized[1])]
+    ours = _aggregate(records, pairs, metric_cells)
+    if len(ours):
+        ours.loc[ours["setting"] == TABLE9_ALL_PLATFORMS, "note"] += "; ours only: every platform's rows"
+    return _compare(ours, load_paper_table(PAPER, "table9_individual_training"), SETTING_KEYS, profile)
+
+
+# ======================================================================================
+# Appendix A.5: communication
+# ======================================================================================
+ROUNDS_METRIC = "communication rounds to converge"
+VOLUME_METRIC = "data volume per single communication"
+ROUND_VOLUME_METRIC = "measured data volume per round (upload + download, all platforms)"
+ROUNDS_RUN_METRIC = "rounds run (early stopping)"
+
+
+def _active_platforms(run) -> Optional[int]:
+    """Platforms that trained in a round: the ``loss/platform<k>`` entries of the first curve row."""
+    curve = (run.extra or {}).get("curve") or []
+    count = sum(1 for key in curve[0] if key.startswith("loss/platform")) if curve else 0
+    return count or None
+
+
+def appendix_a5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                datasets: Sequence[str] = ("Food-Kitchen",)) -> pd.DataFrame:
+    """App. A.5: FedCSR's communication at n = 256 and 64 (key ``dim``) per dataset.
+
+    ``communication rounds to converge``: the selected round (best mean validation MRR; at
+    most 20 rounds at the paper profile, the paper reads ~25 off Figure 3 with up to 100);
+    ``rounds run`` (early stopping);
+    the measured bytes of a round (upload + download of all platforms) and of a single
+    communication (one model, one direction: that over 2 × the platforms that trained), in MB
+    (1024² B, float32 parameters, every parameter). The paper's 24.41 MB is a hypothetical
+    (item embeddings only, 100K items, n = 32, float64) and has no value of ours.
+    """
+    pairs = []
+    for d in datasets:
+        for dim in (_fedcsr_dims(cell_kwargs, method_kwargs) if d in DATASETS or d == "synthetic" else ()):
+            config = method_cell(d, "FedCSR", cell_kwargs, method_kwargs, dim=dim)
+            pairs.append(({"dataset": d, "method": "FedCSR", "dim": str(dim),
+                           "note": f"FedCSR at {_size(dim)}, at most {config['rounds']} rounds with patience "
+                                   f"{config['patience']} (paper: 100 and 20)"}, config))
+    names = {"selected_round": ROUNDS_METRIC, "rounds_run": ROUNDS_RUN_METRIC, "bytes_per_round": ROUND_VOLUME_METRIC}
+    ours = _aggregate(records, pairs, lambda name: {"metric": names[name]} if name in names else None)
+    rows = []
+    for _, row in ours.iterrows():
+        if row["metric"] == ROUND_VOLUME_METRIC:
+            rows.append(_derived({k: row[k] for k in ("dataset", "method", "dim", "metric")}, row["value"] / MB,
+                                 row["std"] / MB, [row], f"mean bytes_per_round / 1024² (MB); {row['note']}", "MB"))
+        else:
+            note = ("the round of the best mean validation MRR (the paper reads ~25 rounds off Figure 3)"
+                    if row["metric"] == ROUNDS_METRIC else "ours only")
+            rows.append({**row.to_dict(), "ours_unit": "rounds", "note": f"{row['note']}; {note}"})
+    by_cell = {(k["dataset"], k["dim"]): c for k, c in pairs}
+    for (dataset, dim), config in by_cell.items():
+        runs = [r for r in runs_of_config(records, config) if "bytes_per_round" in r.metrics and _active_platforms(r)]
+        if not runs:
+            continue
+        values = np.asarray([r.metrics["bytes_per_round"] / (2 * _active_platforms(r)) / MB for r in runs])
+        source = {"run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs),
+                  "commit": RUN_ID_SEPARATOR.join(sorted({r.commit for r in runs})),
+                  "device": RUN_ID_SEPARATOR.join(sorted({r.device for r in runs}))}
+        rows.append(_derived({"dataset": dataset, "method": "FedCSR", "dim": dim, "metric": VOLUME_METRIC},
+                             float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else math.nan,
+                             [source], "bytes_per_round / (2 × platforms that trained) / 1024² (MB): one model, "
+                             "one direction, every parameter in float32; "
+                             + _split_note(dataset, source["run_ids"], latest_records(records)), "MB"))
+    paper = load_paper_table(PAPER, "appendixA5_comm_cost")
+    dims = [str(d) for d in _fedcsr_dims(cell_kwargs, method_kwargs)]
+    paper = _with_dims(paper, lambda r: [""] if r["dataset"].startswith(HYPOTHETICAL) else dims)
+    return _compare(pd.DataFrame(rows), paper, ["dataset", "method", "dim", "metric"], profile)
+
+
+# ======================================================================================
+# Tables of ours only: Figure 2, Figure 6, the audit
+# ======================================================================================
+def figure2_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                  datasets: Sequence[str] = tuple(DATASETS)) -> pd.DataFrame:
+    """Figure 2's numbers (ours only, table id ``figure2``): FedCSR, w/o unified, w/o single
+    (n = 64), MRR / HR@10 / NDCG@10 per domain in percent."""
+    datasets = [d for d in datasets if d in DATASETS or d == "synthetic"]
+    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = [({"dataset": d, "method": v, "note": f"variant {v!r} at n={dim}"},
+              method_cell(d, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=dim))
+             for d in datasets for v in FIGURE2_VARIANTS]
+    cells = [{"dataset": d, "domain": dom, "method": v, "metric": m}
+             for d in datasets for v in FIGURE2_VARIANTS for dom in _domains(d) for m in SCORES]
+    ours = _aggregate(records, pairs, _score_cells(SCORES))
+    return _ours_table(ours, "figure2", cells, ["dataset", "domain", "method", "metric"], profile)
+
+
+def _hidden_setting(factor: float) -> str:
+    return f"hidden = {factor:g}·n"
+
+
+def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                  dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Figure 6's numbers (ours only, table id ``figure6``): FedCSR (n = 64) with the hidden size
+    of SCL's ``t`` at f·n for f in :data:`~fedlib.experiments.fedcsr.HIDDEN_FACTORS`, percent."""
+    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = [({"dataset": dataset, "method": "FedCSR", "setting": _hidden_setting(f),
+               "note": f"FedCSR at n={dim}" + (" (the paper's choice, 2·n)" if f == 2.0 else "")},
+              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, dim=dim, scl_hidden_factor=f))
+             for f in HIDDEN_FACTORS]
+    cells = [{"dataset": dataset, "domain": dom, "method": "FedCSR", "setting": _hidden_setting(f), "metric": m}
+             for f in HIDDEN_FACTORS for dom in _domains(dataset) for m in SCORES]
+    ours = _aggregate(records, pairs, _score_cells(SCORES))
+    return _ours_table(ours, "figure6", cells, SETTING_KEYS, profile)
+
+
+AUDIT_KEYS = ["dataset", "domain", "method", "metric", "stat"]
+AUDIT_STATS = ("valid-selected", "test-selected", "gap (test − valid selected)")
+
+
+def audit_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                dataset: str = "Food-Kitchen", metrics: Sequence[str] = ("MRR", "HR@10")) -> pd.DataFrame:
+    """The audit (ours only, table id ``audit``): for each configuration of
+    :data:`~fedlib.experiments.fedcsr.AUDIT_VARIANTS` (n = 64), the test scores (percent) at the
+    round of the best mean validation MRR (``valid-selected``, ours) and of the best mean test
+    MRR (``test-selected``, the public code's rule), and their gap in percentage points;
+    ``metric = "round"`` gives the two selected rounds."""
+    def metric_cells(name: str) -> Optional[dict]:
+        if name in ("selected_round", "test_selected_round"):
+            return {"domain": "", "metric": "round", "stat": AUDIT_STATS[name.startswith("test")]}
+        if name.startswith("test_selected/"):
+            keys = _score_cells(metrics)(name[len("test_selected/"):])
+            return {**keys, "stat": AUDIT_STATS[1]} if keys else None
+        keys = _score_cells(metrics)(name)
+        return {**keys, "stat": AUDIT_STATS[0]} if keys else None
+
+    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    pairs = [({"dataset": dataset, "method": v, "note": f"configuration {v!r} at n={dim}"},
+              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=dim))
+             for v in AUDIT_VARIANTS]
+    ours = _aggregate(records, pairs, metric_cells)
+    if len(ours):
+        ours.loc[ours["metric"] == "round", "ours_unit"] = "rounds"
+        lookup = {tuple(r[k] for k in AUDIT_KEYS): r for _, r in ours.iterrows()}
+        gaps = []
+        for (d, dom, method, metric, stat), row in lookup.items():
+            other = lookup.get((d, dom, method, metric, AUDIT_STATS[1]))
+            if stat != AUDIT_STATS[0] or metric == "round" or other is None:
+                continue
+            gaps.append(_derived({"dataset": d, "domain": dom, "method": method, "metric": metric,
+                                  "stat": AUDIT_STATS[2]}, 100.0 * (other["value"] - row["value"]), math.nan,
+                                 [row, other], f"100·(test-selected − valid-selected), percentage points; "
+                                 f"{row['note']}", "percent"))
+        ours = pd.concat([ours, pd.DataFrame(gaps)], ignore_index=True) if gaps else ours
+    cells = [{"dataset": dataset, "domain": dom, "method": v, "metric": m, "stat": s}
+             for v in AUDIT_VARIANTS for dom in _domains(dataset) for m in metrics for s in AUDIT_STATS]
+    cells += [{"dataset": dataset, "domain": "", "method": v, "metric": "round", "stat": s, "unit": "rounds"}
+              for v in AUDIT_VARIANTS for s in AUDIT_STATS[:2]]
+    return _ours_table(ours, "audit", cells, AUDIT_KEYS, profile)
+
+
+# ======================================================================================
+# Everything
+# ======================================================================================
+def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
+               datasets: Sequence[str] = tuple(DATASETS)) -> Dict[str, pd.DataFrame]:
+    """Every table (paper tables keyed by their ``paper_tables`` file stem, then ``figure2``,
+    ``figure6``, ``audit``) -> its paper-vs-ours frame.
+
+    ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
+    on top (:func:`~fedlib.experiments.fedcsr.method_cell`); sizes are the grid's. The
+    one-scenario parts (Tables 3, 5, 9, Figure 6, the audit) use Food-Kitchen, or the
+    synthetic task when only it is asked for.
+    """
+    one = _pick(datasets, "Food-Kitchen")
+    common = (cell_kwargs, method_kwargs)
+    return {"table1_dataset_stats": table1(records, profile, datasets),
+            "table2_main": table2(records, profile, datasets, *common),
+            "table3_ablation_food_kitchen": table3(records, profile, *common, dataset=one),
+            "table4_ablation_movie_book": table4(records, profile, *common),
+            "table5_alpha": table5(records, profile, *common, dataset=one),
+            "table6_food_kitchen_full": table6(records, profile, datasets, *common),
+            "table7_movie_book_full": table7(records, profile, datasets, *common),
+            "table8_entertainment_education_full": table8(records, profile, datasets, *common),
+            "table9_individual_training": table9(records, profile, *common, dataset=one),
+            "appendixA5_comm_cost": appendix_a5(records, profile, *common, datasets=datasets),
+            "figure2": figure2_table(records, profile, *common, datasets=datasets),
+            "figure6": figure6_table(records, profile, *common, dataset=one),
+            "audit": audit_table(records, profile, *common, dataset=one)}
+
+
+def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
+                 datasets: Sequence[str] = tuple(DATASETS)) -> Dict[str, pd.DataFrame]:
+    """Record the statistics if needed, build every table and write ``results/fedcsr[/profile]/<table id>.csv``."""
+    from fedlib.reporting import read_runs, write_results_table
+
+    statistics_records(profile, datasets, read_runs(PAPER, profile))
+    tables = all_tables(read_runs(PAPER, profile), profile, cell_kwargs, method_kwargs, datasets=datasets)
+    for frame in tables.values():
+        if len(frame):
+            write_results_table(PAPER, str(frame["table"].iloc[0]), frame, profile)
+    return tables
+
+
+# ======================================================================================
+# Figures
+# ======================================================================================
+def _save(fig, name: Optional[str], profile: str):
+    if name:
+        from fedlib.reporting import save_figure
+        save_figure(fig, PAPER, name, profile)
+    return fig
+
+
+def figure3_configs(dataset: str = "Food-Kitchen", cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                    baselines: Sequence[str] = BASELINES) -> List[Dict[str, Any]]:
+    """The cells of Figure 3's curves: FedCSR w/o SCL & MCL, w/o MCL and full at n = 64, FedCSR at
+    n = 256 and ``baselines`` at n = 64."""
+    small = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
+    configs = [method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=small)
+               for v in FIGURE3_VARIANTS]
+    configs += [method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, dim=d)
+                for d in _fedcsr_dims(cell_kwargs, method_kwargs) if d != small]
+    configs += [_sized(dataset, m, cell_kwargs, method_kwargs)[1] for m in baselines]
+    return grid.unique_cells(configs)
+
+
+def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Learning curves of the given cells: one row per (run, round, numeric curve column).
+
+    Columns ``dataset, method, dim, seed, round, series, value``; ``method`` is the paper's label
+    (``FedPi-Net``; FedCSR variants by name), ``series`` the history key (``"valid/MRR"``: mean over
+    domains, ``"Food/valid/MRR"``, ``"loss"``, ...), ``value`` as recorded (scores are fractions).
+    """
+    rows = []
+    for config in configs:
+        label = method_label(config)
+        label = PAPER_LABELS.get(label, label) if config["method"] != "FedCSR" else label
+        for run in runs_of_config(records, config):
+            for point in (run.extra or {}).get("curve", []):
+                for key, value in point.items():
+                    if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                        rows.append({"dataset": config["dataset"], "method": label, "dim": config["dim"],
+                                     "seed": run.seed, "round": point["round"], "series": key, "value": float(value)})
+    return pd.DataFrame(rows, columns=["dataset", "method", "dim", "seed", "round", "series", "value"])
+
+
+def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper", metric: str = "MRR",
+                  role: str = "valid"):
+    """Figure 3 from :func:`curve_frame`: ``role`` ``metric`` (percent, seed mean) per round, one
+    panel per domain (``"<domain>/<role>/<metric>"``; the mean over domains when no domain series
+    exists), one line per (method, n). Returns ``None`` without points."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    if frame.empty:
+        return None
+    suffix = f"/{role}/{metric}"
+    domains = sorted({s[:-len(suffix)] for s in frame["series"] if s.endswith(suffix) and s.count("/") == 2})
+    panels = [(d, f"{d}{suffix}") for d in domains] or [("mean over domains", f"{role}/{metric}")]
+    if not frame["series"].isin([s for _, s in panels]).any():
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.5), squeeze=False)
+    for ax, (title, series) in zip(axes[0], panels):
+        part = frame[frame["series"] == series]
+        for (method, dim), line in part.groupby(["method", "dim"], sort=False):
+            line = line.groupby("round", as_index=False)["value"].mean()
+            ax.plot(line["round"], 100.0 * line["value"], marker=".", label=f"{method} (n={dim})")
+        ax.set_title(title)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("communication round")
+        ax.set_ylabel(f"{role} {metric} (%)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"FedCSR · Figure 3: {role} {metric} over communication rounds")
+    fig.tight_layout()
+    return _save(fig, name, profile)
+
+
+def _grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]],
+                  errors: Optional[Mapping[str, Sequence[float]]] = None) -> None:
+    width = 0.8 / max(len(series), 1)
+    x = np.arange(len(groups))
+    for i, (label, values) in enumerate(series.items()):
+        yerr = None if errors is None else np.asarray(errors[label], dtype=float)
+        yerr = None if yerr is None or np.isnan(yerr).all() else np.nan_to_num(yerr)
+        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, yerr=yerr, capsize=2, label=label)
+    ax.set_xticks(x)
+    ax.set_xticklabels(groups, fontsize=8, rotation=45 if len(groups) > 8 else 0)
+
+
+def figure_prediction_targets(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
+                              metrics: Sequence[str] = ("MRR", "HR@10")):
+    """Figure 2 from :func:`figure2_table`: bars of FedCSR, w/o unified and w/o single per domain
+    (percent, error bars = std over seeds), one panel per metric. Returns ``None`` without values."""
+    import matplotlib.pyplot as plt
+
+    part = frame[frame["value_ours"].notna() & frame["metric"].isin(metrics)] if len(frame) else frame
+    if part.empty:
+        return None
+    groups = list(dict.fromkeys(f"{d}\n({s})" for d, s in zip(part["domain"], part["dataset"])))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.5), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        rows = part[part["metric"] == metric]
+        lookup = {(f"{r['domain']}\n({r['dataset']})", r["method"]): r for _, r in rows.iterrows()}
+        variants = [v for v in FIGURE2_VARIANTS if v in set(rows["method"])]
+        values = {v: [lookup[(g, v)]["value_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
+        errors = {v: [lookup[(g, v)]["std_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
+        _grouped_bars(ax, groups, values, errors)
+        ax.set_ylabel(f"test {metric} (%)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("FedCSR · Figure 2: single- and unified-domain prediction targets")
+    fig.tight_layout()
+    return _save(fig, name, profile)
+
+
+def _table9_order(setting: str) -> tuple:
+    if setting.startswith("platform "):
+        return (0, int(setting.split()[1]))
+    return (1, [TABLE9_FEDERATED, TABLE9_CENTRALIZED[1], TABLE9_ALL_PLATFORMS].index(setting)
+            if setting in (TABLE9_FEDERATED, TABLE9_CENTRALIZED[1], TABLE9_ALL_PLATFORMS) else 9)
+
+
+def _table9_label(setting: str) -> str:
+    if setting.startswith("platform "):
+        return f"p{setting.split()[1]}"
+    return {TABLE9_FEDERATED: "FedCSR", TABLE9_CENTRALIZED[1]: "central.", TABLE9_ALL_PLATFORMS: "indiv.\n(all)"
+            }.get(setting, setting)
+
+
+def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
+                      metric: str = "MRR"):
+    """Figure 4 from :func:`table9`: ``metric`` (percent) of each platform trained alone (p1–p10)
+    and of FedCSR, ours beside the paper's, one panel per domain. Returns ``None`` without ours."""
+    import matplotlib.pyplot as plt
+
+    part = frame[frame["metric"] == metric] if len(frame) else frame
+    if part.empty or part["value_ours"].isna().all():
+        return None
+    domains = list(dict.fromkeys(part["domain"]))
+    fig, axes = plt.subplots(1, len(domains), figsize=(5.5 * len(domains), 3.5), squeeze=False)
+    for ax, domain in zip(axes[0], domains):
+        rows = part[part["domain"] == domain]
+        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _table9_order(str(rows["setting"].iloc[i])))]
+        groups = [_table9_label(s) for s in rows["setting"]]
+        _grouped_bars(ax, groups, {"ours": rows["value_ours"].tolist(), "paper": rows["value_paper"].tolist()},
+                      {"ours": rows["std_ours"].tolist(), "paper": [math.nan] * len(rows)})
+        ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
+        ax.set_ylabel(f"test {metric} (%)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("FedCSR · Figure 4: individual training (p#) vs FedCSR")
+    fig.tight_layout()
+    return _save(fig, name, profile)
+
+
+def figure_hidden(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
+                  metrics: Sequence[str] = SCORES):
+    """Figure 6 from :func:`figure6_table`: each metric (percent) against the hidden size factor
+    f of SCL's ``t`` (log2 x axis), one line per domain. Returns ``None`` without values."""
+    import matplotlib.pyplot as plt
+
+    part = frame[frame["value_ours"].notna()] if len(frame) else frame
+    if part.empty:
+        return None
+    part = part.assign(factor=[float(s.split("=")[1].split("·")[0]) for s in part["setting"]])
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.8 * len(metrics), 3.3), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        for domain, line in part[part["metric"] == metric].groupby("domain", sort=False):
+            line = line.sort_values("factor")
+            ax.errorbar(line["factor"], line["value_ours"], yerr=line["std_ours"].fillna(0.0), marker="o", capsize=3,
+                        label=domain)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("hidden size of t / n")
+        ax.set_ylabel(f"test {metric} (%)")
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("FedCSR · Figure 6: hidden size of the SCL transformation")
+    fig.tight_layout()
+    return _save(fig, name, profile)

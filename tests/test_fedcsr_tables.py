@@ -1,0 +1,239 @@
+"""FedCSR tables from fabricated run records: percent, seed means, labels, sizes, substitutes, needs-download cells."""
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+import fedlib.experiments.fedcsr as X
+import fedlib.experiments.fedcsr_tables as T
+from fedlib.paths import project_root
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, read_runs
+from fedlib.reporting.consistency import check_results_dir
+
+FK = ("Food", "Kitchen")
+SCALE = {"MRR": 1.0, "NDCG@5": 1.2, "NDCG@10": 1.5, "HR@1": 0.5, "HR@5": 1.8, "HR@10": 2.0}
+
+
+@pytest.fixture()
+def root(tmp_path, monkeypatch):
+    source = project_root() / "paper_tables" / "fedcsr"
+    shutil.copytree(source, tmp_path / "paper_tables" / "fedcsr")
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def scores(mrr, seed=0, domains=FK, platforms=False, bytes_per_round=40.0 * 1024 ** 2):
+    """Metrics as run_cell records them: domain i's MRR is mrr + 0.02·seed + 0.01·i (fractions)."""
+    out = {"selected_round": 4.0 + seed, "test_selected_round": 7.0, "rounds_run": 9.0,
+           "bytes_per_round": bytes_per_round, "seconds": 1.0}
+    for i, d in enumerate(domains):
+        value = mrr + 0.02 * seed + 0.01 * i
+        for metric, factor in SCALE.items():
+            out[f"{d}/test/{metric}"] = factor * value
+            out[f"{d}/valid/{metric}"] = factor * value
+            out[f"test_selected/{d}/test/{metric}"] = factor * value + 0.03
+            if platforms:
+                for k in range(10):
+                    out[f"platform{k}/{d}/test/{metric}"] = factor * value * (k + 1) / 10
+    return out
+
+
+def curve(domains=FK, rounds=3, platforms=10):
+    rows = []
+    for r in range(1, rounds + 1):
+        row = {"round": r, "loss": 1.0 / r, "valid/MRR": 0.01 * r, "test/MRR": 0.01 * r}
+        row.update({f"{d}/valid/MRR": 0.01 * r + 0.001 * i for i, d in enumerate(domains)})
+        row.update({f"loss/platform{k}": 1.0 for k in range(platforms)})
+        rows.append(row)
+    return {"curve": rows, "substitute_split": True}
+
+
+def record(config, values, extra=None):
+    append_run("fedcsr", "quick", config, config["seed"], values, 1.0, extra=extra, device="cpu", commit="abc1234")
+
+
+def row(table, **keys):
+    part = table
+    for key, value in keys.items():
+        part = part[part[key] == value]
+    assert len(part) == 1, (keys, len(part))
+    return part.iloc[0]
+
+
+def test_main_tables_percent_seed_means_labels_and_both_fedcsr_sizes(root):
+    for seed in (0, 1):
+        record(X.cell("Food-Kitchen", "FedCSR", dim=256, seed=seed), scores(0.05, seed), curve())
+        record(X.cell("Food-Kitchen", "PiNet", dim=64, seed=seed), scores(0.03, seed))
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04))
+    records = read_runs("fedcsr", "quick")
+    table = T.table2(records, "quick")
+
+    big = row(table, dataset="Food-Kitchen", domain="Food", method="FedCSR", dim="256", metric="MRR")
+    assert big["value_ours"] == pytest.approx(6.0)          # 100 · mean(0.05, 0.07)
+    assert big["std_ours"] == pytest.approx(100 * np.std([0.05, 0.07], ddof=1))
+    assert big["value_paper"] == pytest.approx(9.15) and big["delta"] == pytest.approx(6.0 - 9.15)
+    assert big["n_seeds"] == 2 and big["unit"] == "percent" and big["ours_unit"] == "fraction"
+    assert big["repeats_paper_value"] == "False"
+    small = row(table, dataset="Food-Kitchen", domain="Kitchen", method="FedCSR", dim="64", metric="HR@5")
+    assert small["value_ours"] == pytest.approx(100 * 1.8 * 0.05)
+    assert small["value_paper"] == pytest.approx(
+        row(table, dataset="Food-Kitchen", domain="Kitchen", method="FedCSR", dim="256", metric="HR@5")["value_paper"])
+    assert small["repeats_paper_value"] == "True" and "n=64" in small["note"]
+    pinet = row(table, dataset="Food-Kitchen", domain="Food", method="FedPi-Net", metric="MRR")
+    assert pinet["dim"] == "64" and pinet["value_ours"] == pytest.approx(4.0) and pinet["value_paper"] == 6.40
+    assert "FedProx" in pinet["note"] and "n=64" in pinet["note"]
+    ours = table[table["value_ours"].notna()]
+    assert len(ours) == 3 * 2 * 3 and ours["note"].str.startswith("SUBSTITUTE split of Food-Kitchen").all()
+    assert set(table["metric"]) == {"MRR", "NDCG@5", "HR@5"}  # Table 2's metrics only
+    conet = row(table, dataset="Movie-Book", domain="Book", method="FedCoNet", metric="MRR")
+    assert math.isnan(conet["value_ours"]) and conet["note"].startswith("not run")
+    assert set(table["method"]) == set(T.PAPER_LABELS.values())
+
+    full = T.table6(records, "quick")
+    assert set(full["metric"]) == set(T.METRICS) and set(full["dataset"]) == {"Food-Kitchen"}
+    assert row(full, domain="Food", method="FedCSR", dim="256", metric="NDCG@10")["value_ours"] == pytest.approx(
+        100 * 1.5 * 0.06)
+    ent = T.table8(records, "quick")
+    assert len(ent) == 108 + 12 and ent["value_ours"].isna().all() and ent["value_paper"].notna().all()
+    assert ent["note"].str.startswith(NEEDS_DOWNLOAD_NOTE).all()
+
+
+def test_ablation_alpha_and_individual_mapping(root):
+    for variant in ("w/o SCL & MCL", "w/o MCL", "w/o SCL", "FedCSR"):
+        record(X.cell("Food-Kitchen", "FedCSR", variant=variant, dim=64),
+               scores({"w/o SCL & MCL": 0.02, "w/o MCL": 0.03, "w/o SCL": 0.035, "FedCSR": 0.04}[variant]))
+    for alpha in (0.1, 0.2):
+        record(X.cell("Food-Kitchen", "FedCSR", alpha=alpha, dim=64), scores(0.01 + alpha / 10))
+    record(X.cell("Food-Kitchen", "Individual", dim=64), scores(0.02, platforms=True))
+    record(X.cell("Food-Kitchen", "Centralized", dim=64), scores(0.06))
+    records = read_runs("fedcsr", "quick")
+
+    t3 = T.table3(records, "quick")
+    scl = row(t3, domain="Food", method="SCL only (w/o MCL)", metric="MRR")
+    assert scl["setting"] == "SCL=yes, MCL=no" and scl["value_paper"] == 8.48
+    assert scl["value_ours"] == pytest.approx(3.0)
+    assert row(t3, domain="Food", method="FedCSR (SCL + MCL)", metric="HR@10")["value_ours"] == pytest.approx(8.0)
+    mcl = row(t3, domain="Kitchen", method="MCL only (w/o SCL)", metric="MRR")
+    assert math.isnan(mcl["value_paper"]) and mcl["value_ours"] == pytest.approx(4.5) and mcl["unit"] == "percent"
+    assert "ours only" in mcl["note"] and "SUBSTITUTE" in mcl["note"]
+    assert T.table4(records, "quick")["value_ours"].isna().all()  # Movie-Book not run
+
+    t5 = T.table5(records, "quick")
+    assert row(t5, domain="Food", setting="alpha=0.1", metric="MRR")["value_ours"] == pytest.approx(2.0)
+    extra = row(t5, domain="Food", setting="alpha=0.2", metric="MRR")
+    assert math.isnan(extra["value_paper"]) and extra["value_ours"] == pytest.approx(3.0)
+    assert row(t5, domain="Food", setting="alpha=0.3", metric="MRR")["value_ours"] == pytest.approx(4.0)  # = FedCSR
+
+    t9 = T.table9(records, "quick")
+    p4 = row(t9, domain="Food", method="Individual training", setting="platform 4", metric="MRR")
+    assert p4["value_ours"] == pytest.approx(100 * 0.02 * 4 / 10) and p4["value_paper"] == 5.99
+    assert p4["run_metric"] == "platform3/Food/test/MRR"
+    p10 = row(t9, domain="Kitchen", method="Individual training", setting="platform 10", metric="HR@10")
+    assert p10["value_ours"] == pytest.approx(100 * 2 * 0.03)
+    fed = row(t9, domain="Food", method="FedCSR", setting="federated (all 10 platforms)", metric="MRR")
+    assert fed["value_ours"] == pytest.approx(4.0) and fed["value_paper"] == 9.15
+    central = row(t9, domain="Food", method="Centralized training", metric="MRR")
+    assert math.isnan(central["value_paper"]) and central["value_ours"] == pytest.approx(6.0)
+    assert row(t9, domain="Food", setting=T.TABLE9_ALL_PLATFORMS, metric="MRR")["value_ours"] == pytest.approx(2.0)
+
+
+def test_write_tables_pass_the_consistency_check(root):
+    record(X.cell("Food-Kitchen", "FedCSR", dim=256), scores(0.05), curve())
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04, bytes_per_round=20.0 * 1024 ** 2), curve())
+    for variant in ("w/o unified", "code: all"):
+        record(X.cell("Food-Kitchen", "FedCSR", variant=variant, dim=64), scores(0.03))
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64, scl_hidden_factor=0.25), scores(0.02))
+    record(X.cell("Food-Kitchen", "Individual", dim=64), scores(0.02, platforms=True))
+    tables = T.write_tables("quick", datasets=("Food-Kitchen",))
+    assert check_results_dir(root / "results" / "fedcsr" / "quick") == []
+    written = {p.stem for p in (root / "results" / "fedcsr" / "quick").glob("*.csv")}
+    assert written == {"table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9",
+                       "appendixA5", "figure2", "figure6", "audit"}
+
+    t1 = tables["table1_dataset_stats"]
+    users = row(t1, dataset="Food-Kitchen", metric="#Users", setting="")
+    assert users["value_ours"] == 16579 and users["value_paper"] == 16579 and "SUBSTITUTE" in users["note"]
+    assert row(t1, dataset="Food-Kitchen", domain="Kitchen", metric="#Items")["value_ours"] == 34886
+    sparsity = row(t1, dataset="Food-Kitchen", metric="Sparsity", setting="")
+    assert 99.0 < sparsity["value_ours"] < 100.0 and sparsity["unit"] == "percent"
+    shares = t1[t1["metric"] == "platform share of training users"]
+    assert len(shares) == 10 and shares["value_ours"].sum() == pytest.approx(100.0)
+    sequences = t1[t1["metric"] == "platform #Train sequences"]["value_ours"].sum()
+    assert sequences == row(t1, dataset="Food-Kitchen", metric="#Train", setting="")["value_ours"]
+
+    comm = tables["appendixA5_comm_cost"]
+    rounds = row(comm, dataset="Food-Kitchen", dim="256", metric=T.ROUNDS_METRIC)
+    assert rounds["value_ours"] == 4 and rounds["value_paper"] == 25 and rounds["unit"] == "rounds"
+    single = row(comm, dataset="Food-Kitchen", dim="64", metric=T.VOLUME_METRIC)
+    assert single["value_ours"] == pytest.approx(1.0) and single["unit"] == "MB"  # 20 MB / (2 × 10 platforms)
+    hypothetical = comm[comm["dataset"].str.startswith("hypothetical")].iloc[0]
+    assert math.isnan(hypothetical["value_ours"]) and "hypothetical" in hypothetical["note"]
+
+    audit = tables["audit"]
+    gap = row(audit, method="code: all", domain="Food", metric="HR@10", stat=T.AUDIT_STATS[2])
+    assert gap["value_ours"] == pytest.approx(3.0) and gap["run_ids"]  # test-selected + 0.03
+    assert row(audit, method="code: all", metric="round", stat="test-selected")["value_ours"] == 7
+    assert audit[audit["method"] == "code: central graph"]["value_ours"].isna().all()
+    fig2 = tables["figure2"]
+    assert row(fig2, method="w/o unified", domain="Kitchen", metric="MRR")["value_ours"] == pytest.approx(4.0)
+    assert fig2[fig2["method"] == "w/o single"]["note"].str.startswith("not run").all()
+    fig6 = tables["figure6"]
+    assert row(fig6, setting="hidden = 0.25·n", domain="Food", metric="MRR")["value_ours"] == pytest.approx(2.0)
+    assert row(fig6, setting="hidden = 2·n", domain="Food", metric="MRR")["value_ours"] == pytest.approx(4.0)
+
+
+def test_no_runs_and_the_smoke_task(root):
+    tables = T.all_tables([], "quick")
+    for table_id, frame in tables.items():
+        assert len(frame), table_id
+        assert frame["value_ours"].isna().all() and (frame["note"].str.len() > 0).all(), table_id
+    assert tables["table2_main"]["note"].str.startswith("not run").any()
+
+    # a smoke profile fixes one small size for every cell (as the notebook's live cells do)
+    cell_kwargs = {"dim": 8, "rounds": 2, "patience": 2, "local_epochs": 1, "seed": 0}
+    method_kwargs = {m: {"rounds": 1} for m in X.BASELINES}
+    record(X.method_cell("synthetic", "FedCSR", cell_kwargs, method_kwargs), scores(0.3, domains=("A", "B")))
+    record(X.method_cell("synthetic", "C2DSR", cell_kwargs, method_kwargs), scores(0.2, domains=("A", "B")))
+    record(X.cell("synthetic", "Individual", **cell_kwargs), scores(0.1, domains=("A", "B"), platforms=True))
+    records = read_runs("fedcsr", "quick")
+    smoke = T.all_tables(records, "quick", cell_kwargs, method_kwargs, datasets=("synthetic",))
+    t2 = smoke["table2_main"]
+    synthetic = row(t2, dataset="synthetic", domain="B", method="FedC2DSR", metric="MRR")
+    assert synthetic["value_ours"] == pytest.approx(21.0) and synthetic["unit"] == "percent"
+    assert synthetic["dim"] == "8" and math.isnan(synthetic["value_paper"]) and "synthetic" in synthetic["note"]
+    assert row(t2, dataset="synthetic", domain="A", method="FedCSR", metric="MRR")["value_ours"] == pytest.approx(30.0)
+    paper_fedcsr = row(t2, dataset="Food-Kitchen", domain="Food", method="FedCSR", metric="MRR")  # one size only
+    assert paper_fedcsr["dim"] == "8" and paper_fedcsr["repeats_paper_value"] == "False"
+    assert smoke["table6_food_kitchen_full"]["value_ours"].isna().all()
+    t9 = smoke["table9_individual_training"]
+    platform2 = row(t9, dataset="synthetic", domain="A", setting="platform 2", metric="MRR")
+    assert platform2["value_ours"] == pytest.approx(2.0)  # 100 · 0.1 · 2 / 10
+    assert set(smoke["audit"]["dataset"]) == {"synthetic"} and set(smoke["audit"]["domain"]) == {"A", "B", ""}
+
+
+def test_figures_build_from_frames(root):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04), curve())
+    record(X.cell("Food-Kitchen", "C2DSR", dim=64), scores(0.03), curve(rounds=5))
+    record(X.cell("Food-Kitchen", "FedCSR", variant="w/o single", dim=64), scores(0.03))
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64, scl_hidden_factor=4.0), scores(0.035))
+    record(X.cell("Food-Kitchen", "Individual", dim=64), scores(0.02, platforms=True))
+    records = read_runs("fedcsr", "quick")
+
+    curves = T.curve_frame(records, T.figure3_configs())
+    food = curves[(curves["series"] == "Food/valid/MRR")]
+    assert set(food["method"]) == {"FedCSR", "FedC2DSR"} and food["round"].max() == 5
+    fig = T.figure_curves(curves, "figure3_convergence", profile="quick")
+    assert fig is not None and (root / "figures" / "fedcsr" / "figure3_convergence.png").exists()
+    assert len(fig.axes) == 2  # Food, Kitchen
+    assert T.figure_curves(curves.iloc[0:0]) is None
+    assert T.figure_prediction_targets(T.figure2_table(records, "quick")) is not None
+    assert T.figure_individual(T.table9(records, "quick")) is not None
+    assert T.figure_individual(T.table9([], "quick")) is None
+    assert T.figure_hidden(T.figure6_table(records, "quick")) is not None
+    plt.close("all")
