@@ -111,6 +111,9 @@ def test_every_method_runs_on_the_synthetic_task(method):
     _check_metrics(metrics, domains, "test_selected/")
     assert 1 <= metrics["selected_round"] <= 2 and 1 <= metrics["test_selected_round"] <= 2
     assert 1 <= len(extra["curve"]) == metrics["rounds_run"] <= 2 and metrics["seconds"] > 0
+    for d in domains:   # full ranking (every item of the domain, 30 here) is harder than 1 + 20 candidates
+        assert 0 < metrics[f"full/{d}/test/MRR"] <= 1 and metrics[f"full/{d}/test/HR@10"] <= 1
+    assert sum(metrics[f"full/{d}/test/MRR"] for d in domains) < sum(metrics[f"{d}/test/MRR"] for d in domains)
     if method == "Individual":
         assert metrics["bytes_per_round"] == 0
         assert math.isfinite(metrics["platform1/A/test/MRR"])

@@ -63,6 +63,33 @@ def test_candidate_scores_use_the_gt_domain_head_and_its_index_space(split):
     assert out["A"]["MRR"] == pytest.approx(np.mean(1.0 / expected[~dom]))
 
 
+def _every_item_candidates(split, role):
+    """Each row's candidates = its GT, then every other item of the GT's domain (equal domain sizes)."""
+    na, nb = split.num_items_a, split.num_items_b
+    assert na == nb
+    gt = getattr(split, role).last_items()
+    out = []
+    for g in gt:
+        lo = na if g >= na else 0
+        out.append([g] + [i for i in range(lo, lo + na) if i != g])
+    return np.asarray(out, dtype=np.int64)
+
+
+@pytest.mark.parametrize("baseline", [False, True])
+def test_full_ranking_equals_ranking_every_item_as_a_candidate(split, baseline):
+    import dataclasses
+    from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig
+
+    torch.manual_seed(0)
+    model = (TiSASRec(split.num_items_a, split.num_items_b, TiSASRecConfig(dim=8, maxlen=8)) if baseline
+             else FedCSRModel(split.num_items_a, split.num_items_b, CFG, T.platform_graphs(split)[0]))
+    full = T.sequence_ranks(model, split, "test", full_ranking=True, batch_size=8)
+    every = dataclasses.replace(split, test_candidates=_every_item_candidates(split, "test"))
+    assert full.tolist() == T.sequence_ranks(model, every, "test").tolist()
+    sampled = T.sequence_ranks(model, split, "test")
+    assert (full >= sampled).all() and (full > sampled).any()     # 20 negatives vs 29 competitors
+
+
 # ----------------------------------------------------------------------------- federated pieces
 def test_fedavg_is_the_weighted_mean_of_the_state_dicts():
     a = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.0])}

@@ -58,7 +58,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import (FedCSRConfig, GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs,
-                                   check_sampled_negatives, draw_negatives_torch, prediction_loss)
+                                   check_sampled_negatives, cross_domain_scores, draw_negatives_torch,
+                                   prediction_loss)
 
 __all__ = ["C2DSRConfig", "C2DSR", "BilinearDiscriminator", "corrupt_other_domain", "infomax_loss",
            "masked_mean"]
@@ -198,20 +199,5 @@ class C2DSR(nn.Module):
 
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
         """``W^d (h*_last + h^d_last)`` at the candidates (B, C) of the GT domain ``gt_domain`` (B,) → (B, C)."""
-        h_cross, h_a, h_b = self.encoder(inputs)                            # 3 × (B, L, n)
-        L, n = inputs.cross.shape[1], h_cross.shape[2]
-        col = torch.arange(L, device=h_cross.device)                        # (L,)
-        out = torch.empty(candidates.shape, dtype=h_cross.dtype, device=h_cross.device)  # (B, C)
-        for d, (h_d, pos_d, head, offset) in enumerate(((h_a, inputs.pos_a, self.head_a, 0),
-                                                        (h_b, inputs.pos_b, self.head_b, self.num_items_a))):
-            m = gt_domain == d                                              # (B,)
-            if not bool(m.any()):
-                continue
-            last_d = ((pos_d[m] > 0) * col).amax(dim=1)                     # (b,) last domain-d column
-            h_last = h_d[m].gather(1, last_d.view(-1, 1, 1).expand(-1, 1, n)).squeeze(1)  # (b, n)
-            logits = head(h_cross[m][:, -1] + h_last)                       # (b, |V^d|)
-            idx = candidates[m] - offset                                    # (b, C)
-            if bool((idx < 0).any()) or bool((idx >= logits.shape[1]).any()):
-                raise ValueError("all candidates of a row must lie in that row's gt_domain")
-            out[m] = logits.gather(1, idx)
-        return out
+        return cross_domain_scores(self.encoder(inputs), inputs, (self.head_a, self.head_b), candidates, gt_domain,
+                                   self.num_items_a)

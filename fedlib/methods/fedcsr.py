@@ -460,6 +460,45 @@ class FedCSRModel(nn.Module):
             "cross_a": self.head_a(h_a + h_cross), "cross_b": self.head_b(h_b + h_cross),
         }
 
+    def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
+        """(B, C) scores of global candidate ids (all of the row's ``gt_domain``) after each history
+        (:func:`cross_domain_scores`)."""
+        return cross_domain_scores(self.encoder(inputs), inputs, (self.head_a, self.head_b), candidates, gt_domain,
+                                   self.num_items_a)
+
+
+def cross_domain_scores(hidden: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], inputs: SequenceInputs,
+                        heads: Tuple[nn.Linear, nn.Linear], candidates: torch.Tensor, gt_domain: torch.Tensor,
+                        num_items_a: int) -> torch.Tensor:
+    """Domain ``d``'s cross-domain head of Eq. 16 at the last position, ``(h*_last + h^d_last) W^d``,
+    read at the candidates (as C2DSR and the public code score).
+
+    ``h*_last`` is the cross encoder's feature at the last history position, ``h^d_last`` the
+    domain-``d`` encoder's at the last domain-``d`` position (column 0's feature, a padding row,
+    when the history has no domain-``d`` item).
+
+    Args:
+        hidden: ``(H*, H^A, H^B)``, three (B, L, n); ``heads``: ``(W^A, W^B)``.
+        candidates: (B, C) global ids, all in the row's ``gt_domain`` (B,) (0 = A, 1 = B).
+    Returns: (B, C) scores. Raises ``ValueError`` when a candidate lies outside its row's domain.
+    """
+    h_cross, h_a, h_b = hidden
+    col = torch.arange(inputs.cross.shape[1], device=h_cross.device)        # (L,)
+    out = torch.empty(candidates.shape, dtype=h_cross.dtype, device=h_cross.device)  # (B, C)
+    for d, (h_d, pos_d, head, offset) in enumerate(((h_a, inputs.pos_a, heads[0], 0),
+                                                    (h_b, inputs.pos_b, heads[1], num_items_a))):
+        m = gt_domain == d                                                  # (B,)
+        if not bool(m.any()):
+            continue
+        last_d = ((pos_d[m] > 0) * col).amax(dim=1)                         # (b,) last domain-d column (0 if none)
+        h_last = h_d[m].gather(1, last_d.view(-1, 1, 1).expand(-1, 1, h_d.shape[2])).squeeze(1)  # (b, n)
+        logits = head(h_cross[m][:, -1] + h_last)                           # (b, |V^d|)
+        idx = candidates[m] - offset                                        # (b, C) head index space
+        if bool((idx < 0).any()) or bool((idx >= logits.shape[1]).any()):
+            raise ValueError("all candidates of a row must lie in that row's gt_domain")
+        out[m] = logits.gather(1, idx)
+    return out
+
 
 def frozen_copy(model: FedCSRModel) -> FedCSRModel:
     """A copy of the (global) model for MCL: eval mode, no parameter requires grad."""
@@ -620,7 +659,7 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
 __all__ = [
     "FedCSRConfig", "SequenceInputs", "SequenceBatch", "TransitionGraphs", "CausalSelfAttention", "GAEncoder",
     "FedCSRModel", "domain_index", "inputs_from_cross", "make_batch", "augment_sequence", "augment_inputs",
-    "transition_graphs", "propagate", "sequence_representations", "frozen_copy", "head_cross_entropy", "check_sampled_negatives", "draw_negatives",
+    "transition_graphs", "propagate", "sequence_representations", "frozen_copy", "cross_domain_scores", "head_cross_entropy", "check_sampled_negatives", "draw_negatives",
     "draw_negatives_torch", "prediction_loss",
     "information_gap", "mcl_loss", "scl_loss", "fedcsr_loss",
 ]

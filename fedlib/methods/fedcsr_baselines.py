@@ -53,8 +53,8 @@ from torch import nn
 
 from fedlib.data.splits import SequenceSplit
 from fedlib.methods.fedcsr import make_batch, transition_graphs
-from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, fedavg, platform_graphs, rank_metrics,
-                                         ranks_from_scores, state_bytes)
+from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, fedavg, platform_graphs, rank_metrics, sequence_ranks,
+                                         state_bytes)
 
 __all__ = ["FedProxConfig", "BaselineResult", "proximal_term", "local_update", "evaluate_baseline",
            "gather_domain_scores",
@@ -172,23 +172,9 @@ def local_update(model: nn.Module, split: SequenceSplit, rows: np.ndarray, tc: F
 
 # ----------------------------------------------------------------------------- evaluation
 @torch.no_grad()
-def _ranks(model: nn.Module, split: SequenceSplit, role: str, rows: np.ndarray, tie_rule: str,
-           batch_size: int, device: torch.device) -> np.ndarray:
-    seqs, cands = getattr(split, role), np.asarray(getattr(split, f"{role}_candidates"))
-    na, nb = split.num_items_a, split.num_items_b
-    out = np.empty(rows.size, dtype=np.int64)
-    for start in range(0, rows.size, batch_size):
-        chunk = rows[start:start + batch_size]
-        inputs = make_batch(seqs, na, nb, model.config.maxlen, rows=chunk).inputs.to(device)
-        cand = torch.as_tensor(cands[chunk], device=device)                  # (B, C) global ids, GT first
-        gt_domain = (cand[:, 0] >= na).to(torch.int64)                       # (B,)
-        scores = model.score(inputs, cand, gt_domain)                        # (B, C)
-        out[start:start + chunk.size] = ranks_from_scores(scores, tie_rule).cpu().numpy()
-    return out
-
-
 def evaluate_baseline(model: nn.Module, split: SequenceSplit, role: str, graphs=None, *,
-                      tie_rule: str = "optimistic", batch_size: int = 512, device=None) -> Dict[str, Any]:
+                      tie_rule: str = "optimistic", batch_size: int = 512, device=None,
+                      full_ranking: bool = False) -> Dict[str, Any]:
     """Per-GT-domain metrics of ``split.<role>``; platform ``k``'s rows use ``graphs[k]`` when given.
 
     Rows come from ``split.extra[f"{role}_platforms"]`` (all rows at once when absent).
@@ -210,7 +196,8 @@ def evaluate_baseline(model: nn.Module, split: SequenceSplit, role: str, graphs=
             rows = np.asarray(rows, dtype=np.int64)
             if graphs is not None and hasattr(model, "set_graphs"):
                 model.set_graphs(graphs[k % len(graphs)])
-            ranks = _ranks(model, split, role, rows, tie_rule, batch_size, device)
+            ranks = sequence_ranks(model, split, role, rows, tie_rule=tie_rule, batch_size=batch_size, device=device,
+                                   full_ranking=full_ranking)
             dom = (targets[rows] >= split.num_items_a).astype(np.int64)
             all_r.append(ranks)
             all_d.append(dom)

@@ -134,9 +134,17 @@ def _domain_names(split: SequenceSplit):
 
 
 @torch.no_grad()
-def sequence_ranks(model: FedCSRModel, split: SequenceSplit, role: str, rows=None, *,
-                   tie_rule: str = "optimistic", batch_size: int = 512, device=None) -> np.ndarray:
-    """Ranks of the GT of ``split.<role>`` rows (default all) with the model's current graphs → (n,) int64."""
+def sequence_ranks(model: torch.nn.Module, split: SequenceSplit, role: str, rows=None, *,
+                   tie_rule: str = "optimistic", batch_size: int = 512, device=None,
+                   full_ranking: bool = False) -> np.ndarray:
+    """Ranks of the GT of ``split.<role>`` rows (default all) → (n,) int64.
+
+    ``model`` is FedCSR or any baseline: it has ``config.maxlen`` and
+    ``score(inputs, candidates (B, C), gt_domain (B,)) -> (B, C)``, and carries its current graphs.
+    ``full_ranking=False`` ranks the GT among the row's stored candidates (GT + sampled
+    negatives); ``True`` among **every item of the GT's domain** (the user's other items are not
+    removed; ties count for the GT as in ``tie_rule="optimistic"``).
+    """
     if role not in ("valid", "test"):
         raise ValueError(f"role must be 'valid' or 'test', got {role!r}")
     seqs, cands = getattr(split, role), np.asarray(getattr(split, f"{role}_candidates"))
@@ -146,43 +154,53 @@ def sequence_ranks(model: FedCSRModel, split: SequenceSplit, role: str, rows=Non
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     device = torch.device(device) if device is not None else next(model.parameters()).device
-    na, maxlen = model.num_items_a, model.config.maxlen
+    na, nb, maxlen = split.num_items_a, split.num_items_b, model.config.maxlen
+    if full_ranking:                       # (B, |V^d|) scores per chunk: keep chunks small
+        batch_size = max(1, batch_size // 8)
     was_training = model.training
     model.eval()
     out = np.empty(rows.size, dtype=np.int64)
     try:
-        for start in range(0, rows.size, batch_size):
-            chunk = rows[start:start + batch_size]
-            inputs = make_batch(seqs, na, model.num_items_b, maxlen, rows=chunk).inputs.to(device)
-            h_cross, h_a, h_b = model.encoder(inputs)                     # 3 × (B, L, n)
-            L = inputs.cross.shape[1]
-            col = torch.arange(L, device=device)                           # (L,)
-            cand = torch.as_tensor(cands[chunk], device=device)            # (B, C) global ids
-            gt_b = cand[:, 0] >= na                                        # (B,)
-            ranks = torch.empty(chunk.size, dtype=torch.int64, device=device)
-            for d, (h_d, pos_d, head, offset) in enumerate(((h_a, inputs.pos_a, model.head_a, 0),
-                                                            (h_b, inputs.pos_b, model.head_b, na))):
-                m = gt_b if d else ~gt_b                                   # (B,)
-                if not bool(m.any()):
+        with torch.no_grad():
+            for start in range(0, rows.size, batch_size):
+                chunk = rows[start:start + batch_size]
+                inputs = make_batch(seqs, na, nb, maxlen, rows=chunk).inputs.to(device)
+                gt = torch.as_tensor(cands[chunk, 0], device=device)          # (B,) global ids
+                gt_domain = (gt >= na).to(torch.int64)                         # (B,)
+                if full_ranking:
+                    out[start:start + chunk.size] = _full_ranks(model, inputs, gt, gt_domain, na, nb).cpu().numpy()
                     continue
-                last_d = ((pos_d[m] > 0) * col).amax(dim=1)                # (b,) last domain-d column (0 if none)
-                h_last = h_d[m].gather(1, last_d.view(-1, 1, 1).expand(-1, 1, h_d.shape[2])).squeeze(1)  # (b, n)
-                logits = head(h_cross[m][:, -1] + h_last)                  # (b, |V^d|)
-                idx = cand[m] - offset                                     # (b, C) head index space
-                if bool((idx < 0).any()) or bool((idx >= logits.shape[1]).any()):
-                    raise ValueError(f"{role} candidates must all lie in the GT's domain")
-                ranks[m] = ranks_from_scores(logits.gather(1, idx), tie_rule)
-            out[start:start + chunk.size] = ranks.cpu().numpy()
+                cand = torch.as_tensor(cands[chunk], device=device)            # (B, C) global ids, GT first
+                try:
+                    scores = model.score(inputs, cand, gt_domain)              # (B, C)
+                except ValueError as error:
+                    raise ValueError(f"{role} candidates must all lie in the GT's domain") from error
+                out[start:start + chunk.size] = ranks_from_scores(scores, tie_rule).cpu().numpy()
     finally:
         model.train(was_training)
     return out
+
+
+def _full_ranks(model, inputs, gt: torch.Tensor, gt_domain: torch.Tensor, na: int, nb: int) -> torch.Tensor:
+    """1 + #{items of the GT's domain scored above the GT}, per row → (B,) int64."""
+    ranks = torch.empty(gt.shape, dtype=torch.int64, device=gt.device)
+    for d, (offset, size) in enumerate(((0, na), (na, nb))):
+        m = gt_domain == d                                                     # (B,)
+        if not bool(m.any()):
+            continue
+        sub = type(inputs)(*(t[m] for t in inputs))                            # the rows of domain d
+        every = torch.arange(offset, offset + size, device=gt.device).expand(int(m.sum()), size)  # (b, |V^d|)
+        scores = model.score(sub, every, gt_domain[m])                         # (b, |V^d|)
+        truth = scores.gather(1, (gt[m] - offset).view(-1, 1))                 # (b, 1)
+        ranks[m] = 1 + (scores > truth).sum(dim=1)
+    return ranks
 
 
 def evaluate_sequences(model: FedCSRModel, split: SequenceSplit, role: str,
                        graphs_per_platform: Union[TransitionGraphs, SequenceT[TransitionGraphs]], *,
                        rows_per_platform: Optional[SequenceT] = None, models: Optional[SequenceT[FedCSRModel]] = None,
                        tie_rule: str = "optimistic", batch_size: int = 512, device=None,
-                       return_ranks: bool = False) -> Dict[str, Any]:
+                       return_ranks: bool = False, full_ranking: bool = False) -> Dict[str, Any]:
     """Per-GT-domain MRR, NDCG@5/10, HR@1/5/10 (and ``count``) of ``split.<role>``.
 
     Args:
@@ -190,7 +208,8 @@ def evaluate_sequences(model: FedCSRModel, split: SequenceSplit, role: str,
             platform; platform ``k``'s rows (``rows_per_platform[k]``, default
             ``split.extra[f"{role}_platforms"][k]``) are scored with graph ``k``.
         models: optional per-platform models (individual training); default ``model`` everywhere.
-        return_ranks: also return ``"ranks"`` (pooled) and ``"platform_ranks"`` / ``"platform_domains"``.
+        return_ranks: also return ``"ranks"`` (pooled) and ``"domains"``.
+        full_ranking: rank the GT among every item of its domain (:func:`sequence_ranks`).
     Returns:
         ``{domain_name: {metric: value, "count": n}}`` (plus ``"per_platform"``: the same per platform).
     """
@@ -219,7 +238,8 @@ def evaluate_sequences(model: FedCSRModel, split: SequenceSplit, role: str,
         net = model if models is None else models[k]
         net.set_graphs(graphs)
         rows = np.asarray(rows, dtype=np.int64)
-        ranks = sequence_ranks(net, split, role, rows, tie_rule=tie_rule, batch_size=batch_size, device=device)
+        ranks = sequence_ranks(net, split, role, rows, tie_rule=tie_rule, batch_size=batch_size, device=device,
+                               full_ranking=full_ranking)
         dom = (targets[rows] >= split.num_items_a).astype(np.int64)
         all_ranks.append(ranks)
         all_dom.append(dom)
