@@ -133,3 +133,10 @@ def test_ablation_flags_change_the_trained_loss():
     no_cl = X.run_cell(X.cell("synthetic", variant="w/o SCL & MCL", **kw))["extra"]["curve"][0]
     assert "loss/mcl" in full and "loss/scl" in full
     assert "loss/mcl" not in no_cl and "loss/scl" not in no_cl
+
+
+def test_progress_is_called_once_per_round_for_every_method_family():
+    for method in ("FedCSR", "Individual", "TiSASRec"):
+        rounds_seen = []
+        X.run_cell(X.cell("synthetic", method, **TINY), progress=rounds_seen.append)
+        assert rounds_seen == [1, 2], method

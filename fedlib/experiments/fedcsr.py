@@ -78,7 +78,7 @@ from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
 from fedlib.methods.fedcsr import FedCSRConfig
 from fedlib.methods.fedcsr_baselines import FedProxConfig, evaluate_baseline, train_federated_baseline
-from fedlib.methods.fedcsr_train import FedCSRTrainConfig, evaluate_sequences, train_fedcsr, train_individual
+from fedlib.methods.fedcsr_train import FedCSRTrainConfig, evaluate_sequences, train_fedcsr
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -304,10 +304,9 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     if method in ("FedCSR", "Individual", "Centralized"):
         model_config, train_config = fedcsr_configs(config, device)
         trained_on = centralized_split(split) if method == "Centralized" else split
-        if method == "Individual":
-            result = train_individual(trained_on, model_config, train_config)
-        else:
-            result = train_fedcsr(trained_on, model_config, train_config)
+        on_round = (lambda row: progress(row["round"])) if progress else None
+        result = train_fedcsr(trained_on, model_config, train_config, individual=method == "Individual",
+                              progress=on_round)
         per_platform = result.per_platform if method == "Individual" else []
         models = result.models
         full = evaluate_sequences(models[0], trained_on, "test", result.graphs,

@@ -76,7 +76,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence as SequenceT, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence as SequenceT, Union
 
 import numpy as np
 import torch
@@ -413,8 +413,11 @@ def _mean_mrr(block: Dict[str, Dict[str, float]], role: str) -> float:
 
 def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
                  train_config: FedCSRTrainConfig = FedCSRTrainConfig(), *, individual: bool = False,
-                 verbose: bool = False) -> FedCSRResult:
+                 verbose: bool = False, progress: Optional[Callable[[Dict[str, float]], None]] = None
+                 ) -> FedCSRResult:
     """FedCSR's federated round loop (module docstring); ``individual=True`` trains each platform alone.
+
+    ``progress`` is called with each round's history row (e.g. to advance a progress bar).
 
     Raises:
         ValueError: no platform with training sequences, platform/valid/test platform counts
@@ -517,6 +520,8 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
         valid, test = _mean_mrr(metrics, "valid"), _mean_mrr(metrics, "test")
         row.update({"valid/MRR": valid, "test/MRR": test, "seconds": time.perf_counter() - t0})
         history.append(row)
+        if progress is not None:
+            progress(row)
         if verbose:
             print(f"round {rnd}: loss {row['loss']:.4f} valid/MRR {valid:.4f} test/MRR {test:.4f}")
         if test > best_test_score:
