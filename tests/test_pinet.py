@@ -123,9 +123,19 @@ def _sampled_setup():
     return na, nb, make_batch(split.train, na, nb, 8, rows=np.arange(12))
 
 
-def test_default_loss_is_the_full_softmax_of_the_logits():
+def _model(name, **changes):
+    """π-Net or PSJNet (same loss, Eq. 9) with the module's test config and ``changes``."""
+    from fedlib.methods.psjnet import PSJNet, PSJNetConfig
+    if name == "PiNet":
+        return PiNet, dataclasses.replace(CFG, **changes)
+    return PSJNet, PSJNetConfig(**{"dim": 16, "maxlen": 8, "num_roles": 3, "dropout": 0.0, "seed": 1, **changes})
+
+
+@pytest.mark.parametrize("name", ["PiNet", "PSJNet"])
+def test_default_loss_is_the_full_softmax_of_the_logits(name):
     na, nb, batch = _sampled_setup()
-    model = PiNet(na, nb, CFG).eval()
+    cls, cfg = _model(name)
+    model = cls(na, nb, cfg).eval()
     assert model.config.sampled_negatives is None
     ta, ma, tb, mb = parallel_targets(batch)
     with torch.no_grad():
@@ -137,10 +147,11 @@ def test_default_loss_is_the_full_softmax_of_the_logits():
     assert torch.allclose(loss, ref, rtol=1e-6, atol=1e-6)
 
 
-def test_sampled_softmax_over_every_item_is_the_full_softmax():
+@pytest.mark.parametrize("name", ["PiNet", "PSJNet"])
+def test_sampled_softmax_over_every_item_is_the_full_softmax(name):
     na, nb, batch = _sampled_setup()
-    model = PiNet(na, nb, dataclasses.replace(CFG, sampled_negatives=4)).eval()
-    full = PiNet(na, nb, CFG).eval()                                          # same seed, same weights
+    cls, cfg = _model(name, sampled_negatives=4)
+    model, full = cls(na, nb, cfg).eval(), cls(na, nb, _model(name)[1]).eval()   # same seed, same weights
     every = (torch.arange(na).flip(0), torch.arange(nb))
     with torch.no_grad():
         ref = full.loss(batch)
@@ -150,16 +161,17 @@ def test_sampled_softmax_over_every_item_is_the_full_softmax():
         assert torch.isfinite(sampled) and not torch.allclose(sampled, ref, rtol=1e-2)
     # training mode (dropout on the features, then the sampled head) still reaches every module
     torch.manual_seed(0)
-    drop = PiNet(na, nb, dataclasses.replace(CFG, dropout=0.3, sampled_negatives=4))
+    drop = cls(na, nb, _model(name, dropout=0.3, sampled_negatives=4)[1])
     drop.loss(batch).backward()
     assert drop.head_b.weight.grad.abs().sum() > 0 and drop.emb_a.weight.grad.abs().sum() > 0
 
 
-def test_sampled_negatives_is_validated():
+@pytest.mark.parametrize("name", ["PiNet", "PSJNet"])
+def test_sampled_negatives_is_validated(name):
     for bad in (0, -1, 10.0, True, "1000"):
         with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
-            PiNetConfig(sampled_negatives=bad)
-    assert PiNetConfig(sampled_negatives=1000).sampled_negatives == 1000
+            _model(name, sampled_negatives=bad)
+    assert _model(name, sampled_negatives=1000)[1].sampled_negatives == 1000
 
 
 # ----------------------------------------------------------------------------- learning

@@ -1,15 +1,12 @@
 """PSJNet-II: split unit (role-specific gated states), join unit (role attention), training."""
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods.fedcsr import make_batch
-from fedlib.methods.pinet import parallel_targets
 from fedlib.methods.psjnet import JoinUnit, PSJNet, PSJNetConfig, SplitUnit
 
 torch.set_num_threads(1)
@@ -109,52 +106,6 @@ def test_shapes_history_dependence_and_determinism():
     assert not torch.equal(model.head_a.weight, other_seed.head_a.weight)
     with pytest.raises(ValueError, match="domain"):
         model.score(batch.inputs, cand, torch.tensor([0, 1, 0]))
-
-
-# ----------------------------------------------------------------------------- sampled softmax
-def _sampled_setup():
-    split = cross_domain_sequences(num_users=60, items_a=30, items_b=40, num_negatives=9)
-    na, nb = split.num_items_a, split.num_items_b
-    return na, nb, make_batch(split.train, na, nb, 8, rows=np.arange(12))
-
-
-def test_default_loss_is_the_full_softmax_of_the_logits():
-    na, nb, batch = _sampled_setup()
-    model = PSJNet(na, nb, CFG).eval()
-    assert model.config.sampled_negatives is None
-    ta, ma, tb, mb = parallel_targets(batch)
-    with torch.no_grad():
-        state = torch.get_rng_state()
-        loss = model.loss(batch)
-        assert torch.equal(torch.get_rng_state(), state)                   # no negatives drawn
-        logit_a, logit_b = model.logits(batch.inputs)                       # (B, L, |A|), (B, L, |B|)
-        ref = F.cross_entropy(logit_a[ma], ta[ma]) + F.cross_entropy(logit_b[mb], tb[mb])
-    assert torch.allclose(loss, ref, rtol=1e-6, atol=1e-6)
-
-
-def test_sampled_softmax_over_every_item_is_the_full_softmax():
-    na, nb, batch = _sampled_setup()
-    model = PSJNet(na, nb, dataclasses.replace(CFG, sampled_negatives=4)).eval()
-    full = PSJNet(na, nb, CFG).eval()                                          # same seed, same weights
-    every = (torch.arange(na).flip(0), torch.arange(nb))
-    with torch.no_grad():
-        ref = full.loss(batch)
-        assert torch.allclose(model.loss(batch, negatives=every), ref, rtol=1e-5, atol=1e-6)
-        torch.manual_seed(0)
-        sampled = model.loss(batch)                                         # 4 drawn negatives per domain
-        assert torch.isfinite(sampled) and not torch.allclose(sampled, ref, rtol=1e-2)
-    # training mode (dropout on the features, then the sampled head) still reaches every module
-    torch.manual_seed(0)
-    drop = PSJNet(na, nb, dataclasses.replace(CFG, dropout=0.3, sampled_negatives=4))
-    drop.loss(batch).backward()
-    assert drop.head_b.weight.grad.abs().sum() > 0 and drop.emb_a.weight.grad.abs().sum() > 0
-
-
-def test_sampled_negatives_is_validated():
-    for bad in (0, -1, 10.0, True, "1000"):
-        with pytest.raises(ValueError, match=r"sampled_negatives must be None .*positive int"):
-            PSJNetConfig(sampled_negatives=bad)
-    assert PSJNetConfig(sampled_negatives=1000).sampled_negatives == 1000
 
 
 # ----------------------------------------------------------------------------- learning

@@ -64,14 +64,13 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
 
 __all__ = ["PiNetConfig", "PiNet", "SharedAccountFilter", "masked_gru", "parallel_targets",
-           "candidate_scores"]
+           "candidate_scores", "parallel_loss"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +150,25 @@ def candidate_scores(logits_a: torch.Tensor, logits_b: torch.Tensor, candidates:
 
 
 # ----------------------------------------------------------------------------- SFU (Eqs. 2–5)
+def parallel_loss(model: nn.Module, batch: SequenceBatch,
+                  negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+    """Eq. 9 of π-Net and PSJNet: next-A plus next-B cross-entropy at every prefix (each a mean).
+
+    ``model`` has ``features(inputs) -> (z_A, z_B)`` (B, L, 2n), ``drop``, ``head_a``, ``head_b``
+    and ``config.sampled_negatives``. ``negatives``: explicit shared negatives per domain, local
+    ids ``((S_A,), (S_B,))``; by default drawn from torch's RNG when ``sampled_negatives`` is set,
+    else the full softmax.
+    """
+    z_a, z_b = model.features(batch.inputs)                                # (B, L, 2n) each
+    ta, ma, tb, mb = parallel_targets(batch)
+    if negatives is None:
+        negatives = draw_negatives_torch(model.num_items_a, model.num_items_b, model.config.sampled_negatives,
+                                         z_a.device)                       # None or ((S_A,), (S_B,))
+    neg_a, neg_b = negatives if negatives is not None else (None, None)
+    return (head_cross_entropy(model.head_a, model.drop(z_a), ta, ma, neg_a)
+            + head_cross_entropy(model.head_b, model.drop(z_b), tb, mb, neg_b))
+
+
 class SharedAccountFilter(nn.Module):
     """Shared Account Filter Unit of one direction (source → target domain), ``K`` members."""
 
@@ -236,17 +254,7 @@ class PiNet(nn.Module):
         ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
         default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
         """
-        z_a, z_b = self.features(batch.inputs)                             # (B, L, 2n) each
-        ta, ma, tb, mb = parallel_targets(batch)
-        if negatives is None:
-            negatives = draw_negatives_torch(self.num_items_a, self.num_items_b, self.config.sampled_negatives,
-                                             z_a.device)                   # None or ((S_A,), (S_B,))
-        if negatives is None:                                              # full softmax, dropout on used rows
-            return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
-                    + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
-        neg_a, neg_b = negatives                                           # (S_A,), (S_B,) local ids
-        return (head_cross_entropy(self.head_a, self.drop(z_a), ta, ma, neg_a)
-                + head_cross_entropy(self.head_b, self.drop(z_b), tb, mb, neg_b))
+        return parallel_loss(self, batch, negatives)
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:

@@ -60,9 +60,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
-                                   head_cross_entropy)
-from fedlib.methods.pinet import candidate_scores, masked_gru, parallel_targets
+from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_sampled_negatives
+from fedlib.methods.pinet import candidate_scores, masked_gru, parallel_loss
 
 __all__ = ["PSJNetConfig", "PSJNet", "SplitUnit", "JoinUnit"]
 
@@ -201,17 +200,7 @@ class PSJNet(nn.Module):
         ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
         default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
         """
-        z_a, z_b = self.features(batch.inputs)                             # (B, L, 2n) each
-        ta, ma, tb, mb = parallel_targets(batch)
-        if negatives is None:
-            negatives = draw_negatives_torch(self.num_items_a, self.num_items_b, self.config.sampled_negatives,
-                                             z_a.device)                   # None or ((S_A,), (S_B,))
-        if negatives is None:                                              # full softmax, dropout on used rows
-            return (head_cross_entropy(lambda z: self.head_a(self.drop(z)), z_a, ta, ma)
-                    + head_cross_entropy(lambda z: self.head_b(self.drop(z)), z_b, tb, mb))
-        neg_a, neg_b = negatives                                           # (S_A,), (S_B,) local ids
-        return (head_cross_entropy(self.head_a, self.drop(z_a), ta, ma, neg_a)
-                + head_cross_entropy(self.head_b, self.drop(z_b), tb, mb, neg_b))
+        return parallel_loss(self, batch, negatives)
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
