@@ -74,3 +74,13 @@ def smoke_records(tmp_path_factory):
         return records
 
     return get
+
+
+@pytest.fixture(scope="module")
+def records(request, smoke_records):
+    """The smoke records of the notebook named by the test module's ``STEM`` (``tests/test_notebook_NN.py``)."""
+    stem = getattr(request.module, "STEM", None)
+    if stem is None:
+        raise ValueError(f"{request.module.__name__} asks for the 'records' fixture but sets no STEM "
+                         "(the notebook name, e.g. STEM = \"05_fedcsr\")")
+    return smoke_records(stem)

@@ -1,17 +1,9 @@
 """Notebook 00 at the smoke profile: the recorded metrics satisfy the lesson's invariants."""
-import pandas as pd
 import pytest
 
+from fedlib.notebook.records import record_frame as frame
+
 STEM = "00_fedrec_from_scratch"
-
-
-@pytest.fixture(scope="module")
-def records(smoke_records):
-    return smoke_records(STEM)
-
-
-def frame(record):
-    return pd.DataFrame(record["records"], columns=record["columns"])
 
 
 def test_smoke_profile_and_budget(records):

@@ -1,21 +1,12 @@
 """Notebook 01 (FedRKG) at the smoke profile: recorded metrics satisfy the paper's invariants."""
-import math
 
 import numpy as np
-import pandas as pd
 import pytest
+
+from fedlib.notebook.records import record_frame as frame
 
 STEM = "01_fedrkg"
 METHODS = {"MF", "NeuMF", "FedMF", "FedNCF", "PFedRec", "GPFedRec", "CoFedRec", "FedRAP", "FedDAE", "FedRKG"}
-
-
-@pytest.fixture(scope="module")
-def records(smoke_records):
-    return smoke_records(STEM)
-
-
-def frame(record):
-    return pd.DataFrame(record["records"], columns=record["columns"])
 
 
 def test_smoke_profile_and_budget(records):

@@ -2,20 +2,12 @@
 import math
 
 import numpy as np
-import pandas as pd
 import pytest
+
+from fedlib.notebook.records import record_frame as frame
 
 STEM = "02_f3crec"
 METHODS = {"FT", "Reg", "KD", "RLP2", "SPP", "F3CRec"}
-
-
-@pytest.fixture(scope="module")
-def records(smoke_records):
-    return smoke_records(STEM)
-
-
-def frame(record):
-    return pd.DataFrame(record["records"], columns=record["columns"])
 
 
 def test_smoke_profile_and_budget(records):

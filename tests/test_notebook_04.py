@@ -3,16 +3,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from fedlib.notebook.records import record_frame as frame
+
 STEM = "04_fedpcl_cdr"
-
-
-@pytest.fixture(scope="module")
-def records(smoke_records):
-    return smoke_records(STEM)
-
-
-def frame(record):
-    return pd.DataFrame(record["records"], columns=record["columns"])
 
 
 def test_smoke_profile_and_budget(records):

@@ -1,18 +1,10 @@
 """Notebook 05 (FedCSR) at the smoke profile: recorded metrics satisfy the method's invariants."""
 import numpy as np
-import pandas as pd
 import pytest
 
+from fedlib.notebook.records import record_frame as frame
+
 STEM = "05_fedcsr"
-
-
-@pytest.fixture(scope="module")
-def records(smoke_records):
-    return smoke_records(STEM)
-
-
-def frame(record):
-    return pd.DataFrame(record["records"], columns=record["columns"])
 
 
 def test_smoke_profile_and_budget(records):

@@ -13,7 +13,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 RECORD_MIME = "application/vnd.fedlib.record+json"
 FINISHED_KEY = "__finished__"
@@ -119,3 +119,10 @@ def read_record_file(path: str | Path) -> dict[str, Any]:
             item = json.loads(line)
             records[item["name"]] = item["value"]
     return records
+
+
+def record_frame(record: Mapping[str, Any]):
+    """A table record (``{"columns": [...], "records": [...]}``, as :func:`record` stores a DataFrame) as a DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame(record["records"], columns=record["columns"])
