@@ -140,3 +140,17 @@ def test_progress_is_called_once_per_round_for_every_method_family():
         rounds_seen = []
         X.run_cell(X.cell("synthetic", method, **TINY), progress=rounds_seen.append)
         assert rounds_seen == [1, 2], method
+
+
+def test_command_line_filters_cells_and_adds_seeds(monkeypatch):
+    ran = {}
+    monkeypatch.setattr(X, "run_grid", lambda cells, profile, cache_dir: ran.update(cells=cells, profile=profile))
+    X.main(["table2", "--methods", "FedCSR", "TiSASRec", "--datasets", "Food-Kitchen", "--dims", "64",
+            "--seeds", "0", "1"])
+    cells = ran["cells"]
+    assert ran["profile"] == "paper" and len(cells) == 4           # FedCSR@64 and TiSASRec@64, two seeds
+    assert {(c["method"], c["dim"], c["dataset"]) for c in cells} == {("FedCSR", 64, "Food-Kitchen"),
+                                                                       ("TiSASRec", 64, "Food-Kitchen")}
+    assert sorted(c["seed"] for c in cells) == [0, 0, 1, 1]
+    with pytest.raises(SystemExit):
+        X.main(["table2", "--datasets", "Phone-Sport"])              # not a FedCSR scenario

@@ -60,7 +60,6 @@ full softmax. Learning rate 1e-3
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import importlib
@@ -407,32 +406,9 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.fedcsr",
-                                     description="Run parts of the FedCSR paper-profile grid (resumable).")
-    parser.add_argument("parts", nargs="+", choices=PARTS)
-    parser.add_argument("--methods", nargs="+", default=None, help="keep only cells with these row labels")
-    parser.add_argument("--datasets", nargs="+", default=None, choices=list(DATASETS))
-    parser.add_argument("--dims", nargs="+", type=int, default=None, help="keep only cells with these sizes")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=".cache/fedcsr")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reverse", action="store_true", help="walk the cells backwards (a second process)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cells: List[Dict[str, Any]] = []
-    for part in args.parts:
-        cells += grid_cells(part)
-    if args.methods:
-        cells = [c for c in cells if method_label(c) in args.methods]
-    if args.datasets:
-        cells = [c for c in cells if c["dataset"] in args.datasets]
-    if args.dims:
-        cells = [c for c in cells if c["dim"] in args.dims]
-    cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
-    if args.reverse:
-        cells = cells[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir))
+    """``python -m fedlib.experiments.fedcsr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
+    grid.grid_main(argv, paper=PAPER, title="FedCSR", parts=PARTS, grid_cells=grid_cells, label=method_label,
+                   run_grid=run_grid, filters={"--datasets": ("dataset", list(DATASETS), str), "--dims": ("dim", None, int)})
 
 
 if __name__ == "__main__":

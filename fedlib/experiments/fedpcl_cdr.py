@@ -39,7 +39,6 @@ batch 256, one sampled negative per positive, one local epoch per round, at most
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 from dataclasses import replace
@@ -354,29 +353,9 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.fedpcl_cdr",
-                                     description="Run parts of the FedPCL-CDR paper-profile grid (resumable).")
-    parser.add_argument("parts", nargs="+", choices=PARTS)
-    parser.add_argument("--methods", nargs="+", default=None, help="keep only cells with these row labels")
-    parser.add_argument("--tasks", nargs="+", default=None, choices=list(TASKS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=".cache/fedpcl_cdr")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reverse", action="store_true", help="walk the cells backwards (a second process)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cells: List[Dict[str, Any]] = []
-    for part in args.parts:
-        cells += grid_cells(part)
-    if args.methods:
-        cells = [c for c in cells if method_label(c) in args.methods]
-    if args.tasks:
-        cells = [c for c in cells if c["task"] in args.tasks]
-    cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
-    if args.reverse:
-        cells = cells[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir))
+    """``python -m fedlib.experiments.fedpcl_cdr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
+    grid.grid_main(argv, paper=PAPER, title="FedPCL-CDR", parts=PARTS, grid_cells=grid_cells, label=method_label,
+                   run_grid=run_grid, filters={"--tasks": ("task", list(TASKS), str)})
 
 
 if __name__ == "__main__":

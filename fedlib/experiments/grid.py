@@ -114,3 +114,42 @@ def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], l
                    "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
         out.append(append_run(paper, profile, config, 0, metrics, time.perf_counter() - started))
     return out
+
+
+def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: Sequence[str],
+              grid_cells: Callable[[str], List[Dict[str, Any]]], label: Callable[[Mapping[str, Any]], str],
+              run_grid: Callable[..., Any], filters: Mapping[str, tuple] = {}) -> List[Dict[str, Any]]:
+    """The command line of a paper's resumable grid: pick parts, filter cells, add seeds, run.
+
+    ``filters`` maps an option (``"--datasets"``) to ``(cell key, choices or None, type)``; a cell
+    is kept when its value of that key is one of the option's values. Returns the cells run.
+    """
+    import argparse
+
+    import torch
+
+    parser = argparse.ArgumentParser(prog=f"python -m fedlib.experiments.{paper}",
+                                     description=f"Run parts of the {title} paper-profile grid (resumable).")
+    parser.add_argument("parts", nargs="+", choices=list(parts))
+    parser.add_argument("--methods", nargs="+", default=None, help="keep only cells with these row labels")
+    for option, (_, choices, kind) in filters.items():
+        parser.add_argument(option, nargs="+", default=None, type=kind, choices=choices)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--profile", default="paper")
+    parser.add_argument("--cache-dir", default=f".cache/{paper}")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--reverse", action="store_true", help="walk the cells backwards (a second process)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cells = [c for part in args.parts for c in grid_cells(part)]
+    if args.methods:
+        cells = [c for c in cells if label(c) in args.methods]
+    for option, (key, _, _) in filters.items():
+        wanted = getattr(args, option.lstrip("-").replace("-", "_"))
+        if wanted:
+            cells = [c for c in cells if c[key] in wanted]
+    cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
+    if args.reverse:
+        cells = cells[::-1]
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir))
+    return cells
