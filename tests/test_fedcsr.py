@@ -150,6 +150,26 @@ def test_propagation_is_the_mean_of_input_and_neighbours():
     assert torch.allclose(out[1], 0.5 * table[1]) and torch.equal(out[3], table[3])
 
 
+
+def test_row_propagation_equals_indexing_the_full_propagation_with_its_gradient():
+    rng = np.random.default_rng(0)
+    n = 40
+    sequences = [list(rng.integers(0, n, size=rng.integers(2, 10))) for _ in range(30)]
+    graph = M.transition_graphs(sequences, n, 5).a.double()           # domain A graph over n items
+    table = torch.randn(n + 1, 6, dtype=torch.float64, requires_grad=True)
+    ids = torch.tensor([[3, 3, 7, n, n], [39, 0, 1, 2, n]])           # repeats and padding
+    full, rows = M.propagate(graph, table)[ids], M.propagate_rows(graph, table, ids)
+    assert rows.shape == (2, 5, 6)
+    assert torch.allclose(full, rows, atol=1e-12)
+    weights = torch.randn_like(full)
+    grad_full, = torch.autograd.grad((full * weights).sum(), table)
+    grad_rows, = torch.autograd.grad((rows * weights).sum(), table)
+    assert torch.allclose(grad_full, grad_rows, atol=1e-12)
+    toy = M.transition_graphs([[0, 1], [0, 2]], NA, NB).a             # items 1, 2 have no successor
+    small = torch.arange(8, dtype=torch.float32).reshape(4, 2)
+    out = M.propagate_rows(toy, small, torch.tensor([2, 0, PAD - NB]))
+    assert torch.allclose(out, torch.stack([0.5 * small[2], 0.5 * (small[0] + 0.5 * (small[1] + small[2])), small[3]]))
+
 # ----------------------------------------------------------------------------- encoder
 def test_causal_encoder_does_not_look_ahead():
     _, _, model = _tiny()

@@ -31,3 +31,35 @@ tolerance = 0.01
     assert expected.failed_checks("99_demo", records) == []
     with pytest.raises(KeyError, match="recorded no 'loss'"):
         expected.failed_checks("99_demo", {"table": records["table"]})
+
+
+def test_refresh_fills_expected_and_tolerance_from_a_seed_sweep(tmp_path, monkeypatch):
+    import tomllib
+
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    folder = tmp_path / "tests" / "expected_quick"
+    folder.mkdir(parents=True)
+    (folder / "99_demo.toml").write_text(
+        '# header line\n\n[[check]]\nname = "cell"\nrecord = "table"\nrow = { method = "B" }\ncolumn = "NDCG"\n'
+        'floor = 0.001\n\n[[check]]\nname = "scalar"\nrecord = "loss"\nfloor = 0.5\n'
+    )
+    runs = [{"profile": "quick", "loss": loss, "table": {"columns": ["method", "NDCG"],
+                                                         "records": [{"method": "B", "NDCG": ndcg}]}}
+            for loss, ndcg in ((1.0, 0.50), (1.1, 0.52), (0.9, 0.54))]
+    header = "# header line"
+    text = expected.refreshed_text(header, expected.read_expected("99_demo")["check"], [0, 1, 2], runs)
+    parsed = tomllib.loads(text)
+    assert text.startswith("# header line\n")
+    assert parsed["seeds"] == [0, 1, 2]
+    cell, scalar = parsed["check"]
+    assert cell["row"] == {"method": "B"} and cell["expected"] == 0.5
+    assert cell["tolerance"] == pytest.approx(3 * 0.02, rel=1e-5)  # sample std of 0.50, 0.52, 0.54 is 0.02
+    assert scalar["expected"] == 1.0 and scalar["tolerance"] == 0.5  # 3 × 0.1 < floor
+    with pytest.raises(ValueError, match="first run must be seed 0"):
+        expected.refreshed_text(header, parsed["check"], [1, 2, 0], runs)
+    with pytest.raises(ValueError, match="not 'quick'"):
+        expected.refreshed_text(header, parsed["check"], [0, 1, 2], [dict(runs[0], profile="smoke"), *runs[1:]])
+    with pytest.raises(ValueError, match="has no floor"):
+        expected.refreshed_text(header, [{"name": "x", "record": "loss"}], [0, 1], runs[:2])
+    with pytest.raises(ValueError, match="non-finite"):
+        expected.tolerance_from_sweep([1.0, float("nan")], 0.1)

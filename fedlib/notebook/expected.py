@@ -10,15 +10,25 @@
     column = "NDCG@20"
     expected = 0.0924            # seed-0 value
     tolerance = 0.006            # max(3 × seed std, a floor), from the sweep
+    floor = 0.003                # optional: the smallest tolerance ``refresh`` may write
 
 ``./run quick-check`` executes each notebook at ``quick`` and applies these checks; it is
 not part of CI (each notebook takes minutes).
+
+A new file can be written with only ``name``, ``record``, ``row``/``column`` (or ``key``)
+and ``floor`` per check; ``python -m fedlib.notebook.expected NN_name SEED0.ipynb
+SEED1.ipynb ...`` then fills ``expected`` and ``tolerance`` from notebooks executed at
+``quick`` with ``FEDLIB_OVERRIDE='{"seed": s}'`` (the first one must be seed 0).
 """
 from __future__ import annotations
 
+import argparse
+import json
+import math
+import statistics
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional, Sequence
 
 from fedlib.paths import project_root
 
@@ -56,3 +66,87 @@ def failed_checks(notebook: str, records: Mapping[str, Any]) -> list[str]:
         if abs(got - check["expected"]) > check["tolerance"]:
             failures.append(f"{check['name']}: got {got:.6g}, expected {check['expected']:.6g} ± {check['tolerance']:.3g}")
     return failures
+
+
+# ----------------------------------------------------------------------------- writing a file from a seed sweep
+CHECK_KEYS = ("name", "record", "row", "column", "key", "floor")
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value) if isinstance(value, int) else f"{value:.6g}"
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string is a JSON string for these names
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} to an expected-values file")
+
+
+def tolerance_from_sweep(values: Sequence[float], floor: float) -> float:
+    """``max(3 × sample std of values, floor)`` (``values`` from two or more seeds)."""
+    if len(values) < 2:
+        raise ValueError(f"a tolerance needs values from at least two seeds, got {len(values)}")
+    if not all(math.isfinite(v) for v in values):
+        raise ValueError(f"the sweep produced a non-finite value: {list(values)}")
+    return max(3 * statistics.stdev(values), float(floor))
+
+
+def refreshed_text(header: str, checks: Sequence[Mapping[str, Any]], seeds: Sequence[int],
+                   runs: Sequence[Mapping[str, Any]]) -> str:
+    """The text of an expected-values file whose checks are re-derived from ``runs``.
+
+    Args:
+        header: comment lines written first (``#`` included).
+        checks: the checks; each needs ``floor`` (``expected``/``tolerance`` are replaced).
+        seeds: the seed of each run, ``seeds[0] == 0``.
+        runs: the records of each executed notebook (:func:`~fedlib.notebook.records.read_records`).
+    """
+    if len(seeds) != len(runs):
+        raise ValueError(f"{len(seeds)} seeds for {len(runs)} runs")
+    if not seeds or seeds[0] != 0:
+        raise ValueError(f"the first run must be seed 0 (its values are the expected ones), got seeds {list(seeds)}")
+    for run, seed in zip(runs, seeds):
+        if run.get("profile") != "quick":
+            raise ValueError(f"the seed-{seed} run was executed at profile {run.get('profile')!r}, not 'quick'")
+    lines = [header.rstrip("\n"), f"seeds = {_toml_value(list(seeds))}"]
+    for check in checks:
+        if "floor" not in check:
+            raise ValueError(f"check {check.get('name')!r} has no floor: add floor = <smallest tolerance>")
+        values = [lookup(run, check) for run in runs]
+        lines += ["", "[[check]]"]
+        lines += [f"{k} = {_toml_value(check[k])}" for k in CHECK_KEYS if k in check]
+        lines += [f"expected = {_toml_value(values[0])}",
+                  f"tolerance = {_toml_value(tolerance_from_sweep(values, check['floor']))}",
+                  f"# seeds {', '.join(map(str, seeds))}: " + ", ".join(f"{v:.4g}" for v in values)]
+    return "\n".join(lines) + "\n"
+
+
+def refresh(notebook: str, executed: Sequence[Path], seeds: Optional[Sequence[int]] = None) -> Path:
+    """Rewrite ``tests/expected_quick/<notebook>.toml`` from notebooks executed at ``quick``."""
+    from fedlib.notebook.records import read_records
+
+    path = expected_file(notebook)
+    text = path.read_text()
+    header = "\n".join(line for line in text.split("[[check]]", 1)[0].splitlines() if line.startswith("#"))
+    seeds = list(seeds) if seeds is not None else list(range(len(executed)))
+    runs = [read_records(p) for p in executed]
+    path.write_text(refreshed_text(header, read_expected(notebook).get("check", []), seeds, runs))
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m fedlib.notebook.expected",
+                                     description="Fill a notebook's expected quick-profile values from a seed sweep.")
+    parser.add_argument("notebook", help="e.g. 03_fedkdrec (its tests/expected_quick/<notebook>.toml must exist)")
+    parser.add_argument("executed", nargs="+", type=Path, help="executed .ipynb files, seed 0 first")
+    parser.add_argument("--seeds", nargs="+", type=int, help="the seed of each file (default 0 1 2 ...)")
+    args = parser.parse_args(argv)
+    print(refresh(args.notebook, args.executed, args.seeds))
+
+
+if __name__ == "__main__":
+    main()
