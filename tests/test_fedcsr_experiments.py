@@ -144,7 +144,7 @@ def test_progress_is_called_once_per_round_for_every_method_family():
 
 def test_command_line_filters_cells_and_adds_seeds(monkeypatch):
     ran = {}
-    monkeypatch.setattr(X, "run_grid", lambda cells, profile, cache_dir: ran.update(cells=cells, profile=profile))
+    monkeypatch.setattr(X, "run_grid", lambda cells, profile, **kwargs: ran.update(cells=cells, profile=profile, **kwargs))
     X.main(["table2", "--methods", "FedCSR", "TiSASRec", "--datasets", "Food-Kitchen", "--dims", "64",
             "--seeds", "0", "1"])
     cells = ran["cells"]

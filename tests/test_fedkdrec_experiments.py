@@ -153,3 +153,22 @@ def test_selected_learning_rates_match_the_recorded_tuning_runs():
         pytest.skip("no family's tuning runs are recorded yet")
     for fam in complete:
         assert X.SELECTED[fam] == derived[fam], f"SELECTED[{fam!r}] disagrees with the recorded tuning runs"
+
+
+def test_command_line_keeps_backboneless_baselines_and_splits_work(monkeypatch):
+    ran = {}
+    monkeypatch.setattr(X, "run_grid", lambda cells, profile, **kwargs: ran.update(cells=cells, profile=profile, **kwargs))
+    X.main(["table1", "--backbones", "LightGCN", "--dataset", "ML-1M", "--seeds", "0", "1", "--worker", "1",
+            "--workers", "2"])
+    cells = ran["cells"]
+    labels = {(c["method"], c["backbone"]) for c in cells}
+    assert labels == {("FedMF", None), ("FedNCF", None), ("FedPerGNN", None), ("Centralized", "LightGCN"),
+                      ("FedKDRec", "LightGCN")}                     # FedKDRec and its -m-c~s (PTF-FedRec)
+    assert len(cells) == 2 * 6 and {c["dataset"] for c in cells} == {"ML-1M"}
+    assert (ran["worker"], ran["workers"]) == (1, 2)
+    X.main(["ablation", "--methods=-m", "--backbones", "NeuMF"])                # labels starting with "-": "="
+    assert [(c["variant"], c["backbone"], c["seed"]) for c in ran["cells"]] == [("-m", "NeuMF", 0)]
+    with pytest.raises(SystemExit):
+        X.main(["table1", "--worker", "2", "--workers", "2"])
+    with pytest.raises(SystemExit):
+        X.main(["table1", "--backbones", "MF"])                     # not a backbone of the paper

@@ -408,7 +408,7 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m fedlib.experiments.fedcsr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
     grid.grid_main(argv, paper=PAPER, title="FedCSR", parts=PARTS, grid_cells=grid_cells, label=method_label,
-                   run_grid=run_grid, filters={"--datasets": ("dataset", list(DATASETS), str), "--dims": ("dim", None, int)})
+                   run_grid=run_grid, filters={"--datasets": grid.CellFilter("dataset", list(DATASETS)), "--dims": grid.CellFilter("dim", type=int)})
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ Protocol (the paper states none; see :mod:`fedlib.data.protocols.fedkdrec`):
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import time
@@ -539,35 +538,15 @@ def selected_from_records(records) -> Dict[str, float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.fedkdrec",
-                                     description="Run parts of the FedKDRec paper-profile grid (resumable).")
-    parser.add_argument("parts", nargs="+", choices=PARTS)
-    parser.add_argument("--dataset", default="ML-100K", choices=list(DATASETS))
-    parser.add_argument("--methods", nargs="+", default=None,
-                        help="keep only cells with these row labels (FedKDRec, PTF-FedRec, -m, w/o R_i, FedMF, ...)")
-    parser.add_argument("--backbones", nargs="+", default=None, choices=list(BACKBONES))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
-                        help="run every selected cell with each of these seeds (Tables 1-2: 0 1 2 3 4)")
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=".cache/fedkdrec")
-    parser.add_argument("--worker", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reverse", action="store_true",
-                        help="walk the cells backwards: a second process sharing the cache meets the first halfway")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cells: List[Dict[str, Any]] = []
-    for part in args.parts:
-        cells += grid_cells(part, args.dataset)
-    if args.methods:
-        cells = [c for c in cells if method_label(c) in args.methods]
-    if args.backbones:
-        cells = [c for c in cells if c["backbone"] is None or c["backbone"] in args.backbones]
-    cells = [{**c, "seed": seed} for seed in args.seeds for c in cells]
-    if args.reverse:
-        cells = unique_cells(cells)[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
+    """``python -m fedlib.experiments.fedkdrec <parts> [--dataset ..] [--methods ..] [--backbones ..] [--seeds ..]``.
+
+    ``--methods`` takes row labels (FedKDRec, PTF-FedRec, w/o R_i, FedMF; write ``--methods=-m``
+    for a label that starts with a dash); the paper's Tables 1-2 use ``--seeds 0 1 2 3 4``
+    (:func:`fedlib.experiments.grid.grid_main`).
+    """
+    grid.grid_main(argv, paper=PAPER, title="FedKDRec", parts=PARTS, grid_cells=grid_cells, label=method_label,
+                   run_grid=run_grid, part_options={"--dataset": dict(default="ML-100K", choices=list(DATASETS))},
+                   filters={"--backbones": grid.CellFilter("backbone", list(BACKBONES), keep_missing=True)})
 
 
 if __name__ == "__main__":

@@ -355,7 +355,7 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """``python -m fedlib.experiments.fedpcl_cdr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
     grid.grid_main(argv, paper=PAPER, title="FedPCL-CDR", parts=PARTS, grid_cells=grid_cells, label=method_label,
-                   run_grid=run_grid, filters={"--tasks": ("task", list(TASKS), str)})
+                   run_grid=run_grid, filters={"--tasks": grid.CellFilter("task", list(TASKS))})
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ round). Patience is kept in rounds (100), i.e. ``ceil(100 / eval_every)`` evalua
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import math
 import time
@@ -801,29 +800,14 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.fedrkg",
-                                     description="Run parts of the FedRKG paper-profile grid (resumable).")
-    parser.add_argument("parts", nargs="+", choices=PARTS)
-    parser.add_argument("--datasets", nargs="+", default=list(OFFLINE_DATASETS), choices=list(DATASETS))
-    parser.add_argument("--methods", nargs="+", default=None, choices=list(METHODS),
-                        help="keep only cells of these methods")
-    parser.add_argument("--samplers", nargs="+", default=list(SAMPLERS), choices=list(SAMPLERS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
-                        help="run every selected cell with each of these seeds (Table 1: 0 1 2 3 4)")
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=".cache/fedrkg")
-    parser.add_argument("--worker", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cells: List[Dict[str, Any]] = []
-    for part in args.parts:
-        cells += grid_cells(part, args.datasets)
-    cells = [c for c in cells if c["sampler"] in args.samplers and (args.methods is None or c["method"] in args.methods)]
-    cells = [{**c, "seed": seed} for seed in args.seeds for c in cells]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
+    """``python -m fedlib.experiments.fedrkg <parts> [--datasets ..] [--methods ..] [--samplers ..] [--seeds ..]``.
 
+    Table 1 uses ``--seeds 0 1 2 3 4`` on FilmTrust and Amazon-Video (:func:`fedlib.experiments.grid.grid_main`).
+    """
+    grid.grid_main(argv, paper=PAPER, title="FedRKG", parts=PARTS, grid_cells=grid_cells, run_grid=run_grid,
+                   part_options={"--datasets": dict(nargs="+", default=list(OFFLINE_DATASETS), choices=list(DATASETS))},
+                   filters={"--methods": grid.CellFilter("method", METHODS, help="keep only cells of these methods"),
+                            "--samplers": grid.CellFilter("sampler", list(SAMPLERS))})
 
 if __name__ == "__main__":
     main()

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import pandas as pd
 
 from fedlib.reporting.results import config_hash
 
-__all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "record_split_statistics"]
+__all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "record_split_statistics",
+           "CellFilter", "grid_main"]
 
 #: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
 Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
@@ -116,40 +117,78 @@ def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], l
     return out
 
 
+class CellFilter(NamedTuple):
+    """A grid command-line option that keeps the cells whose value is one of the option's values.
+
+    ``key`` names a cell entry, or is a function of the cell (its row label, say);
+    ``keep_missing`` lets through the cells that have no value (``None``), e.g. methods
+    without a backbone when filtering by backbone.
+    """
+    key: Union[str, Callable[[Mapping[str, Any]], Any]]
+    choices: Optional[Sequence[Any]] = None
+    type: Callable[[str], Any] = str
+    keep_missing: bool = False
+    help: Optional[str] = None
+
+    def value(self, cell: Mapping[str, Any]) -> Any:
+        return self.key(cell) if callable(self.key) else cell[self.key]
+
+
 def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: Sequence[str],
-              grid_cells: Callable[[str], List[Dict[str, Any]]], label: Callable[[Mapping[str, Any]], str],
-              run_grid: Callable[..., Any], filters: Mapping[str, tuple] = {}) -> List[Dict[str, Any]]:
+              grid_cells: Callable[..., List[Dict[str, Any]]], run_grid: Callable[..., Any],
+              label: Optional[Callable[[Mapping[str, Any]], str]] = None,
+              filters: Mapping[str, CellFilter] = {}, part_options: Mapping[str, Mapping[str, Any]] = {}
+              ) -> List[Dict[str, Any]]:
     """The command line of a paper's resumable grid: pick parts, filter cells, add seeds, run.
 
-    ``filters`` maps an option (``"--datasets"``) to ``(cell key, choices or None, type)``; a cell
-    is kept when its value of that key is one of the option's values. Returns the cells run.
+    Args:
+        grid_cells: ``grid_cells(part, **part_options)`` -> the part's cells.
+        run_grid: ``run_grid(cells, profile, cache_dir=, worker=, workers=)``.
+        label: a cell's row label; adds ``--methods`` (keep cells with these labels) unless
+            ``filters`` defines its own.
+        filters: option (``"--datasets"``) -> :class:`CellFilter`.
+        part_options: option -> ``argparse`` keywords; its value goes to ``grid_cells`` under
+            the option's name (``--dataset ML-1M`` -> ``grid_cells(part, dataset="ML-1M")``).
+    Returns:
+        The cells handed to ``run_grid`` (seeds applied, duplicates removed).
     """
     import argparse
 
     import torch
 
+    filters = dict(filters)
+    if label is not None and "--methods" not in filters:
+        filters["--methods"] = CellFilter(label, help="keep only cells with these row labels")
     parser = argparse.ArgumentParser(prog=f"python -m fedlib.experiments.{paper}",
                                      description=f"Run parts of the {title} paper-profile grid (resumable).")
     parser.add_argument("parts", nargs="+", choices=list(parts))
-    parser.add_argument("--methods", nargs="+", default=None, help="keep only cells with these row labels")
-    for option, (_, choices, kind) in filters.items():
-        parser.add_argument(option, nargs="+", default=None, type=kind, choices=choices)
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    for option, kwargs in part_options.items():
+        parser.add_argument(option, **kwargs)
+    for option, spec in filters.items():
+        parser.add_argument(option, nargs="+", default=None, type=spec.type,
+                            choices=None if spec.choices is None else list(spec.choices), help=spec.help)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="run every selected cell with each of these seeds")
     parser.add_argument("--profile", default="paper")
     parser.add_argument("--cache-dir", default=f".cache/{paper}")
+    parser.add_argument("--worker", type=int, default=0, help="this process takes every WORKERS-th cell from WORKER")
+    parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--reverse", action="store_true", help="walk the cells backwards (a second process)")
+    parser.add_argument("--reverse", action="store_true",
+                        help="walk the cells backwards: a second process sharing the cache meets the first halfway")
     args = parser.parse_args(argv)
+    if not 0 <= args.worker < args.workers:
+        parser.error(f"--worker must be in [0, --workers) = [0, {args.workers}), got {args.worker}")
     torch.set_num_threads(args.threads)
-    cells = [c for part in args.parts for c in grid_cells(part)]
-    if args.methods:
-        cells = [c for c in cells if label(c) in args.methods]
-    for option, (key, _, _) in filters.items():
-        wanted = getattr(args, option.lstrip("-").replace("-", "_"))
+    dest = {option: option.lstrip("-").replace("-", "_") for option in (*part_options, *filters)}
+    options = {dest[option]: getattr(args, dest[option]) for option in part_options}
+    cells = [c for part in args.parts for c in grid_cells(part, **options)]
+    for option, spec in filters.items():
+        wanted = getattr(args, dest[option])
         if wanted:
-            cells = [c for c in cells if c[key] in wanted]
+            cells = [c for c in cells if spec.value(c) in wanted or (spec.keep_missing and spec.value(c) is None)]
     cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
     if args.reverse:
         cells = cells[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir))
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
     return cells
