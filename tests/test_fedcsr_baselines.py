@@ -10,8 +10,15 @@ from torch import nn
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods import fedcsr_baselines as FB
+from fedlib.methods.c2dsr import C2DSRConfig
+from fedlib.methods.ccdr import CCDRConfig
+from fedlib.methods.clsr import CLSRConfig
+from fedlib.methods.conet import CoNetConfig
 from fedlib.methods.fedcsr import make_batch
 from fedlib.methods.fedcsr_train import platform_graphs, rank_metrics
+from fedlib.methods.mifn import MIFNConfig
+from fedlib.methods.pinet import PiNetConfig
+from fedlib.methods.psjnet import PSJNetConfig
 from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig
 
 torch.set_num_threads(1)
@@ -149,3 +156,27 @@ def test_config_validation():
         FB.FedProxConfig(mu=-1.0)
     with pytest.raises(ValueError, match="optimizer"):
         FB.FedProxConfig(optimizer="lbfgs")
+
+
+# ----------------------------------------------------------------------------- configs
+BAD_FIELDS = [
+    (TiSASRecConfig, "maxlen", 1, "int >= 2"), (TiSASRecConfig, "time_span", 0, "int >= 1"),
+    (TiSASRecConfig, "num_blocks", 1.5, "int >= 1"), (TiSASRecConfig, "dropout", 1.0, r"\[0, 1\)"),
+    (PiNetConfig, "num_members", 0, "int >= 1"), (PiNetConfig, "dim", True, "int >= 1"),
+    (PSJNetConfig, "num_roles", -1, "int >= 1"), (PSJNetConfig, "dropout", float("nan"), r"\[0, 1\)"),
+    (CLSRConfig, "beta", -0.1, "finite number >= 0"), (CLSRConfig, "short_k", 0, "int >= 1"),
+    (CLSRConfig, "short_k", 99, "at most maxlen"), (CoNetConfig, "num_negatives", 0, "int >= 1"),
+    (CoNetConfig, "hidden", (8, 0), "positive layer sizes"), (CCDRConfig, "gnn_layers", -1, "int >= 0"),
+    (CCDRConfig, "edge_drop", -0.2, r"\[0, 1\)"), (CCDRConfig, "lambda_inter", float("inf"), "finite number >= 0"),
+    (CCDRConfig, "tau", 0.0, "> 0"), (MIFNConfig, "maxlen", 1, "int >= 2"),
+    (C2DSRConfig, "lambda_cl", -1.0, "finite number >= 0"), (C2DSRConfig, "maxlen", 1, "int >= 2"),
+]
+
+
+@pytest.mark.parametrize("config_class, field, value, message", BAD_FIELDS,
+                         ids=[f"{c.__name__}.{f}={v!r}" for c, f, v, _ in BAD_FIELDS])
+def test_baseline_configs_refuse_bad_values_naming_the_field(config_class, field, value, message):
+    config_class()                                                    # the defaults are valid
+    with pytest.raises(ValueError, match=rf"{config_class.__name__}\.{field} must .*{message}"):
+        config_class(**{field: value})
+    config_class(**{field: getattr(config_class(), field)})           # and the default value passes again

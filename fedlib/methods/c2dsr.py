@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import (FedCSRConfig, GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs,
-                                   check_sampled_negatives, cross_domain_scores, draw_negatives_torch,
+                                   check_fields, check_sampled_negatives, cross_domain_scores, draw_negatives_torch,
                                    prediction_loss)
 
 __all__ = ["C2DSRConfig", "C2DSR", "BilinearDiscriminator", "corrupt_other_domain", "infomax_loss",
@@ -81,12 +81,7 @@ class C2DSRConfig:
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 2 or self.dim % self.num_heads:
             raise ValueError(f"dim must be an int >= 2 divisible by num_heads={self.num_heads}, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 2:
-            raise ValueError(f"maxlen must be an int >= 2, got {self.maxlen!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not self.lambda_cl >= 0:
-            raise ValueError(f"lambda_cl must be >= 0, got {self.lambda_cl!r}")
+        check_fields(self, at_least={"maxlen": 2}, rates=("dropout",), non_negative=("lambda_cl",))
         check_sampled_negatives(self.sampled_negatives)
 
 

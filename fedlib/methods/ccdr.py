@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_sampled_negatives,
-                                   draw_negatives_torch)
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
+                                   check_sampled_negatives, draw_negatives_torch)
 
 
 @dataclass(frozen=True)
@@ -82,20 +82,10 @@ class CCDRConfig:
     sampled_negatives: Optional[int] = None   # None: full softmax (Eq. 3); S: target + S shared uniform negatives
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 1:
-            raise ValueError(f"maxlen must be a positive int, got {self.maxlen!r}")
-        if not isinstance(self.gnn_layers, int) or self.gnn_layers < 0:
-            raise ValueError(f"gnn_layers must be an int >= 0, got {self.gnn_layers!r}")
-        for name in ("edge_drop", "dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 1, "gnn_layers": 0}, rates=("edge_drop", "dropout"),
+                     non_negative=("lambda_intra", "lambda_inter"))
         if not self.tau > 0:
-            raise ValueError(f"tau must be > 0, got {self.tau!r}")
-        if self.lambda_intra < 0 or self.lambda_inter < 0:
-            raise ValueError(f"lambda_intra / lambda_inter must be >= 0, got {self.lambda_intra!r}, "
-                             f"{self.lambda_inter!r}")
+            raise ValueError(f"CCDRConfig.tau must be > 0, got {self.tau!r}")
         check_sampled_negatives(self.sampled_negatives)
 
 

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
+from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
 
 __all__ = ["CLSRConfig", "CLSR", "bpr_contrast", "contrastive_loss", "interest_proxies", "masked_gru"]
 
@@ -73,18 +73,10 @@ class CLSRConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 2:
-            raise ValueError(f"maxlen must be an int >= 2, got {self.maxlen!r}")
-        if not isinstance(self.short_k, int) or not 1 <= self.short_k <= self.maxlen:
-            raise ValueError(f"short_k must be an int in [1, maxlen], got {self.short_k!r}")
-        if not isinstance(self.num_negatives, int) or self.num_negatives < 1:
-            raise ValueError(f"num_negatives must be a positive int, got {self.num_negatives!r}")
-        if not (math.isfinite(self.beta) and self.beta >= 0):
-            raise ValueError(f"beta (contrastive weight) must be >= 0, got {self.beta!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 2, "short_k": 1, "num_negatives": 1}, rates=("dropout",),
+                     non_negative=("beta",))
+        if self.short_k > self.maxlen:
+            raise ValueError(f"CLSRConfig.short_k must be at most maxlen={self.maxlen}, got {self.short_k!r}")
 
 
 # ----------------------------------------------------------------------------- pieces

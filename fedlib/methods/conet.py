@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs
+from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
 
 
 @dataclass(frozen=True)
@@ -66,16 +66,9 @@ class CoNetConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 1:
-            raise ValueError(f"maxlen must be a positive int, got {self.maxlen!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 1, "num_negatives": 1}, rates=("dropout",))
         if len(tuple(self.hidden)) < 1 or any(not isinstance(h, int) or h < 1 for h in self.hidden):
-            raise ValueError(f"hidden must be one or more positive layer sizes, got {self.hidden!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        if not isinstance(self.num_negatives, int) or self.num_negatives < 1:
-            raise ValueError(f"num_negatives must be an int >= 1, got {self.num_negatives!r}")
+            raise ValueError(f"CoNetConfig.hidden must be one or more positive layer sizes, got {self.hidden!r}")
 
 
 class CrossUnit(nn.Module):

@@ -74,7 +74,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional, Sequence as SequenceT, Tuple, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence as SequenceT, Tuple, Union
 
 import numpy as np
 import torch
@@ -90,6 +90,30 @@ def check_sampled_negatives(value) -> None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ValueError(f"sampled_negatives must be None (full softmax over the domain's items) or a positive int "
                          f"(uniform same-domain negatives shared by the mini-batch), got {value!r}")
+
+
+def check_fields(config: Any, *, at_least: Mapping[str, int] = {}, rates: SequenceT[str] = (),
+                 non_negative: SequenceT[str] = ()) -> None:
+    """Validate a sequential model's config; errors name ``<Config>.<field>`` and the bad value.
+
+    Args:
+        at_least: field -> the smallest allowed int (``{"dim": 1, "maxlen": 2}``).
+        rates: fields that must lie in ``[0, 1)`` (dropout-like).
+        non_negative: fields that must be finite numbers ``>= 0`` (loss weights).
+    """
+    name = type(config).__name__
+    for field, low in at_least.items():
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}.{field} must be an int >= {low}, got {value!r}")
+    for field in rates:
+        value = getattr(config, field)
+        if not 0.0 <= value < 1.0:                                         # NaN fails too
+            raise ValueError(f"{name}.{field} must be in [0, 1), got {value!r}")
+    for field in non_negative:
+        value = getattr(config, field)
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name}.{field} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -66,8 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_sampled_negatives,
-                                   draw_negatives_torch)
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
+                                   check_sampled_negatives, draw_negatives_torch)
 
 __all__ = ["MIFNConfig", "MIFN", "RelationGraph"]
 
@@ -81,12 +81,7 @@ class MIFNConfig:
     sampled_negatives: Optional[int] = None   # None: exact G^d; S: normaliser from target + S shared negatives
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 2:
-            raise ValueError(f"maxlen must be an int >= 2, got {self.maxlen!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 2}, rates=("dropout",))
         check_sampled_negatives(self.sampled_negatives)
 
 

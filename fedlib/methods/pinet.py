@@ -66,7 +66,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
 
 __all__ = ["PiNetConfig", "PiNet", "SharedAccountFilter", "masked_gru", "parallel_targets",
@@ -85,14 +85,7 @@ class PiNetConfig:
     sampled_negatives: Optional[int] = None   # None: full softmax; S: target + S shared uniform negatives
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 1:
-            raise ValueError(f"maxlen must be a positive int, got {self.maxlen!r}")
-        if not isinstance(self.num_members, int) or self.num_members < 1:
-            raise ValueError(f"num_members (K latent users) must be a positive int, got {self.num_members!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 1, "num_members": 1}, rates=("dropout",))
         check_sampled_negatives(self.sampled_negatives)
 
 

@@ -55,7 +55,7 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_sampled_negatives, draw_negatives_torch,
+from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
 from fedlib.methods.fedcsr_baselines import gather_domain_scores
 
@@ -73,16 +73,7 @@ class TiSASRecConfig:
     sampled_negatives: Optional[int] = None   # None: full softmax; S: target + S shared uniform negatives
 
     def __post_init__(self):
-        if not isinstance(self.dim, int) or self.dim < 1:
-            raise ValueError(f"dim must be a positive int, got {self.dim!r}")
-        if not isinstance(self.maxlen, int) or self.maxlen < 2:
-            raise ValueError(f"maxlen must be an int >= 2, got {self.maxlen!r}")
-        if not isinstance(self.num_blocks, int) or self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be a positive int, got {self.num_blocks!r}")
-        if not isinstance(self.time_span, int) or self.time_span < 1:
-            raise ValueError(f"time_span (interval clip k) must be a positive int, got {self.time_span!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        check_fields(self, at_least={"dim": 1, "maxlen": 2, "num_blocks": 1, "time_span": 1}, rates=("dropout",))
         check_sampled_negatives(self.sampled_negatives)
 
 
