@@ -10,6 +10,8 @@ from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods import mifn as M
 from fedlib.methods.fedcsr import make_batch, transition_graphs
 
+from _sequence_training import heldout_mrr, random_mrr, train_steps
+
 torch.set_num_threads(1)
 
 NA, NB = 3, 2          # A items 0, 1, 2; B items 3, 4; pad 5
@@ -141,27 +143,12 @@ def test_construction_is_deterministic_from_the_seed():
     assert any(not torch.equal(sa[k], sc[k]) for k in sa)
 
 
-def _valid_test_mrr(model, split, maxlen):
-    na = split.num_items_a
-    model.eval()
-    rr = []
-    with torch.no_grad():
-        for role in ("valid", "test"):
-            seqs, cand = getattr(split, role), torch.as_tensor(getattr(split, f"{role}_candidates"))
-            dom = (cand[:, 0] >= na).long()
-            s = model.score(make_batch(seqs, na, split.num_items_b, maxlen).inputs, cand, dom)   # (R, 50)
-            rank = 1 + (s[:, 1:] > s[:, :1]).sum(1)
-            rr.append(1.0 / rank.double())
-    model.train()
-    return torch.cat(rr).mean().item()
-
-
 def _generation_only_mrr(model, split, maxlen):
     """MRR with the pointer switched off (q = 1): what the trained generation heads alone know."""
     twin = copy.deepcopy(model)
     with torch.no_grad():
         twin.p_gen.bias.fill_(1e4)
-    return _valid_test_mrr(twin, split, maxlen)
+    return heldout_mrr(twin, split, maxlen=maxlen)
 
 
 def test_short_training_ranks_the_ground_truth_well():
@@ -170,22 +157,13 @@ def test_short_training_ranks_the_ground_truth_well():
     cfg = M.MIFNConfig(dim=32, maxlen=10, dropout=0.1, seed=0)
     model = M.MIFN(na, nb, cfg)
     model.set_graphs(transition_graphs(split.train, na, nb))
-    random_mrr = sum(1.0 / k for k in range(1, 51)) / 50                     # ≈ 0.09
+    random_level = random_mrr(split)                                         # ≈ 0.09 (1 + 49)
     # Untrained, the relation pointer alone already helps on these chain data (transition graph);
     # the generation heads are at the random level.
-    assert _generation_only_mrr(model, split, cfg.maxlen) < 1.5 * random_mrr
+    assert _generation_only_mrr(model, split, cfg.maxlen) < 1.5 * random_level
     torch.manual_seed(0)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    rng = np.random.default_rng(0)
-    losses = []
-    for _ in range(250):
-        rows = rng.choice(len(split.train), size=32, replace=False)
-        loss = model.loss(make_batch(split.train, na, nb, cfg.maxlen, rows=rows))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = train_steps(model, split, steps=250, lr=5e-3, maxlen=cfg.maxlen)
     assert np.mean(losses[-20:]) < 0.7 * np.mean(losses[:20])
-    mrr = _valid_test_mrr(model, split, cfg.maxlen)
-    assert mrr > 2 * random_mrr, mrr
-    assert _generation_only_mrr(model, split, cfg.maxlen) > 1.5 * random_mrr  # learnt, not only the graph
+    mrr = heldout_mrr(model, split, maxlen=cfg.maxlen)
+    assert mrr > 2 * random_level, mrr
+    assert _generation_only_mrr(model, split, cfg.maxlen) > 1.5 * random_level  # learnt, not only the graph

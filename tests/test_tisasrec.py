@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.experiments import fedcsr as X
 from fedlib.methods.fedcsr import draw_negatives_torch, make_batch
-from fedlib.methods.fedcsr_train import ranks_from_scores
 from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig, TimeIntervalAttention, relation_matrix
+
+from _sequence_training import heldout_mrr, random_mrr, train_steps
 
 torch.set_num_threads(1)
 CFG = TiSASRecConfig(dim=16, maxlen=15, num_blocks=2, dropout=0.0, seed=1)
@@ -164,22 +165,6 @@ def test_construction_is_deterministic_from_the_seed(split):
 
 def test_centralised_training_beats_random(split):
     torch.manual_seed(0)
-    na, nb = split.num_items_a, split.num_items_b
     model = _model(split, TiSASRecConfig(dim=16, dropout=0.1, seed=0))
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        batch = make_batch(split.train, na, nb, 15, rows=rng.choice(len(split.train), 32, replace=False))
-        loss = model.loss(batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.eval()
-    mrr = []
-    with torch.no_grad():
-        for role in ("valid", "test"):
-            cand = torch.as_tensor(getattr(split, f"{role}_candidates"))
-            inputs = make_batch(getattr(split, role), na, nb, 15).inputs
-            mrr.append(1.0 / ranks_from_scores(model.score(inputs, cand, (cand[:, 0] >= na).long())).double())
-    random_mrr = np.mean(1.0 / np.arange(1, 51))
-    assert torch.cat(mrr).mean().item() > 2 * random_mrr
+    train_steps(model, split, steps=200, lr=5e-3)
+    assert heldout_mrr(model, split) > 2 * random_mrr(split)
