@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods.fedcsr import make_batch
 from fedlib.methods.pinet import PiNet, PiNetConfig, SharedAccountFilter, parallel_targets
+from fedlib.methods.psjnet import PSJNet, PSJNetConfig
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 
@@ -93,14 +94,20 @@ def test_domain_b_scores_see_domain_a_only_through_the_sfu_gate():
 
 
 # ----------------------------------------------------------------------------- interface
-def test_shapes_history_dependence_and_determinism():
+@pytest.mark.parametrize("model_class, config, transfer_parameter", [
+    (PiNet, CFG, "sfu_ab.members"),
+    (PSJNet, PSJNetConfig(dim=16, maxlen=8, num_roles=3, dropout=0.0, seed=1), "split_ab.roles"),
+], ids=["PiNet", "PSJNet"])
+def test_shapes_history_dependence_and_determinism(model_class, config, transfer_parameter):
+    """The parallel framework (π-Net and PSJNet): shapes, gradients through the transfer, seeds."""
     na = nb = 5
     batch = make_batch([[0, 5, 1, 6, 7], [2, 8, 3, 9, 6], [1, 2, 3, 4]], na, nb, maxlen=4)
-    model = PiNet(na, nb, CFG)
+    model = model_class(na, nb, config)
     loss = model.loss(batch)
     assert loss.dim() == 0 and torch.isfinite(loss)
     loss.backward()
-    assert model.sfu_ab.members.grad is not None and model.sfu_ab.members.grad.abs().sum() > 0
+    grad = model.get_parameter(transfer_parameter).grad
+    assert grad is not None and grad.abs().sum() > 0
     model.eval()
     cand = torch.tensor([[5, 6, 7], [7, 8, 9], [0, 1, 2]])
     gt = torch.tensor([1, 1, 0])
@@ -110,7 +117,7 @@ def test_shapes_history_dependence_and_determinism():
     other = make_batch([[0, 5, 1, 8, 7], [2, 8, 3, 5, 6], [1, 2, 0, 4]], na, nb, maxlen=4).inputs
     s2 = model.score(other, cand, gt)
     assert all(not torch.allclose(s[i], s2[i]) for i in range(3))     # last history item changed
-    twin, other_seed = PiNet(na, nb, CFG), PiNet(na, nb, PiNetConfig(**{**CFG.__dict__, "seed": 2}))
+    twin, other_seed = model_class(na, nb, config), model_class(na, nb, dataclasses.replace(config, seed=2))
     for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
         assert torch.equal(a, b), k
     assert not torch.equal(model.head_a.weight, other_seed.head_a.weight)

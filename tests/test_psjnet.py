@@ -1,7 +1,6 @@
 """PSJNet-II: split unit (role-specific gated states), join unit (role attention), training."""
 import math
 
-import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
@@ -82,31 +81,6 @@ def test_domain_b_scores_see_domain_a_only_through_the_split_gate():
             lin.weight.zero_()
         model.split_ab.gate_in.bias.fill_(-1e4)
     assert torch.allclose(model.score(inp, cand, gt), model.score(inp2, cand, gt), atol=1e-6)
-
-
-# ----------------------------------------------------------------------------- interface
-def test_shapes_history_dependence_and_determinism():
-    na = nb = 5
-    batch = make_batch([[0, 5, 1, 6, 7], [2, 8, 3, 9, 6], [1, 2, 3, 4]], na, nb, maxlen=4)
-    model = PSJNet(na, nb, CFG)
-    loss = model.loss(batch)
-    assert loss.dim() == 0 and torch.isfinite(loss)
-    loss.backward()
-    assert model.split_ab.roles.grad is not None and model.split_ab.roles.grad.abs().sum() > 0
-    model.eval()
-    cand = torch.tensor([[5, 6, 7], [7, 8, 9], [0, 1, 2]])
-    gt = torch.tensor([1, 1, 0])
-    s = model.score(batch.inputs, cand, gt)
-    assert s.shape == (3, 3)
-    other = make_batch([[0, 5, 1, 8, 7], [2, 8, 3, 5, 6], [1, 2, 0, 4]], na, nb, maxlen=4).inputs
-    s2 = model.score(other, cand, gt)
-    assert all(not torch.allclose(s[i], s2[i]) for i in range(3))     # last history item changed
-    twin, other_seed = PSJNet(na, nb, CFG), PSJNet(na, nb, PSJNetConfig(**{**CFG.__dict__, "seed": 2}))
-    for (k, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
-        assert torch.equal(a, b), k
-    assert not torch.equal(model.head_a.weight, other_seed.head_a.weight)
-    with pytest.raises(ValueError, match="domain"):
-        model.score(batch.inputs, cand, torch.tensor([0, 1, 0]))
 
 
 # ----------------------------------------------------------------------------- learning

@@ -69,7 +69,7 @@ from torch import nn
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
 
-__all__ = ["PiNetConfig", "PiNet", "SharedAccountFilter", "masked_gru", "parallel_targets",
+__all__ = ["PiNetConfig", "PiNet", "ParallelSequenceModel", "SharedAccountFilter", "masked_gru", "parallel_targets",
            "candidate_scores", "parallel_loss"]
 
 
@@ -197,15 +197,20 @@ class SharedAccountFilter(nn.Module):
 
 
 # ----------------------------------------------------------------------------- model
-class PiNet(nn.Module):
-    """Two GRU encoders, SFU + CTU in both directions, per-domain softmax heads."""
+class ParallelSequenceModel(nn.Module):
+    """The parallel framework that π-Net and PSJNet share.
 
-    def __init__(self, num_items_a: int, num_items_b: int, config: PiNetConfig = PiNetConfig()):
+    Per domain an item table and a GRU encoder ``h^A, h^B`` (Eq. 1); the subclass's units
+    carry each domain's state to the other (:meth:`transfer`); a softmax head per domain
+    reads ``[h^A ; x^{B→A}]`` and ``[h^B ; x^{A→B}]`` (Eqs. 7–8), trained with Eq. 9.
+    """
+
+    def __init__(self, num_items_a: int, num_items_b: int, config):
         super().__init__()
         self.config = config
         self.num_items_a, self.num_items_b = num_items_a, num_items_b
         n = config.dim
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]):          # parameters in a fixed order from config.seed
             torch.manual_seed(config.seed)
             self.emb_a = nn.Embedding(num_items_a + 1, n, padding_idx=num_items_a)   # pad row = |A|
             self.emb_b = nn.Embedding(num_items_b + 1, n, padding_idx=num_items_b)   # pad row = |B|
@@ -214,26 +219,30 @@ class PiNet(nn.Module):
                 with torch.no_grad():
                     emb.weight[emb.padding_idx].zero_()
             self.gru_a, self.gru_b = nn.GRUCell(n, n), nn.GRUCell(n, n)               # Eq. 1
-            self.sfu_ab = SharedAccountFilter(n, config.num_members)                  # in A, for B
-            self.sfu_ba = SharedAccountFilter(n, config.num_members)                  # in B, for A
-            self.ctu_ab, self.ctu_ba = nn.GRUCell(n, n), nn.GRUCell(n, n)             # Eq. 6
-            self.head_a = nn.Linear(2 * n, num_items_a)                               # W_A: [h^A; c^{B→A}]
-            self.head_b = nn.Linear(2 * n, num_items_b)                               # W_B: [h^B; c^{A→B}]
+            self.build_transfer(n)
+            self.head_a = nn.Linear(2 * n, num_items_a)                               # [h^A; x^{B→A}]
+            self.head_b = nn.Linear(2 * n, num_items_b)                               # [h^B; x^{A→B}]
         self.drop = nn.Dropout(config.dropout)
 
+    def build_transfer(self, dim: int) -> None:
+        """Create the cross-domain units (called inside the seeded construction)."""
+        raise NotImplementedError
+
+    def transfer(self, h_a: torch.Tensor, h_b: torch.Tensor, step_a: torch.Tensor, step_b: torch.Tensor
+                 ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(x^{B→A}, x^{A→B})``, two (B, L, n), from the encoders' states (B, L, n) and step masks (B, L)."""
+        raise NotImplementedError
+
     def features(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Per-step head inputs ``[h^A_t ; c^{B→A}_t]`` and ``[h^B_t ; c^{A→B}_t]``: two (B, L, 2n)."""
+        """Per-step head inputs ``[h^A_t ; x^{B→A}_t]`` and ``[h^B_t ; x^{A→B}_t]``: two (B, L, 2n)."""
         na, nb = self.num_items_a, self.num_items_b
         step_a, step_b = inputs.pos_a > 0, inputs.pos_b > 0                # (B, L) bool
         ids_a = inputs.single_a.clamp(max=na)                              # (B, L); pad → |A|
         ids_b = (inputs.single_b - na).clamp(min=0, max=nb)                # (B, L); pad → |B|
         h_a = masked_gru(self.gru_a, self.drop(self.emb_a(ids_a)), step_a)  # (B, L, n)  Eq. 1
         h_b = masked_gru(self.gru_b, self.drop(self.emb_b(ids_b)), step_b)  # (B, L, n)
-        s_ab = self.sfu_ab(h_a, h_b, step_a)                               # (B, L, n)  Eqs. 2–5
-        s_ba = self.sfu_ba(h_b, h_a, step_b)                               # (B, L, n)
-        c_ab = masked_gru(self.ctu_ab, s_ab, step_a)                       # (B, L, n)  Eq. 6
-        c_ba = masked_gru(self.ctu_ba, s_ba, step_b)                       # (B, L, n)
-        return torch.cat([h_a, c_ba], -1), torch.cat([h_b, c_ab], -1)
+        x_ba, x_ab = self.transfer(h_a, h_b, step_a, step_b)               # 2 × (B, L, n)
+        return torch.cat([h_a, x_ba], -1), torch.cat([h_b, x_ab], -1)
 
     def logits(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor]:
         """Eqs. 7–8: (B, L, |A|) and (B, L, |B|)."""
@@ -254,3 +263,22 @@ class PiNet(nn.Module):
         """(B, C) scores of global-id candidates of the GT domain after each whole history."""
         logit_a, logit_b = self.logits(inputs)                             # (B, L, |A|), (B, L, |B|)
         return candidate_scores(logit_a[:, -1], logit_b[:, -1], candidates, gt_domain, self.num_items_a)
+
+
+class PiNet(ParallelSequenceModel):
+    """π-Net: the parallel framework with SFU + CTU in both directions (Eqs. 2–6)."""
+
+    def __init__(self, num_items_a: int, num_items_b: int, config: PiNetConfig = PiNetConfig()):
+        super().__init__(num_items_a, num_items_b, config)
+
+    def build_transfer(self, dim: int) -> None:
+        self.sfu_ab = SharedAccountFilter(dim, self.config.num_members)               # in A, for B
+        self.sfu_ba = SharedAccountFilter(dim, self.config.num_members)               # in B, for A
+        self.ctu_ab, self.ctu_ba = nn.GRUCell(dim, dim), nn.GRUCell(dim, dim)         # Eq. 6
+
+    def transfer(self, h_a, h_b, step_a, step_b):
+        s_ab = self.sfu_ab(h_a, h_b, step_a)                               # (B, L, n)  Eqs. 2–5
+        s_ba = self.sfu_ba(h_b, h_a, step_b)                               # (B, L, n)
+        c_ab = masked_gru(self.ctu_ab, s_ab, step_a)                       # (B, L, n)  Eq. 6
+        c_ba = masked_gru(self.ctu_ba, s_ba, step_b)                       # (B, L, n)
+        return c_ba, c_ab

@@ -55,13 +55,13 @@ softmax over the domain's items by default.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives
-from fedlib.methods.pinet import candidate_scores, masked_gru, parallel_loss
+from fedlib.methods.fedcsr import check_fields, check_sampled_negatives
+from fedlib.methods.pinet import ParallelSequenceModel, masked_gru
 
 __all__ = ["PSJNetConfig", "PSJNet", "SplitUnit", "JoinUnit"]
 
@@ -146,57 +146,17 @@ class JoinUnit(nn.Module):
         return (alpha.unsqueeze(-1) * c).sum(dim=2)                        # (B, L, n)
 
 
-class PSJNet(nn.Module):
-    """PSJNet-II: GRU encoders, split and join units in both directions, hybrid decoders."""
+class PSJNet(ParallelSequenceModel):
+    """PSJNet-II: π-Net's parallel framework with split and join units in both directions."""
 
     def __init__(self, num_items_a: int, num_items_b: int, config: PSJNetConfig = PSJNetConfig()):
-        super().__init__()
-        self.config = config
-        self.num_items_a, self.num_items_b = num_items_a, num_items_b
-        n = config.dim
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(config.seed)
-            self.emb_a = nn.Embedding(num_items_a + 1, n, padding_idx=num_items_a)
-            self.emb_b = nn.Embedding(num_items_b + 1, n, padding_idx=num_items_b)
-            for emb in (self.emb_a, self.emb_b):
-                nn.init.xavier_normal_(emb.weight)
-                with torch.no_grad():
-                    emb.weight[emb.padding_idx].zero_()
-            self.gru_a, self.gru_b = nn.GRUCell(n, n), nn.GRUCell(n, n)               # Eq. 1
-            self.split_ab, self.split_ba = SplitUnit(n, config.num_roles), SplitUnit(n, config.num_roles)
-            self.join_ab, self.join_ba = JoinUnit(n), JoinUnit(n)
-            self.head_a = nn.Linear(2 * n, num_items_a)                               # [h^A; j^{B→A}]
-            self.head_b = nn.Linear(2 * n, num_items_b)                               # [h^B; j^{A→B}]
-        self.drop = nn.Dropout(config.dropout)
+        super().__init__(num_items_a, num_items_b, config)
 
-    def features(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Hybrid decoder inputs ``[h^A ; j^{B→A}]`` and ``[h^B ; j^{A→B}]``: two (B, L, 2n)."""
-        na, nb = self.num_items_a, self.num_items_b
-        step_a, step_b = inputs.pos_a > 0, inputs.pos_b > 0                # (B, L)
-        ids_a = inputs.single_a.clamp(max=na)                              # (B, L)
-        ids_b = (inputs.single_b - na).clamp(min=0, max=nb)                # (B, L)
-        h_a = masked_gru(self.gru_a, self.drop(self.emb_a(ids_a)), step_a)  # (B, L, n)
-        h_b = masked_gru(self.gru_b, self.drop(self.emb_b(ids_b)), step_b)  # (B, L, n)
+    def build_transfer(self, dim: int) -> None:
+        self.split_ab, self.split_ba = SplitUnit(dim, self.config.num_roles), SplitUnit(dim, self.config.num_roles)
+        self.join_ab, self.join_ba = JoinUnit(dim), JoinUnit(dim)
+
+    def transfer(self, h_a, h_b, step_a, step_b):
         j_ab = self.join_ab(self.split_ab(h_a, h_b, step_a), h_b, step_a)  # (B, L, n)  A → B
         j_ba = self.join_ba(self.split_ba(h_b, h_a, step_b), h_a, step_b)  # (B, L, n)  B → A
-        return torch.cat([h_a, j_ba], -1), torch.cat([h_b, j_ab], -1)
-
-    def logits(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Eq. 8 in both domains: (B, L, |A|) and (B, L, |B|)."""
-        z_a, z_b = self.features(inputs)
-        return self.head_a(self.drop(z_a)), self.head_b(self.drop(z_b))
-
-    def loss(self, batch: SequenceBatch,
-             negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
-        """Eq. 9: next-A and next-B cross-entropy at every prefix.
-
-        ``negatives``: explicit shared negatives per domain, local ids ``((S_A,), (S_B,))``; by
-        default drawn from torch's RNG if ``config.sampled_negatives`` is set, else the full softmax.
-        """
-        return parallel_loss(self, batch, negatives)
-
-    @torch.no_grad()
-    def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
-        """(B, C) scores of global-id candidates of the GT domain after each whole history."""
-        logit_a, logit_b = self.logits(inputs)
-        return candidate_scores(logit_a[:, -1], logit_b[:, -1], candidates, gt_domain, self.num_items_a)
+        return j_ba, j_ab
