@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+from pathlib import Path
 
 from fedlib.notebook.profiles import DEFAULT_PROFILE, PROFILE_DESCRIPTIONS, PROFILES
 
@@ -75,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_pair = sub.add_parser("check-pairing", help="check that every .ipynb matches its .py source")
     p_pair.set_defaults(func=_cmd_check_pairing)
+
+    p_exp = sub.add_parser("expected", help="fill a notebook's expected quick-profile values from a seed sweep",
+                           description="Rewrite tests/expected_quick/<notebook>.toml: expected = the seed-0 run's "
+                           "value, tolerance = max(3 x std over the runs, the check's floor). Execute the notebook "
+                           "at quick once per seed first, e.g. FEDLIB_OVERRIDE='{\"seed\": 1}' fedlib run 03 "
+                           "--output /tmp/03_s1.ipynb.")
+    p_exp.add_argument("notebook", help="notebook number or name, e.g. 03 or 03_fedkdrec")
+    p_exp.add_argument("executed", nargs="+", type=Path, help="the executed .ipynb files, seed 0 first")
+    p_exp.add_argument("--seeds", nargs="+", type=int, help="the seed of each file (default 0 1 2 ...)")
+    p_exp.set_defaults(func=_cmd_expected)
 
     _add_optional_commands(sub)
     return parser
@@ -136,6 +147,14 @@ def _cmd_profiles(args) -> int:
 
     nb = find_notebook(args.notebook)
     print(settings_frame(nb.stem).to_string())
+    return 0
+
+
+def _cmd_expected(args) -> int:
+    from fedlib.notebook.expected import refresh
+    from fedlib.notebook.runner import find_notebook
+
+    print(f"wrote {refresh(find_notebook(args.notebook).stem, args.executed, args.seeds)}")
     return 0
 
 

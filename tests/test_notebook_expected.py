@@ -63,3 +63,36 @@ def test_refresh_fills_expected_and_tolerance_from_a_seed_sweep(tmp_path, monkey
         expected.refreshed_text(header, [{"name": "x", "record": "loss"}], [0, 1], runs[:2])
     with pytest.raises(ValueError, match="non-finite"):
         expected.tolerance_from_sweep([1.0, float("nan")], 0.1)
+
+
+def test_fedlib_expected_command_rewrites_the_file_from_executed_notebooks(tmp_path, monkeypatch):
+    import nbformat
+
+    from fedlib.cli import main
+    from fedlib.notebook.records import RECORD_MIME
+
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "99_demo.py").write_text("# %% [markdown]\n# # Demo\n")
+    folder = tmp_path / "tests" / "expected_quick"
+    folder.mkdir(parents=True)
+    path = folder / "99_demo.toml"
+    path.write_text('# demo header\n\n[[check]]\nname = "loss"\nrecord = "loss"\nfloor = 0.01\n')
+    executed = []
+    for seed, loss in enumerate((1.0, 1.2, 0.8)):
+        notebook = nbformat.v4.new_notebook()
+        cell = nbformat.v4.new_code_cell("record('loss', ...)")
+        cell.outputs = [nbformat.v4.new_output("display_data", data={
+            RECORD_MIME: {"name": name, "value": value}, "text/plain": name})
+            for name, value in (("profile", "quick"), ("loss", loss))]
+        notebook.cells.append(cell)
+        executed.append(tmp_path / f"s{seed}.ipynb")
+        nbformat.write(notebook, executed[-1])
+    assert main(["expected", "99", *map(str, executed)]) == 0
+    written = expected.read_expected("99_demo")
+    assert path.read_text().startswith("# demo header\n")
+    assert written["seeds"] == [0, 1, 2]
+    assert written["check"][0]["expected"] == 1.0
+    assert written["check"][0]["tolerance"] == pytest.approx(0.6)          # 3 × sample std 0.2
+    assert expected.failed_checks("99_demo", {"loss": 1.5}) == []
+    assert expected.failed_checks("99_demo", {"loss": 1.7}) != []

@@ -16,13 +16,12 @@
 not part of CI (each notebook takes minutes).
 
 A new file can be written with only ``name``, ``record``, ``row``/``column`` (or ``key``)
-and ``floor`` per check; ``python -m fedlib.notebook.expected NN_name SEED0.ipynb
-SEED1.ipynb ...`` then fills ``expected`` and ``tolerance`` from notebooks executed at
-``quick`` with ``FEDLIB_OVERRIDE='{"seed": s}'`` (the first one must be seed 0).
+and ``floor`` per check; ``python -m fedlib expected NN SEED0.ipynb SEED1.ipynb ...`` then
+fills ``expected`` and ``tolerance`` from notebooks executed at ``quick`` with
+``FEDLIB_OVERRIDE='{"seed": s}'`` (the first one must be seed 0).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -136,17 +135,3 @@ def refresh(notebook: str, executed: Sequence[Path], seeds: Optional[Sequence[in
     runs = [read_records(p) for p in executed]
     path.write_text(refreshed_text(header, read_expected(notebook).get("check", []), seeds, runs))
     return path
-
-
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.notebook.expected",
-                                     description="Fill a notebook's expected quick-profile values from a seed sweep.")
-    parser.add_argument("notebook", help="e.g. 03_fedkdrec (its tests/expected_quick/<notebook>.toml must exist)")
-    parser.add_argument("executed", nargs="+", type=Path, help="executed .ipynb files, seed 0 first")
-    parser.add_argument("--seeds", nargs="+", type=int, help="the seed of each file (default 0 1 2 ...)")
-    args = parser.parse_args(argv)
-    print(refresh(args.notebook, args.executed, args.seeds))
-
-
-if __name__ == "__main__":
-    main()
