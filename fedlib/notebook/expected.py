@@ -77,9 +77,9 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value) if isinstance(value, int) else f"{value:.6g}"
     if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string is a JSON string for these names
+        return json.dumps(value, ensure_ascii=False)  # a TOML basic string is a JSON string for these names
     if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{json.dumps(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
+        return "{ " + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}" for k, v in value.items()) + " }"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"cannot write {type(value).__name__} {value!r} to an expected-values file")
