@@ -96,3 +96,18 @@ def test_fedlib_expected_command_rewrites_the_file_from_executed_notebooks(tmp_p
     assert written["check"][0]["tolerance"] == pytest.approx(0.6)          # 3 × sample std 0.2
     assert expected.failed_checks("99_demo", {"loss": 1.5}) == []
     assert expected.failed_checks("99_demo", {"loss": 1.7}) != []
+
+
+def test_every_committed_expected_file_is_complete_and_refreshable():
+    """Each check of tests/expected_quick/ names its record, a floor, and a tolerance >= that floor."""
+    files = sorted((expected.expected_file("x").parent).glob("*.toml"))
+    assert len(files) >= 6                                                 # notebooks 00-05
+    for path in files:
+        parsed = expected.read_expected(path.stem)
+        assert parsed["seeds"][0] == 0, path.name
+        assert parsed["check"], path.name
+        for check in parsed["check"]:
+            where = f"{path.name}: {check.get('name')}"
+            assert {"name", "record", "expected", "tolerance", "floor"} <= set(check), where
+            assert check["tolerance"] >= check["floor"] > 0, where
+            assert ("column" in check) == ("row" in check), where
