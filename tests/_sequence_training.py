@@ -5,10 +5,12 @@ import numpy as np
 import torch
 
 from fedlib.methods.fedcsr import make_batch
+from fedlib.methods.fedcsr_train import sequence_ranks
 
 
-def train_steps(model, split, *, steps: int, lr: float, maxlen: int = 15, batch_size: int = 32) -> List[float]:
-    """Adam on ``steps`` random mini-batches of ``split.train`` (rows drawn with seed 0); the losses."""
+def train_steps(model, split, *, steps: int, lr: float, batch_size: int = 32) -> List[float]:
+    """Adam on ``steps`` random mini-batches of ``split.train`` (rows drawn with seed 0, windows of
+    ``model.config.maxlen``); the losses."""
     na, nb = split.num_items_a, split.num_items_b
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     rng = np.random.default_rng(0)
@@ -16,7 +18,7 @@ def train_steps(model, split, *, steps: int, lr: float, maxlen: int = 15, batch_
     losses = []
     for _ in range(steps):
         rows = rng.choice(len(split.train), size=batch_size, replace=False)
-        loss = model.loss(make_batch(split.train, na, nb, maxlen, rows=rows))
+        loss = model.loss(make_batch(split.train, na, nb, model.config.maxlen, rows=rows))
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -24,18 +26,10 @@ def train_steps(model, split, *, steps: int, lr: float, maxlen: int = 15, batch_
     return losses
 
 
-def heldout_mrr(model, split, *, maxlen: int = 15, roles: Sequence[str] = ("valid", "test")) -> float:
-    """Mean reciprocal rank of the ground truth (candidate 0) over the ``roles`` sequences, in eval mode."""
-    na, nb = split.num_items_a, split.num_items_b
-    model.eval()
-    reciprocal = []
-    with torch.no_grad():
-        for role in roles:
-            candidates = torch.as_tensor(np.asarray(getattr(split, f"{role}_candidates")))   # (R, C)
-            inputs = make_batch(getattr(split, role), na, nb, maxlen).inputs
-            scores = model.score(inputs, candidates, (candidates[:, 0] >= na).long())      # (R, C)
-            reciprocal.append(1.0 / (1 + (scores[:, 1:] > scores[:, :1]).sum(1)).double())
-    return torch.cat(reciprocal).mean().item()
+def heldout_mrr(model, split, *, roles: Sequence[str] = ("valid", "test")) -> float:
+    """Mean reciprocal rank of the ground truth over the ``roles`` sequences (the library's rank loop)."""
+    ranks = np.concatenate([sequence_ranks(model, split, role) for role in roles])
+    return float(np.mean(1.0 / ranks))
 
 
 def random_mrr(split, role: str = "test") -> float:
