@@ -20,7 +20,7 @@ import pandas as pd
 from fedlib.reporting.results import config_hash
 
 __all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "record_split_statistics",
-           "CellFilter", "grid_main"]
+           "CellFilter", "pending_cells", "pending_report", "grid_main"]
 
 #: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
 Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
@@ -117,6 +117,46 @@ def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], l
     return out
 
 
+def pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The distinct ``cells`` (first-seen order) that have no run recorded in ``runs.jsonl`` at ``profile``."""
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(read_runs(paper, profile))
+    return [c for c in unique_cells(cells) if config_hash(c) not in known]
+
+
+def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
+                   label: Optional[Callable[[Mapping[str, Any]], str]] = None) -> pd.DataFrame:
+    """What is left of a grid: one row per row label, with pending / recorded counts and a cost guess.
+
+    Columns: ``label``, ``recorded``, ``pending``, ``median_s`` (median recorded wall time of
+    that label's runs at ``profile``, over the whole runs file, so other datasets and seeds of
+    the label count too; NaN if it has none) and ``pending_h`` (``pending × median_s``, in
+    hours: a guess, since wall time depends on the dataset and on what shares the cores).
+    """
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    label = label or (lambda c: str(c.get("method", "cell")))
+    known = latest_records(read_runs(paper, profile))
+    seconds: Dict[str, List[float]] = {}
+    for record in known.values():
+        try:
+            seconds.setdefault(label(record.config), []).append(float(record.wall_time_s))
+        except (KeyError, TypeError):  # statistics records and other kinds of run have no row label
+            continue
+    rows: Dict[str, Dict[str, Any]] = {}
+    for c in unique_cells(cells):
+        row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0})
+        row["recorded" if config_hash(c) in known else "pending"] += 1
+    frame = pd.DataFrame(list(rows.values()), columns=["label", "recorded", "pending"])
+    frame["median_s"] = [float(pd.Series(seconds[k]).median()) if k in seconds else float("nan")
+                         for k in frame["label"]]
+    frame["pending_h"] = frame["pending"] * frame["median_s"] / 3600.0
+    return frame
+
+
 class CellFilter(NamedTuple):
     """A grid command-line option that keeps the cells whose value is one of the option's values.
 
@@ -150,7 +190,8 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         part_options: option -> ``argparse`` keywords; its value goes to ``grid_cells`` under
             the option's name (``--dataset ML-1M`` -> ``grid_cells(part, dataset="ML-1M")``).
     Returns:
-        The cells handed to ``run_grid`` (seeds applied, duplicates removed).
+        The cells handed to ``run_grid`` (seeds applied, duplicates removed); with
+        ``--pending``, the selected cells without a recorded run (nothing is trained).
     """
     import argparse
 
@@ -176,6 +217,9 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--reverse", action="store_true",
                         help="walk the cells backwards: a second process sharing the cache meets the first halfway")
+    parser.add_argument("--pending", action="store_true",
+                        help="print what is left of the selected cells per row label (recorded, pending, a "
+                             "wall-time guess from the recorded runs) and exit without training")
     args = parser.parse_args(argv)
     if not 0 <= args.worker < args.workers:
         parser.error(f"--worker must be in [0, --workers) = [0, {args.workers}), got {args.worker}")
@@ -188,6 +232,14 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         if wanted:
             cells = [c for c in cells if spec.value(c) in wanted or (spec.keep_missing and spec.value(c) is None)]
     cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
+    if args.pending:
+        report = pending_report(paper, args.profile, cells, label)
+        with pd.option_context("display.width", 160, "display.max_rows", None):
+            print(report.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(f"{int(report['pending'].sum())} of {len(unique_cells(cells))} cells pending; about "
+              f"{report['pending_h'].sum():.1f} h of one-thread wall time at the recorded median per label "
+              f"(labels without a recorded run: {int(report['median_s'].isna().sum())})")
+        return pending_cells(paper, args.profile, cells)
     if args.reverse:
         cells = cells[::-1]
     run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)

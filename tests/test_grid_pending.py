@@ -1,0 +1,52 @@
+"""``--pending``: what is left of a resumable paper-profile grid, without training anything."""
+import math
+
+import pytest
+
+from fedlib.experiments import grid
+from fedlib.reporting import append_run
+
+PAPER = "fedkdrec"  # any paper slug; the runs file lives under the temporary project root
+
+
+@pytest.fixture()
+def project(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def _cell(method, seed):
+    return {"paper": PAPER, "method": method, "seed": seed, "rounds": 3}
+
+
+def test_pending_cells_and_report_count_recorded_runs(project):
+    cells = [_cell("A", 0), _cell("A", 1), _cell("A", 1), _cell("B", 0), _cell("C", 0)]  # one repeat
+    append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 100.0)
+    append_run(PAPER, "paper", _cell("A", 7), 7, {"x": 1.0}, 300.0)      # not selected, still times label A
+    append_run(PAPER, "paper", _cell("B", 0), 0, {"x": 1.0}, 50.0)
+    append_run(PAPER, "smoke", _cell("C", 0), 0, {"x": 1.0}, 1.0)        # another profile: not a paper run
+
+    pending = grid.pending_cells(PAPER, "paper", cells)
+    assert [(c["method"], c["seed"]) for c in pending] == [("A", 1), ("C", 0)]
+
+    report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
+    assert report.loc["A", "recorded"] == 1 and report.loc["A", "pending"] == 1
+    assert report.loc["A", "median_s"] == pytest.approx(200.0)           # median of 100 s and 300 s
+    assert report.loc["A", "pending_h"] == pytest.approx(200.0 / 3600)
+    assert report.loc["B", "pending"] == 0 and report.loc["B", "pending_h"] == 0
+    assert report.loc["C", "pending"] == 1 and math.isnan(report.loc["C", "median_s"])
+
+
+def test_command_line_pending_trains_nothing(project, capsys):
+    append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0)
+    ran = []
+
+    def grid_cells(part):
+        return [_cell("A", 0), _cell("B", 0)]
+
+    out = grid.grid_main(["main", "--seeds", "0", "1", "--pending"], paper=PAPER, title="T", parts=("main",),
+                         grid_cells=grid_cells, run_grid=lambda *a, **k: ran.append(a), label=lambda c: c["method"])
+    assert ran == []                                                      # nothing trained
+    assert sorted((c["method"], c["seed"]) for c in out) == [("A", 1), ("B", 0), ("B", 1)]
+    printed = capsys.readouterr().out
+    assert "3 of 4 cells pending" in printed and "labels without a recorded run: 1" in printed  # B has none
