@@ -311,6 +311,20 @@ def test_sensitivity_frame_and_figure(root):
     assert T.figure_sensitivity(frame.iloc[0:0]) is None
 
 
+def test_init_frame_pairs_the_two_inits_seed_by_seed(root):
+    for seed in (0, 1):
+        record(X.cell(D, "FedKDRec", backbone="NeuMF", init="random", seed=seed, **KW), metrics(0.30, seed=seed))
+    record(X.cell(D, "FedKDRec", backbone="NeuMF", init="text", seed=0, **KW), metrics(0.35))
+    record(X.cell(D, "PTF-FedRec", backbone="NeuMF", init="text", seed=0, **KW), metrics(0.25))  # no random twin
+    frame = T.init_frame(read_runs("fedkdrec", "quick"), KW)
+    assert set(frame["method"]) == {"FedKDRec"} and set(frame["seed"]) == {0}   # seed 1 has one init only
+    sampled = frame[(frame.metric == "N@10") & (frame.protocol == "sampled 1+99")].iloc[0]
+    assert (sampled["random"], sampled["text"]) == pytest.approx((30.0, 35.0))
+    assert sampled["text - random"] == pytest.approx(5.0)
+    assert len(frame) == len(T.METRICS)
+    assert T.init_frame([], KW).empty
+
+
 def history(rounds=5, sent=3.0):
     return [{"round": t, "server_loss": 1.0 / t, "client_loss": 0.5, "sent_per_client": sent + t,
              "uploaded_per_client": 10.0, "teacher_entropy": 1.0} for t in range(1, rounds + 1)]

@@ -64,8 +64,8 @@ from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _s
 
 __all__ = ["PAPER_DATASETS", "SAMPLED", "FULL", "PROTOCOLS", "METRICS", "BYTES_PER_UNIT", "data_statistics_records",
            "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims",
-           "results_from_records", "sensitivity_frame", "figure_sensitivity", "history_frame", "figure_communication",
-           "curve_frame"]
+           "results_from_records", "sensitivity_frame", "init_frame", "figure_sensitivity", "history_frame",
+           "figure_communication", "curve_frame"]
 
 #: our dataset keys -> the paper's names in Tables 1–4 ...
 PAPER_DATASETS = {"ML-100K": "MovieLens-100K", "ML-1M": "MovieLens-1M", "Industrial": "Amazon Industrial"}
@@ -561,6 +561,38 @@ def sensitivity_frame(records, cell_kwargs: Mapping = {}, dataset: str = "ML-100
                              "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
                              "n_seeds": len(runs), "run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs)})
     return pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
+
+
+INIT_COLUMNS = ["dataset", "backbone", "method", "seed", "metric", "protocol", "random", "text", "text - random",
+                "run_ids"]
+
+
+def init_frame(records, cell_kwargs: Mapping = {}, dataset: str = "ML-100K", backbone: str = "NeuMF",
+               methods: Sequence[str] = ("Centralized", "PTF-FedRec", "FedKDRec")) -> pd.DataFrame:
+    """Item initialisation: random vs the side-information text autoencoder, run by run.
+
+    One row per (method, seed, metric, protocol) for which **both** inits are recorded (so the
+    two columns always compare the same seed): ``random`` and ``text`` in percent and their
+    difference. Seeds with a single init are left out rather than compared across seeds.
+    """
+    known, rows = latest_records(records), []
+    for method in methods:
+        for seed in _seeds(records):
+            pair = {init: known.get(config_hash({**cell(dataset, method, backbone=backbone, init=init, **cell_kwargs),
+                                                 "seed": seed}))
+                    for init in ("random", "text")}
+            if any(run is None for run in pair.values()):
+                continue
+            for name, (metric, protocol) in METRICS.items():
+                values = {init: run.metrics.get(name) for init, run in pair.items()}
+                if any(v is None for v in values.values()):
+                    continue
+                random_init, text_init = 100.0 * float(values["random"]), 100.0 * float(values["text"])
+                rows.append({"dataset": dataset, "backbone": backbone, "method": method, "seed": seed,
+                             "metric": metric, "protocol": protocol, "random": random_init, "text": text_init,
+                             "text - random": text_init - random_init,
+                             "run_ids": RUN_ID_SEPARATOR.join(run.config_hash for run in pair.values())})
+    return pd.DataFrame(rows, columns=INIT_COLUMNS)
 
 
 def _save(fig, name: Optional[str], profile: str):
