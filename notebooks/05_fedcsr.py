@@ -482,6 +482,19 @@ show("table7_movie_book_full")
 show("table8_entertainment_education_full", metric="MRR")
 
 # %% [markdown]
+# ### Full ranking beside the sampled protocol (ours only)
+#
+# Tables 2 and 6-8 rank the ground truth against 1 + 999 sampled items of its domain, the
+# protocol of the paper's public code. Every run of ours also ranks it against **every item of
+# its domain**, with the same selected model. These rows are ours only: the paper reports the
+# sampled protocol alone, so they carry no paper value and their `protocol` says so. On the same
+# model the full-ranking scores are far lower; they are the scale a real recommender faces. A run
+# recorded before this second ranking existed has an empty cell that says so.
+
+# %%
+show("full_ranking")
+
+# %% [markdown]
 # ### Tables 3-4: SCL and MCL
 #
 # The paper has rows for neither term, SCL only, and both; "w/o SCL" (MCL only) is ours.
@@ -568,10 +581,15 @@ for frame, suffix in ((live["figure6"], ""), (recorded.get("figure6") if profile
 show("appendixA5_comm_cost")
 
 # %% [markdown]
-# ### Figure 5: a case study
+# ### Figure 5: a case study with the short demo model (not the recorded run's model)
 #
-# One test user of the demo run (§4): their history, the ground truth, and the model's top ten
-# among the 1 + 999 candidates. The paper's Figure 5 shows the same kind of list.
+# **Which model.** This list comes from the short demo run of §4 (`demo.models[0]`: a few rounds
+# at this profile's small size), not from the selected model of the recorded paper-profile run.
+# It shows how to read a ranked list; its quality says nothing about the recorded results of §5.
+#
+# One test user: their history, the ground truth, and the demo model's top ten among the
+# 1 + 999 candidates (1 + 20 on the synthetic smoke task). The paper's Figure 5 shows the same
+# kind of list for its trained model.
 
 # %%
 test_rows = demo_split.extra["test_platforms"]
@@ -591,6 +609,8 @@ with torch.no_grad():
 order = np.argsort(-scores, kind="stable")
 names = demo_split.extra.get("domain_names", ("A", "B"))
 domain_of = lambda item: names[int(item >= na_demo)]
+print(f"Figure 5 (case study), model: the short demo run of §4 ({len(demo.history)} round(s), "
+      f"n = {demo_model_config.dim}, {demo_dataset}), NOT the recorded paper-profile run's selected model")
 print(f"platform {platform + 1}, test user {row}: history (oldest first) "
       f"{[f'{i}:{domain_of(i)}' for i in history[:-1]]}")
 print(f"ground truth: item {history[-1]} ({domain_of(history[-1])}), rank {int(np.where(order == 0)[0][0]) + 1} of "
@@ -614,6 +634,14 @@ fnb.record("case_study", {"rank_of_truth": int(np.where(order == 0)[0][0]) + 1, 
 # 3. **Test-set selection.** The code evaluates the test set after every round and reports the
 #    best round, without a validation set.
 #
+#    Our "test-selected" numbers are a **lower bound** on what that rule gains. Each of our runs
+#    stops when validation stops improving, and we pick its best test round only among the
+#    rounds it actually trained. The public code logs the test score after every round of its
+#    whole run (its own early stopping is looser: the counter restarts whenever validation beats
+#    the previous round) and reports the best one. More rounds can only offer an equal or better
+#    best test round, so on the mean test MRR it maximises, the code's rule gains at least as
+#    much as the audit shows. The audit table's notes say so too.
+#
 # It also builds the graphs centrally (§1). The runs below change one thing at a time, then all
 # of them ("code: all", which also weights by sequences and breaks ties as the code does).
 
@@ -633,8 +661,9 @@ fnb.record("audit_runs", audit_frame)
 
 # %% [markdown]
 # **Test-set selection** can only raise the domain-mean test MRR it maximises: the gap between
-# the two columns is the optimism of reporting the best test round. Across every run of this
-# notebook:
+# the two columns is the optimism of reporting the best test round. It is a lower bound: the
+# best test round is searched only among the rounds each run trained before validation stopped
+# it, while the public code searches every round it logged. Across every run of this notebook:
 
 # %%
 gaps = []
@@ -657,13 +686,47 @@ fnb.record("selection_gap", {"min": float(gaps.min()), "mean": float(gaps.mean()
 # | data | C2DSR Food-Kitchen 34,117 training sequences, Movie-Book 58,515 | substitute split: 13,263 / 12,281 sequences from the valid and test users | the training file is not in the shared data |
 # | graphs | "each platform" (text); central in the code | per platform; 77-99 % of the central graph's edges come from other platforms | the central graph breaks the federated premise |
 # | MCL and SCL | in the loss (Eq. 18) | in the loss; the code never adds them (§6) | the code trains "w/o SCL & MCL" |
-# | selection | not stated; the code reports the best test round | validation MRR, patience 5; the optimism of test selection is measured | §6 |
+# | selection | not stated; the code reports the best test round | validation MRR, patience 5; the optimism of test selection is measured, as a lower bound | §6 |
 # | training budget | 100 rounds, full softmax | 20 rounds, patience 5, 1,000 sampled negatives | CPU budget, stated in §2 |
 # | Entertainment-Education (Table 8) | reported | needs download | item lists only in the shared data |
-# | FedCSR on Food-Kitchen (first recorded run) | MRR Food 9.15, Kitchen 4.93; HR@10 15.42, 9.19 (n = 256, mean of 5 runs) | substitute split, n = 64, seed 0: MRR Food 8.87, Kitchen 3.57; HR@10 16.25, 7.22; best round = the 20th, the cap | a quarter of the embedding size, ~40 % of the training sequences, 20 rounds, sampled softmax; the curve is still rising at the cap |
 # | early training | not reported | in the committed quick run (two rounds of one local epoch at n = 32) FedCSR and most baselines are still at the random level (MRR ≈ 0.0075), while the same model trained centrally is several times above it | FedAvg over ten platforms with a fresh Adam each round moves slowly at the paper's lr 1e-3; the recorded paper profile runs up to 20 rounds of 3 epochs |
-# | full ranking | not reported | recorded for every run next to the sampled 1 + 999 protocol | sampled metrics overstate accuracy; full ranking is the honest scale |
+# | full ranking | not reported | recorded for every run next to the sampled 1 + 999 protocol (§5, "Full ranking") | sampled metrics overstate accuracy; full ranking is the honest scale |
 #
+# **FedCSR on Food-Kitchen, recorded runs against the paper.** The cell below prints the paper's
+# FedCSR scores next to ours from the recorded paper-profile Tables 6 and A.5, so it always
+# shows the latest recorded grid. Ours differ in four ways: a smaller embedding size (column
+# `our n`; the paper's is 256), the substitute split with fewer training sequences, a round cap
+# far below the paper's, and a sampled softmax. When the selected round is the last round the
+# cap allows, validation MRR was still improving when training stopped.
+
+# %%
+table6_recorded = recorded.get("table6_food_kitchen_full")
+a5_recorded = recorded.get("appendixA5_comm_cost")
+if table6_recorded is None or a5_recorded is None:
+    print("no recorded paper-profile Tables 6 and A.5 yet")
+else:
+    fedcsr_rows = table6_recorded[(table6_recorded["method"] == "FedCSR")
+                                  & table6_recorded["metric"].isin(["MRR", "HR@10"])
+                                  & table6_recorded["value_ours"].notna()]
+    if fedcsr_rows.empty:
+        print("no recorded paper-profile FedCSR run on Food-Kitchen yet")
+    else:
+        print(fedcsr_rows[["dim", "domain", "metric", "value_paper", "value_ours", "delta", "n_seeds"]]
+              .rename(columns={"dim": "our n", "value_paper": "paper (%)", "value_ours": "ours (%)",
+                               "delta": "Δ (points)", "n_seeds": "our seeds"})
+              .round(2).to_string(index=False))
+        print("paper: n = 256, mean of 5 runs; ours: substitute split (see the rows' notes)")
+    for dim in sorted(set(fedcsr_rows["dim"]), key=int):
+        a5_rows = a5_recorded[(a5_recorded["dataset"] == "Food-Kitchen") & (a5_recorded["dim"] == dim)]
+        selected_round = a5_rows.loc[a5_rows["metric"] == T.ROUNDS_METRIC, "value_ours"].dropna()
+        rounds_run = a5_rows.loc[a5_rows["metric"] == T.ROUNDS_RUN_METRIC, "value_ours"].dropna()
+        if len(selected_round) and len(rounds_run):
+            at_cap = int(selected_round.iloc[0]) == X.ROUNDS
+            print(f"n = {dim}: selected (best validation) round {int(selected_round.iloc[0])} of "
+                  f"{int(rounds_run.iloc[0])} rounds run, cap {X.ROUNDS} rounds"
+                  + ("; the best round is the last one allowed: still improving at the cap" if at_cap else ""))
+
+# %% [markdown]
 # The paper-profile grid (FedCSR at n = 256 and 64, the eight baselines, the ablations, α, the
 # SCL hidden size, individual training and the audit, on both scenarios) is being recorded;
 # the README's status table shows how much of it exists, and §5 shows every recorded cell.

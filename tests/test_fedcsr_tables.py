@@ -23,8 +23,10 @@ def root(tmp_path, monkeypatch):
     return tmp_path
 
 
-def scores(mrr, seed=0, domains=FK, platforms=False, bytes_per_round=40.0 * 1024 ** 2):
-    """Metrics as run_cell records them: domain i's MRR is mrr + 0.02·seed + 0.01·i (fractions)."""
+def scores(mrr, seed=0, domains=FK, platforms=False, bytes_per_round=40.0 * 1024 ** 2, full=False):
+    """Metrics as run_cell records them: domain i's MRR is mrr + 0.02·seed + 0.01·i (fractions);
+    with ``full`` also the full-ranking ``full/<domain>/test/<M>``, a tenth of the sampled value
+    plus 0.0007 (so no full-ranking value equals a sampled one)."""
     out = {"selected_round": 4.0 + seed, "test_selected_round": 7.0, "rounds_run": 9.0,
            "bytes_per_round": bytes_per_round, "seconds": 1.0}
     for i, d in enumerate(domains):
@@ -33,6 +35,8 @@ def scores(mrr, seed=0, domains=FK, platforms=False, bytes_per_round=40.0 * 1024
             out[f"{d}/test/{metric}"] = factor * value
             out[f"{d}/valid/{metric}"] = factor * value
             out[f"test_selected/{d}/test/{metric}"] = factor * value + 0.03
+            if full:
+                out[f"full/{d}/test/{metric}"] = factor * value / 10 + 0.0007
             if platforms:
                 for k in range(10):
                     out[f"platform{k}/{d}/test/{metric}"] = factor * value * (k + 1) / 10
@@ -99,6 +103,71 @@ def test_main_tables_percent_seed_means_labels_and_both_fedcsr_sizes(root):
     assert ent["note"].str.startswith(NEEDS_DOWNLOAD_NOTE).all()
 
 
+def test_full_ranking_rows_carry_exactly_the_recorded_values(root):
+    for seed in (0, 1):
+        record(X.cell("Food-Kitchen", "FedCSR", dim=256, seed=seed), scores(0.05, seed, full=True))
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04))                 # recorded without full ranking
+    record(X.cell("Food-Kitchen", "PiNet", dim=64), scores(0.03, full=True))
+    records = read_runs("fedcsr", "quick")
+    by_id = {r.config_hash: r for r in records}
+    table = T.full_ranking_table(records, "quick")
+
+    # every (dataset, method, size, domain, metric) of Tables 6-7, ours only
+    assert len(table) == 2 * (2 + len(X.BASELINES)) * 2 * len(T.METRICS)
+    assert table["value_paper"].isna().all() and table["delta"].isna().all()
+    assert (table["protocol"] == T.FULL_RANKING_PROTOCOL).all()
+    assert T.FULL_RANKING_PROTOCOL == "full ranking (ours only; the paper reports 1 + 999 sampled)"
+    ours = table[table["value_ours"].notna()]
+    assert len(ours) == 2 * 2 * len(T.METRICS)                                      # FedCSR n=256 and FedPi-Net
+    for _, r in ours.iterrows():
+        assert r["run_metric"] == f"full/{r['domain']}/test/{r['metric']}"
+        runs = [by_id[h] for h in r["run_ids"].split(";")]
+        assert r["value_ours"] == pytest.approx(100 * np.mean([run.metrics[r["run_metric"]] for run in runs]),
+                                                rel=1e-12)
+        assert r["unit"] == "percent" and r["note"].startswith("SUBSTITUTE split of Food-Kitchen")
+        assert T.FULL_RANKING_PROTOCOL in r["note"]
+    big = row(table, domain="Kitchen", method="FedCSR", dim="256", metric="NDCG@10")
+    assert big["n_seeds"] == 2 and big["value_ours"] == pytest.approx(100 * (1.5 * 0.07 / 10 + 0.0007))
+    sampled = row(T.table6(records, "quick"), domain="Kitchen", method="FedCSR", dim="256", metric="NDCG@10")
+    assert sampled["value_ours"] == pytest.approx(100 * 1.5 * 0.07)              # Table 6 keeps the sampled value
+    assert row(table, domain="Food", method="FedPi-Net", metric="HR@5")["value_ours"] == pytest.approx(
+        100 * (1.8 * 0.03 / 10 + 0.0007))
+    predates = table[(table["method"] == "FedCSR") & (table["dim"] == "64") & (table["dataset"] == "Food-Kitchen")]
+    assert len(predates) == 12 and predates["value_ours"].isna().all()
+    assert (predates["note"] == T.NO_FULL_RANKING_NOTE).all()
+    conet = row(table, dataset="Movie-Book", domain="Book", method="FedCoNet", metric="MRR")
+    assert math.isnan(conet["value_ours"]) and conet["note"].startswith("not run")
+
+
+def test_tables_build_from_the_recorded_quick_runs():
+    """The notebook's quick-profile path on the committed quick runs: every table builds, and the
+    full-ranking rows carry the recorded values."""
+    from fedlib.notebook.profiles import load_settings
+
+    records = read_runs("fedcsr", "quick")
+    if not records:
+        pytest.skip("no quick-profile FedCSR runs recorded")
+    settings = load_settings("05_fedcsr", "quick")
+    cell_kwargs = {"dim": settings.dim, "rounds": settings.rounds, "patience": settings.patience,
+                   "local_epochs": settings.local_epochs, "lr": settings.lr, "batch_size": settings.batch_size,
+                   "seed": settings.seed}
+    method_kwargs = {m: {"rounds": settings.baseline_rounds} for m in X.BASELINES}
+    tables = T.all_tables(records, "quick", cell_kwargs, method_kwargs, datasets=list(settings.datasets))
+    full = tables["full_ranking"]
+    by_id = {r.config_hash: r for r in records}
+    ours = full[full["value_ours"].notna()]
+    recorded_full = [r for r in records if any(k.startswith("full/") for k in r.metrics)]
+    if not recorded_full:
+        pytest.skip("the quick runs predate the full ranking")
+    assert len(ours) > 0
+    for _, r in ours.iterrows():
+        (run_id,) = r["run_ids"].split(";")
+        assert r["value_ours"] == pytest.approx(100 * by_id[run_id].metrics[r["run_metric"]], rel=1e-12)
+    audit = tables["audit"]
+    test_selected = audit[audit["value_ours"].notna() & (audit["stat"] == T.AUDIT_STATS[1])]
+    assert len(test_selected) and test_selected["note"].str.contains("LOWER BOUND", regex=False).all()
+
+
 def test_ablation_alpha_and_individual_mapping(root):
     for variant in ("w/o SCL & MCL", "w/o MCL", "w/o SCL", "FedCSR"):
         record(X.cell("Food-Kitchen", "FedCSR", variant=variant, dim=64),
@@ -139,7 +208,7 @@ def test_ablation_alpha_and_individual_mapping(root):
 
 
 def test_write_tables_pass_the_consistency_check(root):
-    record(X.cell("Food-Kitchen", "FedCSR", dim=256), scores(0.05), curve())
+    record(X.cell("Food-Kitchen", "FedCSR", dim=256), scores(0.05, full=True), curve())
     record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04, bytes_per_round=20.0 * 1024 ** 2), curve())
     for variant in ("w/o unified", "code: all"):
         record(X.cell("Food-Kitchen", "FedCSR", variant=variant, dim=64), scores(0.03))
@@ -149,7 +218,11 @@ def test_write_tables_pass_the_consistency_check(root):
     assert check_results_dir(root / "results" / "fedcsr" / "quick") == []
     written = {p.stem for p in (root / "results" / "fedcsr" / "quick").glob("*.csv")}
     assert written == {"table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9",
-                       "appendixA5", "figure2", "figure6", "audit"}
+                       "appendixA5", "full_ranking", "figure2", "figure6", "audit"}
+    full = tables["full_ranking"]
+    assert full["value_ours"].notna().sum() == 2 * 6  # FedCSR n=256, both domains; n=64 predates the full ranking
+    assert (full["value_ours"].isna() == full["note"].isin([T.NO_FULL_RANKING_NOTE])
+            | full["note"].str.startswith("not run")).all()
 
     t1 = tables["table1_dataset_stats"]
     users = row(t1, dataset="Food-Kitchen", metric="#Users", setting="")
@@ -174,6 +247,11 @@ def test_write_tables_pass_the_consistency_check(root):
     gap = row(audit, method="code: all", domain="Food", metric="HR@10", stat=T.AUDIT_STATS[2])
     assert gap["value_ours"] == pytest.approx(3.0) and gap["run_ids"]  # test-selected + 0.03
     assert row(audit, method="code: all", metric="round", stat="test-selected")["value_ours"] == 7
+    # the test-selected side only saw the rounds the validation-stopped run trained: a lower bound, said in the note
+    recorded = audit[audit["value_ours"].notna()]
+    lower_bound = recorded["note"].str.contains("LOWER BOUND", regex=False)
+    assert (lower_bound == (recorded["stat"] != T.AUDIT_STATS[0])).all() and lower_bound.any()
+    assert f"patience {X.PATIENCE}, at most {X.ROUNDS} rounds" in gap["note"] and "every round" in gap["note"]
     assert audit[audit["method"] == "code: central graph"]["value_ours"].isna().all()
     fig2 = tables["figure2"]
     assert row(fig2, method="w/o unified", domain="Kitchen", metric="MRR")["value_ours"] == pytest.approx(4.0)
@@ -193,7 +271,8 @@ def test_no_runs_and_the_smoke_task(root):
     # a smoke profile fixes one small size for every cell (as the notebook's live cells do)
     cell_kwargs = {"dim": 8, "rounds": 2, "patience": 2, "local_epochs": 1, "seed": 0}
     method_kwargs = {m: {"rounds": 1} for m in X.BASELINES}
-    record(X.method_cell("synthetic", "FedCSR", cell_kwargs, method_kwargs), scores(0.3, domains=("A", "B")))
+    record(X.method_cell("synthetic", "FedCSR", cell_kwargs, method_kwargs), scores(0.3, domains=("A", "B"),
+                                                                                     full=True))
     record(X.method_cell("synthetic", "C2DSR", cell_kwargs, method_kwargs), scores(0.2, domains=("A", "B")))
     record(X.cell("synthetic", "Individual", **cell_kwargs), scores(0.1, domains=("A", "B"), platforms=True))
     records = read_runs("fedcsr", "quick")
@@ -210,6 +289,11 @@ def test_no_runs_and_the_smoke_task(root):
     platform2 = row(t9, dataset="synthetic", domain="A", setting="platform 2", metric="MRR")
     assert platform2["value_ours"] == pytest.approx(2.0)  # 100 · 0.1 · 2 / 10
     assert set(smoke["audit"]["dataset"]) == {"synthetic"} and set(smoke["audit"]["domain"]) == {"A", "B", ""}
+    full = smoke["full_ranking"]
+    assert set(full["dataset"]) == {"synthetic"} and set(full["dim"]) == {"8"}
+    assert row(full, domain="B", method="FedCSR", metric="HR@10")["value_ours"] == pytest.approx(
+        100 * (2.0 * 0.31 / 10 + 0.0007))
+    assert full[full["method"] == "FedC2DSR"]["value_ours"].isna().all()  # recorded without full ranking
 
 
 def test_figures_build_from_frames(root):

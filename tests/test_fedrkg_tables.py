@@ -43,6 +43,30 @@ def test_table1_puts_both_samplers_next_to_the_same_paper_value_and_derives_impr
     assert lastfm["value_ours"].isna().all() and (lastfm["note"] == "not run at this profile").all()
 
 
+def test_improv_counts_fedrkg_seeds_and_names_the_baselines_it_chose_from():
+    # FedRKG over 3 seeds, FedRAP (the best baseline) over 2, FedMF and PFedRec over 1
+    values = {"FedMF": [0.10], "PFedRec": [0.20], "FedRAP": [0.30, 0.34], "FedRKG": [0.40, 0.44, 0.48]}
+    records = [record(X.cell("FilmTrust", m, sampler="correct", **KW), scores(v), seed=seed)
+               for m, seeds in values.items() for seed, v in enumerate(seeds)]
+    table = T.table1(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    improv = table[(table.dataset == "FilmTrust") & (table.metric == "N@5")
+                   & table.stat.str.startswith("Improv")].iloc[0]
+    assert improv["value_ours"] == pytest.approx(100 * (0.44 / 0.32 - 1))
+    assert improv["n_seeds"] == 3
+    fedrkg_ids = [r.config_hash for r in records if r.config["method"] == "FedRKG"]
+    fedrap_ids = [r.config_hash for r in records if r.config["method"] == "FedRAP"]
+    assert improv["run_ids"].split(";") == fedrkg_ids
+    assert "best of 3 recorded baselines: FedMF, PFedRec, FedRAP → FedRAP" in improv["note"]
+    assert "runs " + ";".join(fedrap_ids) in improv["note"]
+    # without the strongest baseline the note (and the best) change with what is recorded
+    fewer = [r for r in records if r.config["method"] != "FedRAP"]
+    improv = T.table1(fewer, "quick", cell_kwargs=KW, samplers=("correct",))
+    improv = improv[(improv.dataset == "FilmTrust") & (improv.metric == "N@5")
+                    & improv.stat.str.startswith("Improv")].iloc[0]
+    assert "best of 2 recorded baselines: FedMF, PFedRec → PFedRec" in improv["note"]
+    assert improv["n_seeds"] == 3
+
+
 def test_ablation_table_maps_modes_to_the_paper_labels():
     records = [record(X.cell("Amazon-Video", "FedRKG", guidance=mode, sampler="correct", **KW), scores(0.01 * i))
                for i, mode in enumerate(X.GUIDANCE_MODES)]
@@ -99,3 +123,32 @@ def test_a_diverged_run_is_flagged_in_its_table_cell():
     assert dae["note"].str.contains("diverged \\(NaN\\) at round 11").all()
     fedmf = table[(table.method == "FedMF") & (table.dataset == "FilmTrust") & (table.stat == "score")]
     assert not fedmf["note"].fillna("").str.contains("diverged").any()
+
+
+def test_ldp_accounting_states_the_mapping_and_epsilon_at_one_over_users():
+    split = X.load_split("synthetic")
+    private = X.ldp_cells("synthetic", ("correct",), rounds=4)
+    table = T.ldp_accounting(private + [X.cell("synthetic", "FedMF", rounds=4)], split)  # the plain cell is skipped
+    assert table["method"].tolist() == list(X.LDP_METHODS)
+    assert (table["clip C"] == 0.1).all() and (table["noise std s"] == 0.001).all()
+    assert table["multiplier s/C"].tolist() == pytest.approx([0.01] * len(private))
+    assert table["δ"].tolist() == pytest.approx([1 / split.num_users] * len(private))
+    assert table["ε"].tolist() == pytest.approx([X.ldp_epsilon(c, split) for c in private])
+    assert table["ε"].gt(1e3).all()  # multiplier 0.01: vacuous
+    noised = table.set_index("method")["noised tables"]
+    assert noised["FedRKG"] == "personal_item_emb" and noised["FedRAP"] == "personal_item_emb, item_emb"
+    # more noise, smaller ε: the mapping is used, not a constant
+    louder = X.cell("synthetic", "FedRKG", rounds=4, ldp={"clip": 0.1, "noise_std": 0.5})
+    assert T.ldp_accounting([louder], split)["ε"].iloc[0] < table.set_index("method").loc["FedRKG", "ε"]
+
+
+def test_recorded_ldp_accounting_reads_what_each_run_recorded():
+    private = X.cell("FilmTrust", "FedRKG", sampler="correct", ldp=X.LDP, **KW)
+    records = [record(private, {**scores(0.2), "ldp_epsilon": 2.5e7, "ldp_delta": 0.001}, seed=1),
+               record(private, {**scores(0.2), "ldp_epsilon": 2.5e7, "ldp_delta": 0.001}, seed=0),
+               record(X.cell("FilmTrust", "FedRKG", sampler="correct", **KW), scores(0.25))]
+    table = T.recorded_ldp_accounting(records)
+    assert table["seed"].tolist() == [0, 1] and table["ε"].tolist() == [2.5e7, 2.5e7]
+    assert table["δ"].tolist() == [0.001, 0.001] and table["multiplier s/C"].tolist() == pytest.approx([0.01, 0.01])
+    assert table["run_id"].tolist() == [records[1].config_hash, records[0].config_hash]
+    assert T.recorded_ldp_accounting([]).empty

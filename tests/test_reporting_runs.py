@@ -53,6 +53,26 @@ def test_append_run_round_trips(project):
     assert record.extra == {"note": "x"}
 
 
+def test_peak_memory_round_trips_and_old_records_without_it_still_load(project):
+    measured = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 1.0, device="cpu", commit="c",
+                          peak_rss_mb=1234.5)
+    unmeasured = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.2}, 1.0, device="cpu", commit="c")
+    assert measured.peak_rss_mb == 1234.5 and unmeasured.peak_rss_mb is None
+    assert read_runs("f3crec", "paper") == [measured, unmeasured]
+    lines = [json.loads(line) for line in runs_path("f3crec", "paper").read_text().splitlines()]
+    assert lines[0]["peak_rss_mb"] == 1234.5 and lines[1]["peak_rss_mb"] is None
+    # a record written before the field existed, and one from a later version with a field we do not know
+    old = {key: value for key, value in lines[0].items() if key != "peak_rss_mb"}
+    assert RunRecord.from_dict(old) == RunRecord.from_dict({**lines[0], "peak_rss_mb": None})
+    assert RunRecord.from_dict({**lines[0], "gpu_memory_mb": 9.0}).peak_rss_mb == 1234.5
+    # the fields without a default stay required
+    with pytest.raises(ValueError, match="lacks wall_time_s"):
+        RunRecord.from_dict({key: value for key, value in lines[0].items() if key != "wall_time_s"})
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="peak_rss_mb"):
+            append_run("f3crec", "paper", CONFIG, 2, {}, 1.0, device="cpu", commit="c", peak_rss_mb=bad)
+
+
 def test_each_seed_is_its_own_run_and_the_seed_must_agree(project):
     first = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 1.0, device="cpu", commit="c")
     second = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.2}, 1.0, device="cpu", commit="c")

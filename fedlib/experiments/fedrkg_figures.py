@@ -8,7 +8,8 @@ runs it needs is among ``results`` (a figure is never drawn from an empty frame)
 * Figure 2 (:func:`figure2`): Full Replacement, Local Only, FedRAP and Knowledge Guidance
   (w/o AG), test R@10 per evaluation.
 * Figure 4 (:func:`convergence_figure`): FedRKG, its variants and the main baselines, one
-  panel per sampler, guidance rounds marked.
+  panel per sampler, guidance rounds marked and the step at each of them annotated;
+  :func:`convergence_gains` returns those steps as a tidy frame (:func:`step_gains`).
 * Figure 5 (:func:`warm_cold_figure`): warm vs cold users, FedRKG vs FedRAP
   (from :func:`fedlib.experiments.fedrkg_tables.warm_cold_frame`).
 * Figure D.1 (:func:`interval_figure`): Knowledge Guidance with several intervals.
@@ -27,16 +28,20 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fedlib.experiments.fedrkg import (BETAS, DEFAULT_PARAMS, GATE_LRS, INTERVALS, PAPER, guidance_rounds,
-                                       method_label, paper_beta, paper_rounds)
+from fedlib.experiments.fedrkg import (BETAS, DEFAULT_PARAMS, GATE_LRS, GUIDANCE_MODES, INTERVALS, PAPER,
+                                       guidance_rounds, method_label, paper_beta, paper_rounds)
 from fedlib.experiments.fedrkg_tables import curve_frame, warm_cold_frame
 from fedlib.reporting.results import latest_records
 
-__all__ = ["results_from_records", "convergence_figure", "figure2", "interval_figure", "sensitivity_figure",
-           "warm_cold_figure", "trace_figure", "write_recorded_figures"]
+__all__ = ["results_from_records", "convergence_figure", "convergence_gains", "step_gains", "figure2",
+           "interval_figure", "sensitivity_figure", "warm_cold_figure", "trace_figure", "write_recorded_figures"]
 
 #: methods drawn in Figure 4 (the paper's: FedRKG against the strongest baselines)
 CONVERGENCE_METHODS = ("FedRKG", "w/o AG", "w/ GIE", "w/ PIE", "FedRAP", "FedMF", "PFedRec")
+#: row labels whose runs change their personal tables at a guidance round ("w/ PIE" never does)
+GUIDED_LABELS = tuple(label for mode, label in GUIDANCE_MODES.items() if mode != "personal_only")
+GAIN_COLUMNS = ["dataset", "method", "sampler", "guided", "guidance_round", "round_before", "value_before",
+                "round_after", "value_after", "gain"]
 
 
 def results_from_records(records) -> List[Dict[str, Any]]:
@@ -59,36 +64,122 @@ def _default_fedrkg(config: Mapping[str, Any]) -> bool:
             and params.get("beta") == paper_beta(config["dataset"]))
 
 
-def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, rounds: Optional[int] = None,
-                       methods: Sequence[str] = CONVERGENCE_METHODS, metric: str = "Recall@10"):
-    """Figure 4: test ``metric`` per evaluation, one panel per sampler; grey lines = guidance rounds.
+def step_gains(curves: pd.DataFrame, rounds_of_guidance: Sequence[int]) -> pd.DataFrame:
+    """The metric just before and just after each guidance round, per curve (the step-wise gains).
 
-    Only runs at the guidance ``interval`` given (or methods without one) are drawn.
+    Args:
+        curves: a :func:`~fedlib.experiments.fedrkg_tables.curve_frame`: one row per evaluation
+            with ``dataset, method, sampler, round, value``; ``round`` counts completed rounds.
+        rounds_of_guidance: 0-based rounds ``t`` before which guidance runs
+            (:func:`~fedlib.experiments.fedrkg.guidance_rounds`), i.e. after ``t`` completed rounds.
+
+    Returns:
+        One row per curve and guidance round with an evaluation on each side: the last evaluation
+        at or before ``t`` (``round_before``, ``value_before``: the tables before guidance), the
+        first one after it (``round_after``, ``value_after``: after the guidance step *and* the
+        training rounds up to the evaluation, so with ``eval_every`` 10 the step also holds up to
+        10 rounds of ordinary training) and ``gain = value_after − value_before`` (the metric's
+        unit). ``guided`` says whether the method changes its tables at guidance rounds; the
+        other methods' steps over the same rounds are the no-guidance reference. Columns:
+        :data:`GAIN_COLUMNS`.
     """
+    rows = []
+    if curves.empty or not len(rounds_of_guidance):
+        return pd.DataFrame(rows, columns=GAIN_COLUMNS)
+    for (dataset, method, sampler), curve in curves.groupby(["dataset", "method", "sampler"], sort=False):
+        curve = curve.dropna(subset=["value"]).sort_values("round")
+        evaluated, values = curve["round"].to_numpy(), curve["value"].to_numpy(dtype=float)
+        for t in rounds_of_guidance:
+            before, after = evaluated <= t, evaluated > t
+            if not before.any() or not after.any():
+                continue
+            i, j = int(before.nonzero()[0][-1]), int(after.nonzero()[0][0])
+            rows.append({"dataset": dataset, "method": method, "sampler": sampler,
+                         "guided": method in GUIDED_LABELS, "guidance_round": int(t),
+                         "round_before": int(evaluated[i]), "value_before": float(values[i]),
+                         "round_after": int(evaluated[j]), "value_after": float(values[j]),
+                         "gain": float(values[j] - values[i])})
+    return pd.DataFrame(rows, columns=GAIN_COLUMNS)
+
+
+def _convergence_curves(results: Sequence[Mapping[str, Any]], interval: int, methods: Sequence[str],
+                        metric: str) -> pd.DataFrame:
+    """Figure 4's curves: main-protocol runs at the guidance ``interval`` (or methods without one)."""
     chosen = [r for r in results if _plain(r["config"]) and _default_fedrkg(r["config"])
               and (r["config"]["method"] != "FedRKG" or r["config"]["params"].get("interval") == interval)]
     curves = curve_frame(chosen, metric, "test")
     if curves.empty:
-        return None
-    curves = curves[curves["method"].isin(list(methods))].drop_duplicates(["dataset", "method", "sampler", "round"])
+        return curves
+    return curves[curves["method"].isin(list(methods))].drop_duplicates(["dataset", "method", "sampler", "round"])
+
+
+def convergence_gains(results: Sequence[Mapping[str, Any]], interval: int, rounds: Optional[int] = None,
+                      methods: Sequence[str] = CONVERGENCE_METHODS, metric: str = "Recall@10") -> pd.DataFrame:
+    """The steps :func:`convergence_figure` annotates, as a tidy frame (:func:`step_gains`).
+
+    ``rounds`` bounds the guidance schedule (default: each sampler's last evaluated round).
+    """
+    curves = _convergence_curves(results, interval, methods, metric)
+    frames = [step_gains(part, guidance_rounds(rounds or int(part["round"].max()), interval))
+              for _, part in curves.groupby("sampler", sort=False)] if len(curves) else []
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GAIN_COLUMNS)
+
+
+def _annotate_steps(ax, gains: pd.DataFrame, colors: Mapping[str, Any], label_method: Optional[str]) -> None:
+    """Mark each guided curve's evaluation before (○) and after (▲) every guidance round, joined by
+    its step; print the step of ``label_method`` (points of the metric × 100) above it."""
+    for _, g in gains[gains["guided"]].iterrows():
+        color = colors.get(g["method"], "black")
+        ax.plot([g["round_before"], g["round_after"]], [g["value_before"], g["value_after"]], color=color, lw=1.6)
+        ax.plot(g["round_before"], g["value_before"], "o", mfc="white", mec=color, ms=3.5)
+        ax.plot(g["round_after"], g["value_after"], "^", color=color, ms=3.5)
+        if g["method"] == label_method:
+            ax.annotate(f"{100 * g['gain']:+.1f}", (g["round_after"], max(g["value_before"], g["value_after"])),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=6, color=color)
+
+
+def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, rounds: Optional[int] = None,
+                       methods: Sequence[str] = CONVERGENCE_METHODS, metric: str = "Recall@10"):
+    """Figure 4: test ``metric`` per evaluation, one panel per sampler; grey lines = guidance rounds.
+
+    Only runs at the guidance ``interval`` given (or methods without one) are drawn. At every
+    guidance round each guided curve (:data:`GUIDED_LABELS`) is marked at its evaluation just
+    before (○) and just after (▲) the guidance, and FedRKG's step is written above it in points
+    (×100); :func:`convergence_gains` returns the same steps for every curve.
+    """
+    curves = _convergence_curves(results, interval, methods, metric)
     if curves.empty:
         return None
     samplers = [s for s in ("leaky", "correct") if s in set(curves["sampler"])]
+    drawn = [m for m in methods if m in set(curves["method"])]
+    colors = dict(zip(drawn, sns.color_palette(n_colors=len(drawn))))
     fig, axes = plt.subplots(1, len(samplers), figsize=(5.5 * len(samplers), 3.6), squeeze=False)
     for ax, sampler in zip(axes[0], samplers):
         part = curves[curves["sampler"] == sampler]
-        sns.lineplot(data=part, x="round", y="value", hue="method", style="dataset", ax=ax)
-        last = rounds or int(part["round"].max())
-        for t in guidance_rounds(last, interval):
+        sns.lineplot(data=part, x="round", y="value", hue="method", style="dataset", palette=colors,
+                     hue_order=[m for m in drawn if m in set(part["method"])], ax=ax)
+        scheduled = guidance_rounds(rounds or int(part["round"].max()), interval)
+        for t in scheduled:
             ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
+        label_method = next((m for m in GUIDED_LABELS if m in set(part["method"])), None)
+        _annotate_steps(ax, step_gains(part, scheduled), colors, label_method)
         ax.set_title(f"{sampler} sampler"), ax.set_ylabel(f"test {metric}")
-    fig.suptitle(f"Convergence (grey lines: guidance every {interval} rounds)")
+        if ax.get_legend() is not None:
+            ax.legend(fontsize=7)
+    fig.suptitle(f"Convergence (grey lines: guidance every {interval} rounds; ○ → ▲: the evaluations around it)")
+    fig.tight_layout()
     return fig
 
 
 def figure2(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
             interval: int = DEFAULT_PARAMS["FedRKG"]["interval"], metric: str = "Recall@10"):
-    """Figure 2: Full Replacement (w/ GIE every round), Local Only (w/ PIE), FedRAP, Knowledge Guidance."""
+    """Figure 2: Full Replacement (w/ GIE every round), Local Only (w/ PIE), FedRAP, Knowledge Guidance.
+
+    Grey lines mark Knowledge Guidance's guidance rounds; its evaluations just before (○) and
+    after (▲) each are marked and its step is written above in points (×100), as in
+    :func:`convergence_figure` (the same steps are in :func:`convergence_gains`'s ``w/o AG`` rows).
+    """
     names = {"w/ GIE": "Full Replacement", "w/ PIE": "Local Only", "FedRAP": "FedRAP (dual)",
              "w/o AG": "Knowledge Guidance"}
     chosen = []
@@ -103,9 +194,18 @@ def figure2(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "
     curves = curve_frame(chosen, metric, "test")
     if curves.empty:
         return None
-    curves["method"] = curves["method"].map(names)
+    curves = curves.drop_duplicates(["method", "round"])
+    guided = curves[curves["method"] == "w/o AG"]
+    scheduled = guidance_rounds(int(guided["round"].max()), interval) if len(guided) else []
+    gains = step_gains(guided, scheduled)
+    curves["method"], gains["method"] = curves["method"].map(names), gains["method"].map(names)
+    drawn = [n for n in names.values() if n in set(curves["method"])]
+    colors = dict(zip(drawn, sns.color_palette(n_colors=len(drawn))))
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    sns.lineplot(data=curves.drop_duplicates(["method", "round"]), x="round", y="value", hue="method", ax=ax)
+    sns.lineplot(data=curves, x="round", y="value", hue="method", hue_order=drawn, palette=colors, ax=ax)
+    for t in scheduled:
+        ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
+    _annotate_steps(ax, gains, colors, "Knowledge Guidance")
     ax.set_ylabel(f"test {metric}"), ax.set_title(f"{dataset}, {sampler} sampler")
     return fig
 

@@ -13,7 +13,8 @@ notebook's headline uses. The paper value is repeated on both rows.
 
 Derived cells (Table 1's ``Improv``, Table 4's relative changes, Tables D.3/D.4's gate
 changes, Figure 5's warm/cold means) carry the ids of the runs they are computed from and a
-note saying how.
+note saying how. ``Improv`` is the exception: its ``n_seeds`` and ``run_ids`` are FedRKG's, and
+its note lists the baselines that were recorded, the best one and that baseline's runs.
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _s
                                       config_hash, latest_records)
 
 __all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
-           "table5", "warm_cold_frame", "all_tables", "write_tables", "curve_frame", "strength_frame"]
+           "table5", "ldp_accounting", "recorded_ldp_accounting", "warm_cold_frame", "all_tables", "write_tables",
+           "curve_frame", "strength_frame"]
 
 #: our metric names -> the paper's
 METRICS = {"NDCG@5": "N@5", "Recall@5": "R@5", "NDCG@10": "N@10", "Recall@10": "R@10"}
@@ -140,16 +142,27 @@ def table1(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, ce
                 if "FedRKG" not in values or baselines.empty or baselines.max() <= 0:
                     continue
                 best = baselines.idxmax()
-                runs = _runs_of(records, index, dataset=d, sampler=s, method="FedRKG") + \
-                    _runs_of(records, index, dataset=d, sampler=s, method=best)
+                fedrkg_runs = _runs_of(records, index, dataset=d, sampler=s, method="FedRKG")
+                best_runs = _runs_of(records, index, dataset=d, sampler=s, method=best)
+                available = [m for m in METHODS if m in baselines.index]  # the paper's row order
+                # n_seeds and run_ids are FedRKG's (the consistency check ties n_seeds to run_ids);
+                # the best baseline's runs are named in the note.
                 rows.append(_derived({"dataset": d, "method": "FedRKG", "sampler": s, "metric": metric,
                                       "stat": "Improv (vs best baseline)"},
-                                     100.0 * (values["FedRKG"] / baselines.max() - 1.0), runs,
-                                     f"100·(FedRKG / best baseline − 1), best baseline here: {best}"))
+                                     100.0 * (values["FedRKG"] / baselines.max() - 1.0), fedrkg_runs,
+                                     _improv_note(available, best, best_runs)))
     ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
     paper = load_paper_table(PAPER, "table1_main")
     return _compare(ours, "table1_main", ["dataset", "method", "metric", "stat", "sampler"], profile, paper=paper,
                     samplers=samplers)
+
+
+def _improv_note(available: Sequence[str], best: str, best_runs: Sequence) -> str:
+    """How an Improv cell was derived: which baselines were recorded, which was best, its runs."""
+    return (f"100·(FedRKG / best baseline − 1); best of {len(available)} recorded baseline"
+            f"{'s' if len(available) != 1 else ''}: {', '.join(available)} → {best} "
+            f"({len(best_runs)} seed{'s' if len(best_runs) != 1 else ''}, run{'s' if len(best_runs) != 1 else ''} "
+            f"{RUN_ID_SEPARATOR.join(r.config_hash for r in best_runs)}); n_seeds and run_ids are FedRKG's")
 
 
 # ======================================================================================
@@ -350,6 +363,46 @@ def table5(records, profile: str, table_id: str = "tableD2_ldp_filmtrust", cell_
              if setting == "w/ DP" and epsilons.get((m, s)) is not None else "")
             for m, s, setting in zip(ours["method"], ours["sampler"], ours["setting"])]
     return _compare(ours, table_id, ["dataset", "method", "setting", "metric", "sampler"], profile, samplers=samplers)
+
+
+LDP_COLUMNS = ["dataset", "method", "sampler", "seed", "rounds", "noised tables", "clip C", "noise std s",
+               "multiplier s/C", "δ", "ε", "run_id"]
+
+
+def _ldp_row(config: Mapping[str, Any], delta: float, epsilon: Optional[float], run_id: str = "") -> dict:
+    from fedlib.experiments.fedrkg import _ldp_params
+
+    clip, std = float(config["ldp"]["clip"]), float(config["ldp"]["noise_std"])
+    return {"dataset": config["dataset"], "method": method_label(config), "sampler": config["sampler"],
+            "seed": int(config["seed"]), "rounds": int(config["rounds"]),
+            "noised tables": ", ".join(_ldp_params(config["method"])), "clip C": clip, "noise std s": std,
+            "multiplier s/C": std / clip, "δ": np.nan if delta is None else float(delta),
+            "ε": np.nan if epsilon is None else float(epsilon),
+            "run_id": run_id}
+
+
+def ldp_accounting(cells: Sequence[Mapping[str, Any]], split) -> pd.DataFrame:
+    """ε at δ = 1/#users of each LDP cell on ``split``, with the clip/noise mapping (no training).
+
+    The mapping of Table 5's "sensitivity 0.1, σ = 0.001": every local step's gradient of the
+    ``noised tables`` is clipped to L2 norm ``C`` = 0.1 and gets Gaussian noise of standard
+    deviation ``s`` = 0.001 per coordinate, i.e. noise multiplier ``s/C``. ε comes from
+    :func:`fedlib.experiments.fedrkg.ldp_epsilon` (the function the runs record as ``ldp_epsilon``).
+    Cells without LDP are skipped. Columns: :data:`LDP_COLUMNS` (``run_id`` empty).
+    """
+    from fedlib.experiments.fedrkg import ldp_epsilon
+
+    rows = [_ldp_row(c, 1.0 / split.num_users, ldp_epsilon(c, split)) for c in cells if c.get("ldp") is not None]
+    return pd.DataFrame(rows, columns=LDP_COLUMNS)
+
+
+def recorded_ldp_accounting(records) -> pd.DataFrame:
+    """The same for recorded runs: ε and δ as each run recorded them (``ldp_epsilon``, ``ldp_delta``)."""
+    rows = [_ldp_row(r.config, r.metrics.get("ldp_delta"), r.metrics.get("ldp_epsilon"), r.config_hash)
+            for r in latest_records(records).values()
+            if r.config.get("kind") is None and r.config.get("ldp") is not None]
+    frame = pd.DataFrame(rows, columns=LDP_COLUMNS)
+    return frame.sort_values(["dataset", "sampler", "method", "seed"], ignore_index=True)
 
 
 # ======================================================================================

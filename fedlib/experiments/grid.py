@@ -1,7 +1,8 @@
 """Running a paper's cells: the resumable recorded grid and the notebooks' live runs.
 
 Both paths train a cell with the paper module's ``run_cell`` and append the result to
-``results/<paper>[/<profile>]/runs.jsonl`` (:func:`~fedlib.reporting.append_run`):
+``results/<paper>[/<profile>]/runs.jsonl`` (:func:`~fedlib.reporting.append_run`), with its
+wall time and its peak resident memory (:class:`PeakRSS`):
 
 * :func:`run_recorded_grid` (``paper`` profile, command line): skips every cell already in
   the cache, which a fresh clone restores from the committed ``runs.jsonl``; a worker takes
@@ -11,6 +12,7 @@ Both paths train a cell with the paper module's ``run_cell`` and append the resu
 """
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
@@ -20,7 +22,7 @@ import pandas as pd
 from fedlib.reporting.results import config_hash
 
 __all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "record_split_statistics",
-           "CellFilter", "pending_cells", "pending_report", "grid_main"]
+           "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS"]
 
 #: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
 Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
@@ -35,6 +37,67 @@ def unique_cells(cells: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:
     return list(seen.values())
 
 
+class PeakRSS:
+    """Peak resident memory (RSS) of this process while a block runs, in MiB.
+
+    ``with PeakRSS() as peak: ...`` then ``peak.mb`` (``None`` if it could not be measured) and
+    ``peak.source``, which says what the number is:
+
+    * ``"VmHWM"`` (Linux): the peak is reset to the current RSS before the block by writing
+      ``5`` to ``/proc/self/clear_refs``, and ``VmHWM`` of ``/proc/self/status`` is read after
+      it: the peak *of this block* (it includes what the process held before the block);
+    * ``"ru_maxrss"`` (when the reset or the read fails, e.g. not Linux):
+      ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the peak of the *whole process so far*,
+      so a run after a bigger one reports the bigger one's peak (an upper bound, not the run's own);
+    * ``None``: neither is available; ``mb`` is ``None``.
+
+    Only this process is counted (threads yes, child processes no); the engine trains in-process.
+    """
+
+    _STATUS = Path("/proc/self/status")
+    _CLEAR_REFS = Path("/proc/self/clear_refs")
+
+    def __init__(self):
+        self.mb: Optional[float] = None
+        self.source: Optional[str] = None
+        self._reset = False
+
+    def __enter__(self) -> "PeakRSS":
+        try:
+            self._CLEAR_REFS.write_text("5")  # "5": reset the peak RSS counter (VmHWM) to the current RSS
+            self._reset = self._vm_hwm_mb() is not None
+        except OSError:
+            self._reset = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.mb, self.source = (self._vm_hwm_mb(), "VmHWM") if self._reset else (None, None)
+        if self.mb is None:
+            self.mb, self.source = self._ru_maxrss_mb(), "ru_maxrss"
+            if self.mb is None:
+                self.source = None
+
+    @classmethod
+    def _vm_hwm_mb(cls) -> Optional[float]:
+        try:
+            found = re.search(r"^VmHWM:\s*(\d+)\s*kB", cls._STATUS.read_text(), re.MULTILINE)
+        except OSError:
+            return None
+        return int(found.group(1)) / 1024.0 if found else None
+
+    @staticmethod
+    def _ru_maxrss_mb() -> Optional[float]:
+        try:
+            import resource
+            import sys
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        except (ImportError, OSError, ValueError):
+            return None
+        # kilobytes on Linux, bytes on macOS
+        return float(peak) / (2**20 if sys.platform == "darwin" else 1024.0)
+
+
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
                       cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
     """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl."""
@@ -46,10 +109,19 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     cache = ResultCache(Path(cache_dir) / profile)
     restore_cache_from_records(cache, paper, profile)
 
-    def record(config, result, wall):
-        append_run(paper, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
+    peaks: Dict[str, Optional[float]] = {}  # run id -> peak RSS (MiB) of its training, until it is recorded
 
-    return cache.run_grid(mine, lambda c: train(c, None), progress=progress, on_new_result=record,
+    def measured(config):
+        with PeakRSS() as peak:
+            result = train(config, None)
+        peaks[config_hash(config)] = peak.mb
+        return result
+
+    def record(config, result, wall):
+        append_run(paper, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"],
+                   peak_rss_mb=peaks.pop(config_hash(config), None))
+
+    return cache.run_grid(mine, measured, progress=progress, on_new_result=record,
                           description=f"{paper} {profile} worker {worker}/{workers}")
 
 
@@ -77,10 +149,11 @@ def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, trai
         if key not in done:
             started = time.perf_counter()
             bar = tqdm(total=config["rounds"], desc=label(config), unit="round", leave=False)
-            result = train(config, lambda *_: bar.update(1))
+            with PeakRSS() as peak:
+                result = train(config, lambda *_: bar.update(1))
             bar.close()
             append_run(paper, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
-                       extra=result["extra"])
+                       extra=result["extra"], peak_rss_mb=peak.mb)
             done[key] = result
         out.append({"config": dict(config), **done[key]})
     return out

@@ -5,7 +5,7 @@ Two kinds of file live in ``results/<paper>/`` (``paper`` profile) and in
 
 ``runs.jsonl``
     An append-only log, one JSON line per finished training run: the configuration and
-    its hash, seed, git commit, device, library versions, wall time and metrics
+    its hash, seed, git commit, device, library versions, wall time, peak memory and metrics
     (:func:`append_run`). A run is identified by its *run id*, which is the
     :func:`config_hash` of its configuration including the seed.
 
@@ -242,6 +242,9 @@ class RunRecord:
     """One finished training run, as stored in ``runs.jsonl``.
 
     ``config_hash`` (the run id) is the hash of ``config``, which always includes ``seed``.
+    ``peak_rss_mb`` is the run's peak resident memory in MiB
+    (:class:`fedlib.experiments.grid.PeakRSS`), or ``None`` when it was not measured
+    (records written before the field existed, runs recorded outside a grid).
     """
 
     config_hash: str
@@ -258,6 +261,7 @@ class RunRecord:
     python_version: str
     timestamp: str
     extra: dict = dataclasses.field(default_factory=dict)
+    peak_rss_mb: Optional[float] = None
 
     @property
     def run_id(self) -> str:
@@ -275,9 +279,14 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
-        """Build a record from its JSON form; fields added by later versions are ignored."""
+        """Build a record from its JSON form.
+
+        Fields added by later versions are ignored; optional fields an older record lacks
+        (``extra``, ``peak_rss_mb``) take their defaults.
+        """
         names = [field.name for field in dataclasses.fields(cls)]
-        required = [field.name for field in dataclasses.fields(cls) if field.default_factory is dataclasses.MISSING]
+        required = [field.name for field in dataclasses.fields(cls)
+                    if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING]
         missing = [name for name in required if name not in data]
         if missing:
             raise ValueError(f"run record lacks {', '.join(missing)}")
@@ -300,6 +309,7 @@ def append_run(
     *,
     device: Optional[str] = None,
     commit: Optional[str] = None,
+    peak_rss_mb: Optional[float] = None,
 ) -> RunRecord:
     """Append one run to ``results_dir(paper, profile)/runs.jsonl`` and return its record.
 
@@ -307,6 +317,7 @@ def append_run(
     absent (a ``seed`` entry that disagrees is an error), so the run id distinguishes seeds.
     ``metrics`` maps metric names to numbers; NaN is stored as ``null``. ``device`` and
     ``commit`` default to :func:`fedlib.device.default_device` and :func:`current_commit`.
+    ``peak_rss_mb`` is the run's peak resident memory in MiB (``None``: not measured).
 
     The line is written with one ``write`` on a file opened for appending, under an
     exclusive ``flock`` where available, then fsync'ed: parallel grid workers cannot
@@ -326,6 +337,10 @@ def append_run(
     wall_time_s = float(wall_time_s)
     if not (math.isfinite(wall_time_s) and wall_time_s >= 0):
         raise ValueError(f"wall_time_s must be a finite non-negative number, got {wall_time_s!r}")
+    if peak_rss_mb is not None:
+        peak_rss_mb = float(peak_rss_mb)
+        if not (math.isfinite(peak_rss_mb) and peak_rss_mb >= 0):
+            raise ValueError(f"peak_rss_mb must be a finite non-negative number of MiB or None, got {peak_rss_mb!r}")
 
     import torch
 
@@ -346,6 +361,7 @@ def append_run(
         python_version=platform.python_version(),
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         extra=to_canonical(dict(extra or {}), _path="extra", _non_finite="null"),
+        peak_rss_mb=peak_rss_mb,
     )
     _append_line(path, record.to_json_line())
     return record
