@@ -1,4 +1,4 @@
-"""FedPCL-CDR: each equation on hand-made cases, the two aggregation paths, and a short training run."""
+"""FedPCL-CDR: each equation on hand-made cases, the two aggregation paths, what leaves a domain, and short runs."""
 import math
 
 import numpy as np
@@ -9,10 +9,29 @@ from fedlib.data.synthetic import overlapping_domains
 from fedlib.methods import fedpcl_cdr as P
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """One intra-op thread: the models here are tiny, and a second thread only contends with
+    other work for the CPU (a 2-round run takes about 1 s with one thread, a minute with two on a busy machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _upload(prototypes, overlap_cluster):
+    """The representative upload of all ``(K, D)`` prototypes of a domain."""
     prototypes = torch.as_tensor(prototypes, dtype=torch.float64)
     labels = torch.as_tensor(overlap_cluster, dtype=torch.int64)
-    return P.DomainUpload(prototypes, labels, torch.bincount(labels, minlength=prototypes.shape[0]))
+    return P.DomainUpload.representative(prototypes, labels, torch.bincount(labels, minlength=prototypes.shape[0]))
+
+
+def _server_and_domains(full_prototypes, labels):
+    """Representative uploads -> server -> each domain completes with its own prototypes."""
+    uploads = [_upload(p, l) for p, l in zip(full_prototypes, labels)]
+    sent = P.aggregate_prototypes(uploads)
+    return uploads, sent, [P.complete_prototypes(s, torch.as_tensor(p, dtype=torch.float64), i)
+                           for i, (s, p) in enumerate(zip(sent, full_prototypes))]
 
 
 # ----------------------------------------------------------------------------- Eq. 5
@@ -48,36 +67,86 @@ def test_global_prototype_is_the_mean_of_linked_clusters_and_local_the_most_simi
     # Two domains, K = 3, four overlapping users.
     # Domain A: users 0, 1 in cluster 0; users 2, 3 in cluster 1; cluster 2 has no overlapping user.
     # Domain B: user 0 in cluster 0, user 1 in cluster 2, users 2, 3 in cluster 1.
-    a = _upload([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]], [0, 0, 1, 1])
-    b = _upload([[0.0, 2.0], [1.0, 1.0], [3.0, 0.1]], [0, 2, 1, 1])
-    server_a, server_b = P.aggregate_prototypes([a, b])
+    a_all = torch.tensor([[1.0, 0.0], [0.0, 1.0], [5.0, 5.0]], dtype=torch.float64)
+    b_all = torch.tensor([[0.0, 2.0], [1.0, 1.0], [3.0, 0.1]], dtype=torch.float64)
+    (a, b), (sent_a, sent_b), (server_a, server_b) = _server_and_domains([a_all, b_all], [[0, 0, 1, 1], [0, 2, 1, 1]])
     # A's cluster 0 links to A0 and to B0, B2: g = mean(A0, B0, B2).
-    expected = (a.prototypes[0] + b.prototypes[0] + b.prototypes[2]) / 3
+    expected = (a_all[0] + b_all[0] + b_all[2]) / 3
     assert torch.allclose(server_a.global_prototypes[0], expected)
     # A's cluster 1 links to A1 and B1.
-    assert torch.allclose(server_a.global_prototypes[1], (a.prototypes[1] + b.prototypes[1]) / 2)
-    # No overlapping user: own prototype, one local slot (own domain).
-    assert torch.allclose(server_a.global_prototypes[2], a.prototypes[2])
+    assert torch.allclose(server_a.global_prototypes[1], (a_all[1] + b_all[1]) / 2)
+    # No overlapping user: never sent, so A fills it in itself: own prototype, one local slot (own domain).
+    assert a.cluster_ids.tolist() == [0, 1] and sent_a.cluster_ids.tolist() == [0, 1]
+    assert torch.allclose(server_a.global_prototypes[2], a_all[2])
     assert server_a.local_mask[2].tolist() == [True, False]
     # Local prototypes of A0: own slot A0; in B the candidate closer in cosine to (1, 0) is B2 = (3, 0.1).
-    assert torch.allclose(server_a.local_prototypes[0, 0], a.prototypes[0])
-    assert torch.allclose(server_a.local_prototypes[0, 1], b.prototypes[2])
+    assert torch.allclose(server_a.local_prototypes[0, 0], a_all[0])
+    assert torch.allclose(server_a.local_prototypes[0, 1], b_all[2])
     # B's cluster 0 (user 0) links to A0 only: g = mean(B0, A0).
-    assert torch.allclose(server_b.global_prototypes[0], (b.prototypes[0] + a.prototypes[0]) / 2)
+    assert torch.allclose(server_b.global_prototypes[0], (b_all[0] + a_all[0]) / 2)
 
 
-def test_vectorised_aggregation_equals_the_per_cluster_loop():
+def test_representative_uploads_give_what_the_code_computes_from_all_prototypes():
+    """The code's server reads all K prototypes; ours gets only the representative ones, yet
+    every domain ends with the same global and local prototypes (so training is unchanged)."""
     gen = torch.Generator().manual_seed(3)
     for num_domains in (2, 3):
-        uploads = [_upload(torch.randn(6, 5, generator=gen, dtype=torch.float64),
-                           torch.randint(0, 6, (40,), generator=gen)) for _ in range(num_domains)]
-        # Leave one cluster of domain 0 without overlapping users.
-        uploads[0] = _upload(uploads[0].prototypes, torch.where(uploads[0].overlap_cluster == 5, 0,
-                                                                uploads[0].overlap_cluster))
-        for fast, slow in zip(P.aggregate_prototypes(uploads), P.aggregate_prototypes_reference(uploads)):
-            assert torch.equal(fast.local_mask, slow.local_mask)
-            assert torch.allclose(fast.global_prototypes, slow.global_prototypes)
-            assert torch.allclose(fast.local_prototypes, slow.local_prototypes)
+        full = [torch.randn(6, 5, generator=gen, dtype=torch.float64) for _ in range(num_domains)]
+        labels = [torch.randint(0, 6, (40,), generator=gen) for _ in range(num_domains)]
+        # Leave clusters of domains 0 and 1 without overlapping users.
+        labels[0] = torch.where(labels[0] == 5, 0, labels[0])
+        labels[1] = torch.where(labels[1] >= 4, 1, labels[1])
+        _, _, ours = _server_and_domains(full, labels)
+        for mine, code in zip(ours, P.aggregate_prototypes_reference(full, labels)):
+            assert torch.equal(mine.local_mask, code.local_mask)
+            assert torch.allclose(mine.global_prototypes, code.global_prototypes)
+            assert torch.allclose(mine.local_prototypes, code.local_prototypes)
+
+
+def test_non_representative_prototypes_never_leave_a_domain():
+    full = [torch.randn(5, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)]
+    labels = [torch.tensor([0, 0, 3, 3]), torch.tensor([1, 4, 4, 1])]  # A: clusters 1, 2, 4 hold no overlapping user
+    uploads, sent, _ = _server_and_domains(full, labels)
+    a = uploads[0]
+    assert a.cluster_ids.tolist() == [0, 3] and a.prototypes.shape == (2, 4) and a.cluster_sizes.tolist() == [2, 2]
+    sent_rows = {tuple(row.tolist()) for u in uploads for row in u.prototypes}
+    for k in (1, 2, 4):
+        assert tuple(full[0][k].tolist()) not in sent_rows
+    # The server's reply covers the representative clusters only, and its bytes count nothing else.
+    assert sent[0].cluster_ids.tolist() == [0, 3] and sent[0].global_prototypes.shape == (2, 4)
+    assert a.nbytes() == 2 * 4 * 8 + 4 * 8 + 2 * 8
+    # Changing a prototype that stays home changes nothing the server computes.
+    moved = [full[0].clone(), full[1]]
+    moved[0][[1, 2, 4]] += 100.0
+    _, sent_moved, _ = _server_and_domains(moved, labels)
+    for before, after in zip(sent, sent_moved):
+        assert torch.equal(before.global_prototypes, after.global_prototypes)
+        assert torch.equal(before.local_prototypes, after.local_prototypes)
+    with pytest.raises(ValueError, match="one prototype and one size per representative cluster"):
+        P.DomainUpload(full[0], labels[0], torch.ones(5, dtype=torch.int64), 5)
+
+
+def test_training_never_sends_a_cluster_without_overlapping_users():
+    # Few overlapping users and many clusters: some clusters of each domain hold none.
+    split = overlapping_domains(num_users=240, items_per_domain=150, overlap=0.04, num_negatives=30, seed=0)
+    config = P.FedPCLConfig(dim=16, num_clusters=8, batch_size=128, rounds=2, patience=2)
+    result = P.train_fedpcl_cdr(split, config)
+    n_o = split.num_overlap_users
+    kept_home = 0
+    for index, (name, upload) in enumerate(zip(split.domains, result.artifacts["uploads"])):
+        assignment = result.artifacts["assignments"][name]
+        holding = set(assignment[:n_o].tolist())
+        assert upload.cluster_ids.tolist() == sorted(holding)
+        kept_home += config.num_clusters - len(holding)
+        # The attack only sees users whose cluster was sent.
+        pairs = result.artifacts["transmitted"][name]
+        assert set(assignment[pairs["users"]].tolist()) == holding
+        assert pairs["sent"].shape[0] == int(np.isin(assignment.numpy(), sorted(holding)).sum())
+        # The domain still trains with a prototype for every cluster: its own for the unsent ones.
+        used = result.artifacts["domain_prototypes"][name]
+        assert used.global_prototypes.shape[0] == config.num_clusters and used.local_mask.any(1).all()
+        assert result.artifacts["prototypes"][index].global_prototypes.shape[0] == len(holding)
+    assert kept_home > 0  # the case this test is about did occur
 
 
 def test_aggregation_rejects_mismatched_uploads():
@@ -189,16 +258,67 @@ def test_training_learns_and_records_every_round(short_run):
     # Selection by validation: the reported round has the best mean validation HR@10.
     selected = max(result.history, key=lambda row: row["valid/HR@10"])
     assert result.selected_round == selected["round"]
-    # Bytes: K x D float32 prototypes + one int64 label per overlapping user + K sizes, per domain.
-    k, d, n_o = 4, 16, split.num_overlap_users
-    assert result.history[0]["bytes_up"] == len(split.domains) * (k * d * 4 + n_o * 8 + k * 8)
-    assert result.extra["bytes_up"] == 6 * result.history[0]["bytes_up"]
+    # Bytes: K' x D float32 prototypes + one int64 label per overlapping user + K' sizes, per domain
+    # (K' = representative clusters; cluster ids are the distinct labels, no bytes of their own).
+    d, n_o = 16, split.num_overlap_users
+    last = sum(len(u.cluster_ids) * (d * 4 + 8) + n_o * 8 for u in result.artifacts["uploads"])
+    assert result.history[-1]["bytes_up"] == last
+    assert result.extra["bytes_up"] == sum(row["bytes_up"] for row in result.history)
     assert result.extra["paper_epsilon"] == pytest.approx(4.0)
-    # The reconstruction attack's pairs: every user's row is the noisy prototype of their cluster.
-    sent = result.artifacts["transmitted"][name]["sent"]
+    # The reconstruction attack's pairs: each sent row is the noisy prototype of the user's cluster.
+    pairs = result.artifacts["transmitted"][name]
+    upload = result.artifacts["uploads"][0]
     assignment = result.artifacts["assignments"][name]
-    assert sent.shape == result.artifacts["transmitted"][name]["private"].shape == (split[name].num_users, d)
-    assert torch.equal(sent[assignment == 0][0], result.artifacts["uploads"][0].prototypes[0])
+    assert pairs["sent"].shape == pairs["private"].shape == (len(pairs["users"]), d)
+    first = int(upload.cluster_ids[0])
+    row = int(torch.nonzero(assignment[pairs["users"]] == first)[0])
+    assert torch.equal(pairs["sent"][row], upload.prototypes[0])
+
+
+def test_selection_on_test_picks_the_best_test_round():
+    split = _toy_split()
+    config = P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=4, patience=4, selection="test")
+    result = P.train_fedpcl_cdr(split, config)
+    assert len(result.history) == 4  # patience covers every round: all trained
+    test_scores = [row["test/HR@10"] for row in result.history]
+    best = result.history[int(np.argmax(test_scores))]["round"]  # first round with the best mean test HR@10
+    assert result.selected_round == result.test_selected_round == best
+    assert result.selected == result.test_selected
+    # the validation rule on the same training picks by validation instead
+    valid = P.train_fedpcl_cdr(split, P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=4, patience=4))
+    assert [row["test/HR@10"] for row in valid.history] == test_scores  # selection does not change training
+    assert valid.selected_round == valid.history[int(np.argmax([r["valid/HR@10"] for r in valid.history]))]["round"]
+
+
+def test_review_branch_learns_from_doc2vec_embeddings():
+    """The review branch with real Doc2Vec vectors (of synthetic reviews): its projection gets
+    a gradient and moves, and the frozen review vectors do not."""
+    from fedlib.models.review_text import review_embeddings, synthetic_reviews
+
+    split = _toy_split()
+    reviews = {d: review_embeddings(split[d], synthetic_reviews(split[d], seed=1), dim=8, epochs=5)
+               for d in split.domains}
+    config = P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=1, patience=1, batches_per_round=2)
+    before = P.DomainModel(split[split.domains[0]], config, review_users=reviews[split.domains[0]][0],
+                           review_items=reviews[split.domains[0]][1],
+                           generator=torch.Generator().manual_seed(config.seed * 1000))
+    result = P.train_fedpcl_cdr(split, config, reviews=reviews)
+    for index, name in enumerate(split.domains):
+        model = result.models[name]
+        assert model.has_reviews and model.review_proj is not None
+        assert torch.equal(model.review_users, reviews[name][0].float())  # frozen
+        assert model.review_proj.weight.grad is not None and model.review_proj.weight.grad.abs().sum() > 0
+    start = before.review_proj.weight.detach()
+    trained = result.models[split.domains[0]].review_proj.weight.detach()
+    assert start.shape == trained.shape and not torch.allclose(start, trained)
+    # the review part enters the representation: zeroing the projection changes the users' vectors
+    model = result.models[split.domains[0]].eval()
+    with torch.no_grad():
+        users, _ = model.propagate()
+        model.review_proj.weight.zero_()
+        model.review_proj.bias.zero_()
+        without, _ = model.propagate()
+    assert not torch.allclose(users, without)
 
 
 def test_test_selection_is_never_below_validation_selection(short_run):

@@ -1,9 +1,10 @@
-"""FedPCL-CDR grid: cells, every baseline's config mapping, one synthetic run, lr selection from records."""
+"""FedPCL-CDR grid: cells, every baseline's config mapping, synthetic runs, lr selection from records, the audit."""
 import pytest
 import torch
 
 import fedlib.experiments.fedpcl_cdr as X
 from fedlib.reporting import append_run, read_runs
+from fedlib.reporting.results import config_hash
 
 
 def test_cells_validate_and_carry_method_specific_keys():
@@ -15,7 +16,7 @@ def test_cells_validate_and_carry_method_specific_keys():
     assert X.cell("Phone-Sport", "FedNCF")["rounds"] == X.DEFAULT_ROUNDS["FedNCF"]
     assert X.method_label(X.cell("Book-Music", variant="w/o LDP")) == "w/o LDP"
     with pytest.raises(ValueError, match="unknown task"):
-        X.cell("Movie-Music")
+        X.cell("Movie-Books")
     with pytest.raises(ValueError, match="unknown method"):
         X.cell("Phone-Sport", "DisenCDR")
     with pytest.raises(ValueError, match="epsilon"):
@@ -30,11 +31,13 @@ def test_every_baseline_gets_its_size_epochs_lr_and_seed(method):
 
 
 def test_parts_cover_every_table_and_share_cells():
+    available = X.available_tasks()
+    assert set(X.SUBSTITUTE_TASKS) <= set(available)  # the shared data root holds the substitutes
     table2 = X.grid_cells("table2")
-    assert len(table2) == len(X.TASKS) * len(X.METHODS)
+    assert len(table2) == len(available) * len(X.METHODS)
     ablation = X.grid_cells("ablation")
     shared = {X.config_hash(c) for c in table2} & {X.config_hash(c) for c in ablation}
-    assert len(shared) == len(X.TASKS)  # the full FedPCL-CDR row of each task
+    assert len(shared) == len(available)  # the full FedPCL-CDR row of each task
     assert {c["overlap_ratio"] for c in X.grid_cells("overlap")} == set(X.OVERLAP_RATIOS)
     assert len(X.grid_cells("tuning")) == len(X.BASELINES) * len(X.LEARNING_RATES)
     with pytest.raises(ValueError, match="unknown part"):
@@ -61,3 +64,47 @@ def test_learning_rates_are_selected_on_validation(tmp_path, monkeypatch):
         append_run("fedpcl_cdr", "paper", config, 0, {"phone/valid/HR@10": score, "sport/valid/HR@10": score,
                                                       "phone/test/HR@10": 0.9 - score}, 1.0)
     assert X.selected_from_records(read_runs("fedpcl_cdr", "paper")) == {"NeuMF": 1e-2}
+
+
+def test_selected_learning_rates_match_the_recorded_tuning_runs():
+    """SELECTED_LR holds only what selected_from_records derives from complete tuning runs."""
+    records = read_runs(X.PAPER, "paper")
+    wanted = {config_hash(c): c for c in X.tuning_cells()}
+    done = {r.config_hash: r for r in records if r.config_hash in wanted}
+    derived = X.selected_from_records(list(done.values()))
+    complete = {m for m in X.BASELINES
+                if sum(1 for h in done if wanted[h]["method"] == m) == len(X.LEARNING_RATES)}
+    untuned = sorted(set(X.SELECTED_LR) - complete)
+    assert not untuned, f"SELECTED_LR has {untuned} without all {len(X.LEARNING_RATES)} tuning runs recorded"
+    if not complete:
+        pytest.skip("no baseline's tuning runs are complete yet")
+    for method in complete:
+        assert X.SELECTED_LR.get(method) == derived[method], \
+            f"SELECTED_LR[{method!r}] disagrees with the recorded tuning runs ({derived[method]})"
+
+
+def test_the_code_audit_cell_selects_on_test():
+    audit = X.audit_cells()
+    by_test = [c for c in audit if c.get("selection") == "test"]
+    assert len(by_test) == 1
+    code = by_test[0]
+    assert (code["batches_per_round"], code["num_negatives"], code["patience"]) == (1, 98, 6)
+    assert X.fedpcl_config(code).selection == "test"
+    # every other cell keeps its hash: "selection" is only written when it is "test"
+    assert "selection" not in X.cell("Phone-Sport") and X.fedpcl_config(X.cell("Phone-Sport")).selection == "valid"
+    assert config_hash({k: v for k, v in code.items() if k != "selection"}) == config_hash(audit[0])
+    with pytest.raises(ValueError, match="selection"):
+        X.cell("Phone-Sport", selection="train")
+    with pytest.raises(ValueError, match="baselines are always selected on validation"):
+        X.cell("Phone-Sport", "NeuMF", selection="test")
+
+
+def test_a_test_selected_synthetic_cell_reports_its_best_test_round():
+    torch.set_num_threads(1)
+    result = X.run_cell(X.cell("synthetic", rounds=3, patience=3, selection="test"))
+    metrics, curve = result["metrics"], result["extra"]["curve"]
+    best = max(curve, key=lambda row: row["test/HR@10"])["round"]
+    assert metrics["selected_round"] == metrics["test_selected_round"] == best
+    for domain in ("A", "B"):
+        assert metrics[f"{domain}/test/HR@10"] == metrics[f"test_selected/{domain}/test/HR@10"]
+    assert result["extra"]["review_branch"] is False  # the synthetic task has no review text

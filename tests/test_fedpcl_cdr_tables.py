@@ -117,3 +117,35 @@ def test_selection_gap_and_figures(root):
     assert T.figure_sweeps(T.sweep_frame(records).iloc[0:0], "alpha") is None
     assert T.figure_list_length(T.list_length_frame(records, tasks=("Phone-Sport",))) is not None
     plt.close("all")
+
+
+def test_selection_gap_marks_lower_bounds_and_pairs_the_code_rule_with_its_validation_twin(root):
+    valid_cell = X.cell("Phone-Sport", "FedPCL-CDR", batches_per_round=1, rounds=500, patience=6, num_negatives=98)
+    code_cell = X.cell("Phone-Sport", "FedPCL-CDR", batches_per_round=1, rounds=500, patience=6, num_negatives=98,
+                       selection="test")
+    record(valid_cell, scores(0.40))                  # its test-selected value is 0.43: a lower bound
+    code = scores(0.47)
+    code.update({k.replace("test_selected/", ""): v for k, v in code.items() if k.startswith("test_selected/")})
+    record(code_cell, code)                           # the code's rule reports 0.50 (its test-selected round)
+    gap = T.selection_gap_frame(read_runs("fedpcl_cdr", "quick"), [valid_cell, code_cell])
+    hr = gap[(gap["metric"] == "HR@10") & (gap["domain"] == "Phone")].set_index("selection")
+    assert hr.loc["valid", "test-selected is"] == T.LOWER_BOUND
+    assert hr.loc["valid", "gap"] == pytest.approx(0.03)
+    assert hr.loc["test", "test-selected is"] == T.CODE_RULE
+    assert hr.loc["test", "valid-selected"] == pytest.approx(0.40)  # from the validation twin, same seed
+    assert hr.loc["test", "test-selected"] == pytest.approx(0.50)
+    assert hr.loc["test", "gap"] == pytest.approx(0.10)
+    # without the twin recorded, the code-rule row has no validation score to compare with
+    only_code = [r for r in read_runs("fedpcl_cdr", "quick") if r.config.get("selection") == "test"]
+    alone = T.selection_gap_frame(only_code, [code_cell])
+    assert len(alone)
+    assert alone["valid-selected"].isna().all() and (alone["test-selected is"] == T.CODE_RULE).all()
+
+
+def test_comparison_tasks_keep_the_best_kind_per_paper_task():
+    assert T.comparison_tasks(["Phone-Sport", "Book-Music", "Book-Movie-Music", "Movie-Music"]) == (
+        "Phone-Sport", "Book-Movie-Music", "Movie-Music")
+    assert T.comparison_tasks(["Phone-Sport (original)", "Phone-Sport", "synthetic"]) == (
+        "Phone-Sport (original)", "synthetic")
+    assert T.comparison_tasks(["Elec-Cloth", "Book-Music"]) == ("Elec-Cloth", "Book-Music")
+    assert set(T.SUBSTITUTE_NOTES) >= set(X.TASKS)  # every task's rows carry a note

@@ -810,7 +810,10 @@ _DOUBAN = DatasetSpec(
             "use 'Download raw file' and save it as {root}/douban-gadtcdr/douban_movie/ratings.dat . "
             "The raw Douban data with reviews (what FedPCL-CDR actually uses) is only on ResearchGate: "
             "https://www.researchgate.net/publication/350793434_Douban_dataset_ratings_item_details_user_profiles_and_reviews "
-            "('Download' button, needs a ResearchGate login); fedlib has no parser for it yet."),
+            "('Download' button, needs a ResearchGate login); fedlib reads it once converted to one CSV per "
+            "domain with user_id, item_id, rating, reviews columns, saved as "
+            "{root}/fedpcl-cdr/douban_<domain>/<domain>_review_data.csv "
+            "(fedlib.data.protocols.fedpcl_cdr.build_original)."),
     licence="Per the GA-DTCDR README: cite Zhu et al. (IJCAI 2020 / CIKM 2019) when using the data.",
     licence_short="cite Zhu et al. (GA-DTCDR)",
     parser="load_douban",

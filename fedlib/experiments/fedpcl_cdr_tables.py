@@ -5,14 +5,20 @@ Every number is read from ``runs.jsonl`` records written by
 matched to table cells by the configuration hash of :func:`fedlib.experiments.fedpcl_cdr.cell`
 (seed means; ``std_ours`` the sample standard deviation over seeds).
 
-**Substitute tasks.** Our three tasks have two domains each and no review text; each row
-of ours is compared with the paper row of the same domain in the paper task it stands in
-for (:data:`~fedlib.experiments.fedpcl_cdr.TASKS`), and its note says it is a substitute:
+**Substitute tasks.** Our three substitute tasks have two domains each and no review text;
+each row of ours is compared with the paper row of the same domain in the paper task it
+stands in for (:data:`~fedlib.experiments.fedpcl_cdr.TASKS`), and its note says it is a
+substitute:
 
 * Phone-Sport → Task 1 (Phone, Sport);
 * Elec-Cloth → Task 2's Elec and Cloth rows (Task 2's Phone row: "needs download");
 * Book-Music → Task 4's Book and Music rows (Movie: "needs download"); Task 3 (Movie-Music)
   reads "needs download" everywhere.
+
+Once Douban Movie (or FedPCL-CDR's original files) are under the data root, the tasks built
+from them (Movie-Music, Book-Movie-Music, "<task> (original)") are available and take the
+paper task's rows over from the substitute (:func:`comparison_tasks`); the "needs download"
+notes follow the files present (:func:`~fedlib.experiments.fedpcl_cdr.needs_download`).
 
 Scores are the **test** HR@10 / NDCG@10 at the round with the best mean validation HR@10
 (fractions, as the paper). Table 2's ``Imp (vs best baseline)`` rows are derived like the
@@ -32,25 +38,32 @@ import pandas as pd
 
 from fedlib.data.protocols.fedpcl_cdr import PAPER_DOMAIN_NAMES, statistics
 from fedlib.experiments import grid
-from fedlib.experiments.fedpcl_cdr import (ALPHAS, BASELINES, CLUSTER_COUNTS, EPSILONS, LIST_LENGTHS, METHODS,
-                                           NEEDS_DOWNLOAD, OVERLAP_RATIOS, PAPER, TABLE4_METHODS, TASKS, cell,
-                                           load_split, method_cell)
+from fedlib.experiments.fedpcl_cdr import (ALPHAS, BASELINES, CLUSTER_COUNTS, EPSILONS, KIND_RANK, LIST_LENGTHS,
+                                           METHODS, OVERLAP_RATIOS, PAPER, PAPER_TASKS, TABLE4_METHODS, TASKS,
+                                           available_tasks, cell, load_split, method_cell, needs_download)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
-__all__ = ["DOMAINS", "SUBSTITUTE_NOTES", "table1", "table2", "table3", "table4", "table5", "all_tables",
+__all__ = ["DOMAINS", "SUBSTITUTE_NOTES", "comparison_tasks", "table1", "table2", "table3", "table4", "table5", "all_tables",
            "write_tables", "statistics_records", "sweep_frame", "list_length_frame", "curve_frame", "figure_sweeps",
            "figure_list_length", "figure_curves", "selection_gap_frame"]
 
-DATASET_OF = {"Phone-Sport": "Amazon", "Elec-Cloth": "Amazon", "Book-Music": "Douban", "synthetic": "synthetic"}
+DATASET_OF = {**{task: spec["paper_dataset"] for task, spec in TASKS.items()}, "synthetic": "synthetic"}
 SUBSTITUTE_NOTES = {
     "Phone-Sport": "SUBSTITUTE: DisenCDR phone_sport pair (2 domains, every user shared, no review text)",
     "Elec-Cloth": "SUBSTITUTE: DisenCDR electronic_cloth pair (2 domains, every user shared, no review text) "
                   "for Task 2's Elec and Cloth rows",
     "Book-Music": "SUBSTITUTE: GA-DTCDR Douban Book and Music (2 domains, no review text) for Task 4's Book and "
                   "Music rows",
+    "Movie-Music": "GA-DTCDR Douban Movie and Music ratings (2 domains, no review text, not FedPCL-CDR's "
+                   "preprocessing)",
+    "Book-Movie-Music": "GA-DTCDR Douban Book, Movie and Music ratings (3 domains, no review text, not FedPCL-CDR's "
+                        "preprocessing)",
+    **{task: "FedPCL-CDR's original format (ratings and review text; review branch on, Doc2Vec from training "
+             "reviews only)" for task, spec in TASKS.items() if spec["kind"] == "original"},
     "synthetic": "synthetic smoke data (not a paper task)",
 }
+"""The note each row of a task carries (every task of :data:`~fedlib.experiments.fedpcl_cdr.TASKS` has one)."""
 DOMAINS = {**{k: v for k, v in PAPER_DOMAIN_NAMES.items()}, "a": "A", "b": "B"}
 """Our domain keys (as in the metric names) -> the paper's domain names."""
 SCORES = ("HR@10", "NDCG@10")
@@ -60,6 +73,19 @@ NORMALISED_MSE = "normalised MSE (1 = no better than the mean user; ours only)"
 
 def _paper_task(task: str) -> str:
     return TASKS[task]["paper_task"] if task in TASKS else task
+
+
+def comparison_tasks(tasks: Optional[Sequence[str]] = None) -> tuple:
+    """The tasks whose rows fill the tables: of several tasks standing for one paper task, the
+    best kind only (original, then Douban ratings with Movie, then substitute), so a paper row
+    is never matched twice. ``None`` = :func:`~fedlib.experiments.fedpcl_cdr.available_tasks`."""
+    tasks = list(available_tasks() if tasks is None else tasks)
+    best: Dict[str, int] = {}
+    for task in tasks:
+        if task in TASKS:
+            paper_task = _paper_task(task)
+            best[paper_task] = min(best.get(paper_task, 99), KIND_RANK[TASKS[task]["kind"]])
+    return tuple(t for t in tasks if t not in TASKS or KIND_RANK[TASKS[t]["kind"]] == best[_paper_task(t)])
 
 
 def _domain_of(name: str) -> Optional[str]:
@@ -77,10 +103,9 @@ def _score_cells(name: str) -> Optional[dict]:
 def _missing_note(row: pd.Series) -> str:
     task = str(row.get("task", ""))
     domain = str(row.get("domain", ""))
-    if task in NEEDS_DOWNLOAD and (task != "Task 2 (Elec-Cloth-Phone, Amazon)" or domain == "Phone"):
-        return f"{NEEDS_DOWNLOAD_NOTE}: {NEEDS_DOWNLOAD[task]}"
-    if task == "Task 4 (Book-Movie-Music, Douban)" and domain == "Movie":
-        return f"{NEEDS_DOWNLOAD_NOTE}: {NEEDS_DOWNLOAD[task]}"
+    missing = needs_download()
+    if task in missing and (task != PAPER_TASKS[2] or domain == "Phone"):
+        return f"{NEEDS_DOWNLOAD_NOTE}: {missing[task]}"
     if row.get("method") in BASELINES:
         return "not run at this profile (baseline not recorded yet)"
     return "not run at this profile"
@@ -112,7 +137,7 @@ STAT_NAMES = {"users": "# Users", "items": "# Items", "overlapping_users": "# Ov
               "interactions": "# Interactions", "density": "Density"}
 
 
-def statistics_records(profile: str, tasks: Sequence[str] = tuple(TASKS), records=()) -> list:
+def statistics_records(profile: str, tasks: Optional[Sequence[str]] = None, records=()) -> list:
     """Record each task's per-domain statistics (the split we train on) as a run, once per task.
 
     Metrics ``"<domain>/<statistic>"``: users, items, overlapping users, interactions
@@ -121,7 +146,7 @@ def statistics_records(profile: str, tasks: Sequence[str] = tuple(TASKS), record
     from fedlib.reporting import append_run
 
     known, out = latest_records(records), []
-    for task in tasks:
+    for task in comparison_tasks(tasks):
         config = grid.statistics_config(PAPER, task)
         if config_hash(config) in known:
             out.append(known[config_hash(config)])
@@ -136,8 +161,9 @@ def statistics_records(profile: str, tasks: Sequence[str] = tuple(TASKS), record
     return out
 
 
-def table1(records, profile: str, tasks: Sequence[str] = tuple(TASKS)) -> pd.DataFrame:
+def table1(records, profile: str, tasks: Optional[Sequence[str]] = None) -> pd.DataFrame:
     """Table 1: users, items, overlapping users, interactions and density per domain."""
+    tasks = comparison_tasks(tasks)
     index = {config_hash(grid.statistics_config(PAPER, t)): {"dataset": DATASET_OF[t], "task": _paper_task(t),
                                                              "method": "", "our_task": t}
              for t in [*tasks, "synthetic"]}
@@ -160,13 +186,14 @@ def table1(records, profile: str, tasks: Sequence[str] = tuple(TASKS)) -> pd.Dat
 TABLE2_KEYS = ["dataset", "task", "domain", "method", "metric", "stat"]
 
 
-def table2(records, profile: str, tasks: Sequence[str] = tuple(TASKS), cell_kwargs: Mapping = {},
+def table2(records, profile: str, tasks: Optional[Sequence[str]] = None, cell_kwargs: Mapping = {},
            method_kwargs: Mapping = {}) -> pd.DataFrame:
     """Table 2: HR@10 and NDCG@10 (fractions, seed means) of the ten baselines and FedPCL-CDR.
 
     ``stat = "Imp (vs best baseline)"``: FedPCL-CDR minus the best recorded baseline of the
     same cell, in percentage points (the paper's convention); its note names that baseline.
     """
+    tasks = comparison_tasks(tasks)
     pairs = [({"dataset": DATASET_OF[t], "task": _paper_task(t), "method": m, "stat": "score"},
               method_cell(t, m, cell_kwargs, method_kwargs)) for t in tasks for m in METHODS]
     task_of = {_paper_task(t): t for t in tasks}
@@ -201,8 +228,10 @@ def table2(records, profile: str, tasks: Sequence[str] = tuple(TASKS), cell_kwar
 TABLE3_VARIANTS = ("FedPCL-CDR", "w/o loc-proto", "w/o glob-proto", "w/o LDP", "w/o CL")
 
 
-def table3(records, profile: str, tasks: Sequence[str] = tuple(TASKS), cell_kwargs: Mapping = {}) -> pd.DataFrame:
+def table3(records, profile: str, tasks: Optional[Sequence[str]] = None, cell_kwargs: Mapping = {}
+           ) -> pd.DataFrame:
     """Table 3: FedPCL-CDR and its ablations; "w/o CL" (no prototype term) is an extra row of ours."""
+    tasks = comparison_tasks(tasks)
     pairs = [({"dataset": DATASET_OF[t], "task": _paper_task(t), "method": v},
               cell(t, "FedPCL-CDR", variant=v, **cell_kwargs)) for t in tasks for v in TABLE3_VARIANTS]
     task_of = {_paper_task(t): t for t in tasks}
@@ -258,12 +287,14 @@ def table5(records, profile: str, tasks: Sequence[str] = ("Phone-Sport", "Book-M
 # Everything
 # ======================================================================================
 def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
-               tasks: Sequence[str] = tuple(TASKS)) -> Dict[str, pd.DataFrame]:
+               tasks: Optional[Sequence[str]] = None) -> Dict[str, pd.DataFrame]:
     """Every paper table (keyed by its ``paper_tables`` file stem) -> its paper-vs-ours frame.
 
     ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
-    on top (:func:`~fedlib.experiments.fedpcl_cdr.method_cell`).
+    on top (:func:`~fedlib.experiments.fedpcl_cdr.method_cell`). ``tasks``: default the
+    available ones; see :func:`comparison_tasks`.
     """
+    tasks = comparison_tasks(tasks)
     return {"table1_dataset_stats": table1(records, profile, tasks),
             "table2_main": table2(records, profile, tasks, cell_kwargs, method_kwargs),
             "table3_ablation": table3(records, profile, tasks, cell_kwargs),
@@ -274,10 +305,11 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
 
 
 def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
-                 tasks: Sequence[str] = tuple(TASKS)) -> Dict[str, pd.DataFrame]:
+                 tasks: Optional[Sequence[str]] = None) -> Dict[str, pd.DataFrame]:
     """Record the statistics if needed, build every table and write ``results/fedpcl_cdr[/profile]/``."""
     from fedlib.reporting import read_runs, write_results_table
 
+    tasks = comparison_tasks(tasks)
     statistics_records(profile, tasks, read_runs(PAPER, profile))
     records = read_runs(PAPER, profile)
     tables = all_tables(records, profile, cell_kwargs, method_kwargs, tasks=tasks)
@@ -351,26 +383,50 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["task", "method", "seed", "round", "series", "value"])
 
 
+LOWER_BOUND = "lower bound (training stopped on validation)"
+CODE_RULE = "the code's rule (training stopped on test)"
+GAP_COLUMNS = ["task", "method", "selection", "seed", "domain", "metric", "valid-selected", "test-selected", "gap",
+               "test-selected is", "valid round", "test round"]
+
+
 def selection_gap_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """The audit of test-set selection: per run and domain, test HR@10 / NDCG@10 at the best
-    validation round (ours) and at the best test round (the reference code's rule), and the gap."""
+    validation round (ours) and at the best test round (the reference code's rule), and the gap.
+
+    A validation-selected cell stopped on validation, so its best test round is the best
+    among fewer rounds than the code would train: its ``test-selected`` value and gap are a
+    **lower bound** (column ``test-selected is``). A ``selection="test"`` cell ran the code's
+    rule: its ``test-selected`` value is what the code reports, and ``valid-selected`` comes
+    from the same cell selected on validation (same seed; both runs train identically until
+    the validation one stops), NaN when that run is not recorded.
+    """
     from fedlib.experiments.fedpcl_cdr import method_label
 
     rows = []
     for config in configs:
+        by_test = config.get("selection") == "test"
+        paired = {}
+        if by_test:
+            valid_config = {k: v for k, v in config.items() if k != "selection"}
+            paired = {run.seed: run for run in runs_of_config(records, valid_config)}
         for run in runs_of_config(records, config):
             for name, value in run.metrics.items():
                 keys = _score_cells(name)
                 other = run.metrics.get(f"test_selected/{name}")
                 if keys is None or other is None:
                     continue
-                rows.append({"task": config["task"], "method": method_label(config), "seed": run.seed, **keys,
-                             "valid-selected": float(value), "test-selected": float(other),
-                             "gap": float(other) - float(value),
-                             "valid round": run.metrics.get("selected_round"),
-                             "test round": run.metrics.get("test_selected_round")})
-    return pd.DataFrame(rows, columns=["task", "method", "seed", "domain", "metric", "valid-selected",
-                                       "test-selected", "gap", "valid round", "test round"])
+                if by_test:
+                    partner = paired.get(run.seed)
+                    valid = partner.metrics.get(name, math.nan) if partner is not None else math.nan
+                    valid_round = partner.metrics.get("selected_round") if partner is not None else None
+                else:
+                    valid, valid_round = value, run.metrics.get("selected_round")
+                rows.append({"task": config["task"], "method": method_label(config),
+                             "selection": config.get("selection", "valid"), "seed": run.seed, **keys,
+                             "valid-selected": float(valid), "test-selected": float(other),
+                             "gap": float(other) - float(valid), "test-selected is": CODE_RULE if by_test else LOWER_BOUND,
+                             "valid round": valid_round, "test round": run.metrics.get("test_selected_round")})
+    return pd.DataFrame(rows, columns=GAP_COLUMNS)
 
 
 def _save(fig, name: Optional[str], profile: str):

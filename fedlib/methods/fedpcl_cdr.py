@@ -24,8 +24,18 @@ the embedding size, ``K`` clusters, ``τ`` the temperature::
     g_k^i = mean(C̄_k^i)                                                                   (13)
     l_k^{i,m} = argmax_{ĉ ∈ C̄_k^i from domain m} cos(ĉ, ĉ_k^i)                            (14)
 
-A cluster without overlapping users keeps its own noisy prototype as global prototype and
-as its only local prototype (the code's rule; the paper does not say).
+**What leaves a domain (Eq. 4).** Only the *representative* prototypes, those of clusters
+holding at least one overlapping user, are uploaded (:class:`DomainUpload`), with the
+overlapping users' cluster labels (Eq. 6) and the representative clusters' sizes. The rows
+are in increasing cluster id, so the ids themselves are the distinct labels of Eq. 6 and
+cost no bytes. The public code uploads all ``K`` noisy prototypes, but its server reads a
+non-representative one only to send it straight back to its own domain, as that cluster's
+global prototype and only local prototype (Eqs. 12–14 only ever link clusters that share an
+overlapping user). Here that prototype never leaves: the domain fills those rows in itself
+(:func:`complete_prototypes`), which gives the code's numbers exactly while the bytes and the
+reconstruction attack (Table 5) see only what is sent. Noise is drawn for all ``K`` centroids
+in one call, so the noise stream, and every training number, is the one of the code's rule;
+the noise on a prototype that stays home protects nothing and changes nothing.
 
 Readings we chose (each one is a flag or a documented constant; the notebook lists them):
 
@@ -73,8 +83,8 @@ from fedlib.models.lightgcn import normalized_adjacency
 
 __all__ = [
     "FedPCLConfig", "VARIANTS", "variant_config", "DomainModel", "DomainUpload", "ServerPrototypes",
-    "cluster_users", "clip_to_norm", "differential_prototypes", "privacy_budget", "aggregate_prototypes",
-    "aggregate_prototypes_reference", "global_prototype_loss", "local_prototype_loss",
+    "DomainPrototypes", "cluster_users", "clip_to_norm", "differential_prototypes", "privacy_budget",
+    "aggregate_prototypes", "complete_prototypes", "aggregate_prototypes_reference", "global_prototype_loss", "local_prototype_loss",
     "local_prototype_loss_reference", "train_fedpcl_cdr",
 ]
 
@@ -322,19 +332,51 @@ def privacy_budget(clip_norm: float, laplace_scale: float, dim: int) -> Dict[str
 
 @dataclass(frozen=True)
 class DomainUpload:
-    """What one domain sends the server in a round (Eqs. 5–6).
+    """What one domain sends the server in a round (Eqs. 4–6): representative clusters only.
+
+    ``K'`` below is the number of representative clusters (those holding at least one
+    overlapping user), ``K' ≤ K``.
 
     Attributes:
-        prototypes: ``(K, D)`` differential prototypes ĉ.
+        prototypes: ``(K', D)`` differential prototypes ĉ of the representative clusters, in
+            increasing cluster id (:attr:`cluster_ids`).
         overlap_cluster: ``(n_o,) int64`` cluster of every overlapping user, i.e. the sets
             ``O_k = {u < n_o : cluster(u) = k}`` of Eq. 6 written as one label per user. This is
             what lets the server read each overlapping user's exact cross-domain co-membership.
-        cluster_sizes: ``(K,)`` users per cluster (the code sends it; the 'avg' rule ignores it).
+        cluster_sizes: ``(K',)`` users per representative cluster (the code sends sizes; the
+            'avg' rule ignores them).
+        num_clusters: ``K``, the shared hyperparameter (not a message: no bytes).
+
+    Build it with :meth:`representative` from all ``K`` prototypes of a domain.
     """
 
     prototypes: torch.Tensor
     overlap_cluster: torch.Tensor
     cluster_sizes: torch.Tensor
+    num_clusters: int
+
+    def __post_init__(self):
+        ids = self.cluster_ids
+        if self.prototypes.shape[0] != ids.numel() or self.cluster_sizes.shape[0] != ids.numel():
+            raise ValueError(f"an upload carries one prototype and one size per representative cluster: the overlap "
+                             f"labels name {ids.numel()} cluster(s) {ids.tolist()}, got {self.prototypes.shape[0]} "
+                             f"prototype(s) and {self.cluster_sizes.shape[0]} size(s); build it with "
+                             "DomainUpload.representative(all_prototypes, overlap_cluster, all_sizes)")
+        if ids.numel() and not 0 <= int(ids[0]) <= int(ids[-1]) < self.num_clusters:
+            raise ValueError(f"overlap labels must be cluster ids in [0, {self.num_clusters}), got {ids.tolist()}")
+
+    @property
+    def cluster_ids(self) -> torch.Tensor:
+        """``(K',) int64``: the representative clusters, i.e. the distinct labels of Eq. 6, sorted."""
+        return torch.unique(self.overlap_cluster)
+
+    @classmethod
+    def representative(cls, prototypes: torch.Tensor, overlap_cluster: torch.Tensor,
+                       cluster_sizes: torch.Tensor) -> "DomainUpload":
+        """Eq. 4: keep the rows of ``(K, D)`` prototypes and ``(K,)`` sizes whose cluster holds an
+        overlapping user (a label in ``overlap_cluster (n_o,)``); the others stay in the domain."""
+        ids = torch.unique(overlap_cluster)
+        return cls(prototypes[ids], overlap_cluster, cluster_sizes[ids], int(prototypes.shape[0]))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.prototypes, self.overlap_cluster, self.cluster_sizes))
@@ -342,15 +384,18 @@ class DomainUpload:
 
 @dataclass(frozen=True)
 class ServerPrototypes:
-    """What the server sends one domain (Eqs. 13–14).
+    """What the server sends one domain (Eqs. 13–14): rows for the domain's representative clusters.
 
     Attributes:
-        global_prototypes: ``(K, D)`` g_k.
-        local_prototypes: ``(K, M, D)`` l_k^m (row ``m`` = the chosen prototype of domain ``m``).
-        local_mask: ``(K, M) bool``: which local slots exist (a cluster without overlapping
-            users has one slot, its own prototype, in its own domain's column).
+        cluster_ids: ``(K',)`` the domain's representative clusters (it sent them; not a message).
+        global_prototypes: ``(K', D)`` g_k.
+        local_prototypes: ``(K', M, D)`` l_k^m (row ``m`` = the chosen prototype of domain ``m``;
+            zeros where ``local_mask`` is False).
+        local_mask: ``(K', M) bool``: which local slots exist (domain ``m`` has a slot when one
+            of its clusters shares an overlapping user with cluster ``k``).
     """
 
+    cluster_ids: torch.Tensor
     global_prototypes: torch.Tensor
     local_prototypes: torch.Tensor
     local_mask: torch.Tensor
@@ -361,85 +406,144 @@ class ServerPrototypes:
                 + kept.numel() * kept.element_size())
 
 
+@dataclass(frozen=True)
+class DomainPrototypes:
+    """What a domain trains with (Eqs. 7–9): the server's rows completed with its own prototypes.
+
+    Attributes:
+        global_prototypes: ``(K, D)``; local_prototypes: ``(K, M, D)``; local_mask: ``(K, M) bool``.
+    A cluster without overlapping users has its own noisy prototype as global prototype and
+    as its only local prototype, in its own domain's column (the code's rule; the paper does
+    not say).
+    """
+
+    global_prototypes: torch.Tensor
+    local_prototypes: torch.Tensor
+    local_mask: torch.Tensor
+
+
 def _co_membership(uploads: Sequence[DomainUpload], num_clusters: int) -> List[List[torch.Tensor]]:
     """``links[i][m]``: ``(K, K) bool``, cluster k of domain i shares an overlapping user with cluster k' of m."""
     onehots = [F.one_hot(u.overlap_cluster, num_clusters).to(torch.float64) for u in uploads]  # (n_o, K)
     return [[(a.T @ b) > 0 for b in onehots] for a in onehots]
 
 
-def aggregate_prototypes(uploads: Sequence[DomainUpload]) -> List[ServerPrototypes]:
-    """Eqs. 12–14 for every domain and cluster at once (vectorised over clusters).
+def _dense(upload: DomainUpload) -> torch.Tensor:
+    """``(K, D)``: the upload's rows at their cluster ids, zeros for the clusters that were not sent.
 
-    Returns one :class:`ServerPrototypes` per domain, in the order of ``uploads``.
+    Eqs. 12–14 only link clusters that share an overlapping user, so a zero row is never
+    read: every weight and similarity that touches it is masked out.
+    """
+    out = upload.prototypes.new_zeros((upload.num_clusters, upload.prototypes.shape[1]))
+    out[upload.cluster_ids] = upload.prototypes
+    return out
+
+
+def aggregate_prototypes(uploads: Sequence[DomainUpload]) -> List[ServerPrototypes]:
+    """Eqs. 12–14 for every domain and representative cluster at once (vectorised over clusters).
+
+    Returns one :class:`ServerPrototypes` per domain, in the order of ``uploads``: rows for
+    that domain's representative clusters only (:func:`complete_prototypes` adds the rest).
     """
     _check_uploads(uploads)
     num_domains = len(uploads)
-    k = uploads[0].prototypes.shape[0]
+    k = uploads[0].num_clusters
     links = _co_membership(uploads, k)
-    protos = [u.prototypes for u in uploads]
+    protos = [_dense(u) for u in uploads]
     unit = [F.normalize(p, dim=-1) for p in protos]
     out = []
     for i in range(num_domains):
         link_rows = torch.stack([links[i][m] for m in range(num_domains)], 1)  # (K, M, K')
-        has_overlap = link_rows[:, i, :].any(-1)  # (K,): the own domain links k to itself iff O_k ≠ ∅
         weights = link_rows.to(protos[i].dtype)
         total = sum(weights[:, m, :] @ protos[m] for m in range(num_domains))  # (K, D)
-        count = weights.sum((1, 2)).unsqueeze(-1)  # (K, 1)  = K̂
-        global_p = torch.where(has_overlap.unsqueeze(-1), total / count.clamp_min(1), protos[i])
+        count = weights.sum((1, 2)).unsqueeze(-1)  # (K, 1)  = |C̄_k|
+        global_p = total / count.clamp_min(1)
         local_p = torch.zeros(k, num_domains, protos[i].shape[1], dtype=protos[i].dtype, device=protos[i].device)
         for m in range(num_domains):
             similarity = unit[i] @ unit[m].T  # (K, K')
             similarity = similarity.masked_fill(~links[i][m], -math.inf)
             local_p[:, m] = protos[m][similarity.argmax(-1)]
         mask = link_rows.any(-1)  # (K, M)
-        mask[~has_overlap] = False
-        mask[~has_overlap, i] = True
-        local_p[~has_overlap, i] = protos[i][~has_overlap]
         local_p = local_p * mask.unsqueeze(-1)
-        out.append(ServerPrototypes(global_p, local_p, mask))
+        ids = uploads[i].cluster_ids
+        out.append(ServerPrototypes(ids, global_p[ids], local_p[ids], mask[ids]))
     return out
 
 
-def aggregate_prototypes_reference(uploads: Sequence[DomainUpload]) -> List[ServerPrototypes]:
-    """The same as :func:`aggregate_prototypes`, one cluster at a time (the code's loop)."""
-    _check_uploads(uploads)
-    num_domains = len(uploads)
-    k, dim = uploads[0].prototypes.shape
+def complete_prototypes(received: ServerPrototypes, own_prototypes: torch.Tensor, domain_index: int
+                        ) -> DomainPrototypes:
+    """The domain's side of Eqs. 13–14: the server's rows plus its own clusters that were not sent.
+
+    Args:
+        received: from :func:`aggregate_prototypes` for this domain.
+        own_prototypes: ``(K, D)`` the domain's differential prototypes of every cluster.
+        domain_index: this domain's column ``i`` in the ``M`` local slots.
+    """
+    k, dim = own_prototypes.shape
+    num_domains = received.local_mask.shape[1]
+    global_p = own_prototypes.clone()
+    global_p[received.cluster_ids] = received.global_prototypes
+    local_p = own_prototypes.new_zeros((k, num_domains, dim))
+    local_p[received.cluster_ids] = received.local_prototypes
+    mask = torch.zeros(k, num_domains, dtype=torch.bool, device=own_prototypes.device)
+    mask[received.cluster_ids] = received.local_mask
+    kept_home = torch.ones(k, dtype=torch.bool, device=own_prototypes.device)
+    kept_home[received.cluster_ids] = False
+    local_p[kept_home, domain_index] = own_prototypes[kept_home]
+    mask[kept_home, domain_index] = True
+    return DomainPrototypes(global_p, local_p, mask)
+
+
+def aggregate_prototypes_reference(prototypes: Sequence[torch.Tensor], overlap_clusters: Sequence[torch.Tensor]
+                                   ) -> List[DomainPrototypes]:
+    """The code's server, one cluster at a time, on **all** ``K`` prototypes of every domain.
+
+    Args:
+        prototypes: per domain ``(K, D)`` differential prototypes (what the code uploads).
+        overlap_clusters: per domain ``(n_o,)`` cluster label of every overlapping user.
+    Returns what each domain trains with; :func:`aggregate_prototypes` on the representative
+    uploads followed by :func:`complete_prototypes` must give the same (tests check it).
+    """
+    if len(prototypes) < 2 or len(prototypes) != len(overlap_clusters):
+        raise ValueError(f"need one (K, D) prototype matrix and one label vector per domain, at least two domains; "
+                         f"got {len(prototypes)} and {len(overlap_clusters)}")
+    num_domains = len(prototypes)
+    k, dim = prototypes[0].shape
     out = []
-    for i, own in enumerate(uploads):
-        global_p = own.prototypes.clone()
-        local_p = torch.zeros(k, num_domains, dim, dtype=own.prototypes.dtype)
+    for i, own in enumerate(prototypes):
+        global_p = own.clone()
+        local_p = torch.zeros(k, num_domains, dim, dtype=own.dtype)
         mask = torch.zeros(k, num_domains, dtype=torch.bool)
         for cluster in range(k):
-            members = torch.nonzero(own.overlap_cluster == cluster).flatten()
+            members = torch.nonzero(overlap_clusters[i] == cluster).flatten()
             if members.numel() == 0:
-                local_p[cluster, i] = own.prototypes[cluster]
+                local_p[cluster, i] = own[cluster]
                 mask[cluster, i] = True
                 continue
             candidates = []
-            for m, other in enumerate(uploads):
-                linked = sorted(set(other.overlap_cluster[members].tolist()))
-                candidates += [other.prototypes[c] for c in linked]
+            for m, other in enumerate(prototypes):
+                linked = sorted(set(overlap_clusters[m][members].tolist()))
+                candidates += [other[c] for c in linked]
                 best, best_sim = None, -math.inf
                 for c in linked:
-                    sim = float(F.cosine_similarity(own.prototypes[cluster], other.prototypes[c], dim=0))
+                    sim = float(F.cosine_similarity(own[cluster], other[c], dim=0))
                     if sim > best_sim:
                         best, best_sim = c, sim
-                local_p[cluster, m] = other.prototypes[best]
+                local_p[cluster, m] = other[best]
                 mask[cluster, m] = True
             global_p[cluster] = torch.stack(candidates).mean(0)
-        out.append(ServerPrototypes(global_p, local_p, mask))
+        out.append(DomainPrototypes(global_p, local_p, mask))
     return out
 
 
 def _check_uploads(uploads: Sequence[DomainUpload]) -> None:
     if len(uploads) < 2:
         raise ValueError(f"prototype aggregation needs at least two domains, got {len(uploads)}")
-    shapes = {tuple(u.prototypes.shape) for u in uploads}
+    sizes = {(u.num_clusters, int(u.prototypes.shape[1])) for u in uploads}
     overlaps = {int(u.overlap_cluster.numel()) for u in uploads}
-    if len(shapes) != 1 or len(overlaps) != 1:
-        raise ValueError(f"every domain must upload the same (K, D) prototypes and one label per overlapping user; "
-                         f"got shapes {sorted(shapes)} and overlap counts {sorted(overlaps)}")
+    if len(sizes) != 1 or len(overlaps) != 1:
+        raise ValueError(f"every domain must use the same K and prototype size D and send one label per overlapping "
+                         f"user; got (K, D) {sorted(sizes)} and overlap counts {sorted(overlaps)}")
 
 
 # --------------------------------------------------------------------------------------
@@ -510,7 +614,8 @@ class _Domain:
     optimizer: torch.optim.Optimizer
     sampler: NegativeSampler
     assignment: Optional[torch.Tensor] = None  # (U,) cluster of each user from the last round
-    received: Optional[ServerPrototypes] = None
+    own_prototypes: Optional[torch.Tensor] = None  # (K, D) differential prototypes of every cluster (stay home)
+    received: Optional[DomainPrototypes] = None  # what the CL terms use (server rows + own non-representative)
 
 
 def _local_update(domain: _Domain, config: FedPCLConfig, rng: np.random.Generator, device) -> Dict[str, float]:
@@ -562,16 +667,21 @@ def _local_update(domain: _Domain, config: FedPCLConfig, rng: np.random.Generato
 
 def _make_upload(domain: _Domain, config: FedPCLConfig, num_overlap: int, round_index: int,
                  generator: torch.Generator) -> DomainUpload:
-    """Algorithm 1 lines 22–25 (Eqs. 3–6) for one domain."""
+    """Algorithm 1 lines 22–25 (Eqs. 3–6) for one domain: only representative prototypes are sent.
+
+    Noise is drawn for all ``K`` centroids at once (one draw per coordinate, the code's
+    stream); the non-representative ones stay in ``domain.own_prototypes``.
+    """
     domain.model.eval()
     with torch.no_grad():
         user_nodes, _ = domain.model.propagate()
     centroids, assignment = cluster_users(user_nodes, config.num_clusters, seed=config.seed * 100_003 + round_index,
                                           restarts=config.kmeans_restarts)
     domain.assignment = assignment
-    noisy = differential_prototypes(centroids, config.clip_norm, config.laplace_scale, generator, ldp=config.ldp)
+    domain.own_prototypes = differential_prototypes(centroids, config.clip_norm, config.laplace_scale, generator,
+                                                    ldp=config.ldp)
     sizes = torch.bincount(assignment, minlength=config.num_clusters)
-    return DomainUpload(noisy, assignment[:num_overlap].clone(), sizes)
+    return DomainUpload.representative(domain.own_prototypes, assignment[:num_overlap].clone(), sizes)
 
 
 # --------------------------------------------------------------------------------------
@@ -591,7 +701,9 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
 
     Returns:
         :class:`~fedlib.methods.cdr_common.CDRResult`; ``extra`` has the privacy budgets and
-        total bytes, ``artifacts`` the last round's uploads, server prototypes and cluster labels.
+        total bytes, ``artifacts`` the last round's uploads (:class:`DomainUpload`), what the
+        server sent (:class:`ServerPrototypes`), what each domain trained with
+        (:class:`DomainPrototypes`), the cluster labels and the reconstruction attack's pairs.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
@@ -617,8 +729,8 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
             uploads.append(_make_upload(domain, config, split.num_overlap_users, round_index, noise))  # 22-25
             logged.update({f"{domain.name}/{key}": value for key, value in losses.items()})
         prototypes = aggregate_prototypes(uploads)                                  # line 7: Eqs. 12-14
-        for domain, received in zip(domains, prototypes):
-            domain.received = received
+        for index, (domain, received) in enumerate(zip(domains, prototypes)):
+            domain.received = complete_prototypes(received, domain.own_prototypes, index)
         logged["bytes_up"] = sum(u.nbytes() for u in uploads)
         logged["bytes_down"] = sum(p.nbytes() for p in prototypes)
         bytes_up, bytes_down = bytes_up + logged["bytes_up"], bytes_down + logged["bytes_down"]
@@ -635,20 +747,28 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
     return tracker.result("FedPCL-CDR", config, time.perf_counter() - start, extra,
                           models={d.name: d.model for d in domains},
                           artifacts={"uploads": uploads, "prototypes": prototypes,
+                                     "domain_prototypes": {d.name: d.received for d in domains},
                                      "assignments": {d.name: d.assignment for d in domains},
                                      "transmitted": _transmitted(domains, uploads)})
 
 
 def _transmitted(domains: Sequence[_Domain], uploads: Sequence[DomainUpload]) -> Dict[str, Dict[str, torch.Tensor]]:
-    """Per domain, what left it about each user (the noisy prototype of the user's cluster,
-    ``sent (U, D)``) next to the user's true final representation (``private (U, D)``):
-    the pairs of the reconstruction attack (Table 5)."""
+    """Per domain, what left it about each user whose cluster was sent: the noisy prototype of
+    the user's cluster (``sent (U', D)``) next to the user's true final representation
+    (``private (U', D)``), for the ``U'`` users of representative clusters (``users (U',)``).
+    These are the pairs of the reconstruction attack (Table 5); nothing about the other users
+    left the domain."""
     out = {}
     for domain, upload in zip(domains, uploads):
         domain.model.eval()
         with torch.no_grad():
             private, _ = domain.model.propagate()
-        out[domain.name] = {"sent": upload.prototypes[domain.assignment].cpu(), "private": private.cpu()}
+        row_of_cluster = torch.full((upload.num_clusters,), -1, dtype=torch.int64, device=domain.assignment.device)
+        row_of_cluster[upload.cluster_ids] = torch.arange(len(upload.cluster_ids), device=domain.assignment.device)
+        rows = row_of_cluster[domain.assignment]
+        users = torch.nonzero(rows >= 0).flatten()
+        out[domain.name] = {"sent": upload.prototypes[rows[users]].cpu(), "private": private[users].cpu(),
+                            "users": users.cpu()}
     return out
 
 

@@ -13,7 +13,9 @@ this item", and the model is scored on whether it ranks that item first.
 clean version and train + valid + test the code's version; :func:`review_leak_effect`
 measures the difference with a text-only scorer.
 
-No substitute dataset here has review text, so the reported runs switch the branch off;
+No substitute dataset here has review text, so the runs on them switch the branch off; the
+original-format tasks (:func:`fedlib.data.protocols.fedpcl_cdr.build_original`, once their
+files are placed) switch it on with vectors from training reviews only.
 :func:`synthetic_reviews` writes reviews with the structure that makes the leak bite (each
 review names the product and carries the reviewer's habits of speech), for tests and the
 notebook's demonstration.

@@ -27,19 +27,39 @@ present in both domains.
   Amazon pairs (implicit, every user in both domains, re-indexed per pair, no reviews).
   The provided train and test rows are pooled and re-split here. Users of different pairs
   cannot be aligned, so the three-domain Task 2 (Elec-Cloth-Phone) cannot be built.
-* ``douban-gadtcdr``: GA-DTCDR's Douban Book and Music subsets; Movie is missing, so the
-  substitute task is Book-Music (two domains), filtered with ``min_count = 5`` like the
-  reference code's Douban preprocessing (the paper says 10).
+* ``douban-gadtcdr``: GA-DTCDR's Douban Book and Music subsets (``domains=`` picks which);
+  Movie is a manual download, so the substitute task is Book-Music (two domains) until
+  ``douban_movie/ratings.dat`` is placed, after which Movie-Music and Book-Movie-Music can be
+  built. Filtered with ``min_count = 5`` like the reference code's Douban preprocessing (the
+  paper says 10). Ratings only: no review text.
+
+**The original format** (:func:`build_original`): FedPCL-CDR's own data are, per domain, one
+CSV of ratings with their review text, the input of the reference code's preprocessing
+(``data_preprocess/douban_preprocess.py`` reads ``douban_book/book_review_data.csv``). We
+read them from the data root as::
+
+    <root>/fedpcl-cdr/<source>_<domain>/<domain>_review_data.csv
+    e.g. fedpcl-cdr/douban_book/book_review_data.csv, fedpcl-cdr/amazon_phone/phone_review_data.csv
+
+with a header holding ``user_id``, ``item_id``, ``rating`` and the review text in ``reviews``
+(``review`` is accepted: the code's Amazon scripts use that name); other columns are ignored.
+User ids must be the raw ids shared across the domains of a source. The same steps as above
+apply (duplicates count once; the code's single-pass filter: 10 for Amazon, 5 for Douban), and
+the review texts come back per domain keyed by the split's dense ids, ready for
+:func:`fedlib.models.review_text.review_embeddings`. None of these files is in the reference
+collection: :data:`ORIGINAL_SOURCES` names the canonical download of each.
 """
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 
 from fedlib.data.candidates import sample_candidates
-from fedlib.data.errors import EmptyUserError
+from fedlib.data.download import data_root, describe_root
+from fedlib.data.errors import EmptyUserError, MalformedDataError, MissingDataError
 from fedlib.data.protocols import _common as C
 from fedlib.data.splits import DomainSplit
 
@@ -60,11 +80,30 @@ PAIRS = ("phone_sport", "phone_electronic", "sport_cloth", "electronic_cloth")
 DATASET_DEFAULT = "dataset default"
 """``min_count`` value meaning "the filter :data:`DATASETS` lists for this dataset"."""
 
+ORIGINAL_FOLDER = "fedpcl-cdr"
+ORIGINAL_SOURCES = {
+    "amazon": {"domains": ("phone", "sport", "elec", "cloth"), "min_count": 10,
+               "download": "https://cseweb.ucsd.edu/~jmcauley/datasets/amazon/links.html (Amazon 2014: the "
+                           "'ratings only' CSV and the review file of Cell Phones and Accessories, Sports and "
+                           "Outdoors, Electronics, Clothing Shoes and Jewelry; join them on reviewerID and asin)"},
+    "douban": {"domains": ("book", "movie", "music"), "min_count": 5,
+               "download": "https://www.researchgate.net/publication/350793434_Douban_dataset_ratings_item_details"
+                           "_user_profiles_and_reviews (ratings and reviews of books, movies and music; needs a "
+                           "ResearchGate login)"},
+}
+"""FedPCL-CDR's original data: the domains of each source, the code's count filter, the canonical download."""
+ORIGINAL_COLUMNS = ("user_id", "item_id", "rating")
+REVIEW_COLUMNS = ("reviews", "review")
+
+ReviewTexts = Dict[Tuple[int, int], str]
+"""``{(user, item): review text}`` of one domain, dense ids of the split (as :mod:`fedlib.models.review_text`)."""
+
 
 def build(
     dataset: str,
     *,
     variant: Optional[str] = None,
+    domains: Optional[Sequence[str]] = None,
     overlap_ratio: Optional[float] = None,
     num_negatives: int = 99,
     valid_holdout: bool = True,
@@ -76,6 +115,9 @@ def build(
 
     Args:
         dataset: ``amazon-cdr-disencdr`` (with ``variant`` = pair) or ``douban-gadtcdr``.
+        domains: ``douban-gadtcdr`` only: the domains of the task, in order (e.g.
+            ``("movie", "music")``); each is loaded on its own, so a missing Movie file is an
+            error naming it. ``None`` = every domain present (book, music, and movie if placed).
         overlap_ratio: share of the overlapping users kept in every domain (``None``: all).
         num_negatives: 99 (paper) or 98 (reference code).
         valid_holdout: also hold out one random validation interaction per user.
@@ -87,7 +129,18 @@ def build(
     config = _config(dataset)
     if config["needs_variant"] and not variant:
         raise ValueError(f"{dataset} needs variant=<pair>, one of {', '.join(PAIRS)}")
-    loaded = C.load_interactions(dataset, variant=variant, root=root)
+    if domains is not None:
+        if dataset != "douban-gadtcdr" or variant is not None:
+            raise ValueError(f"domains= picks the Douban domains of a task (dataset 'douban-gadtcdr', no variant); "
+                             f"got dataset {dataset!r} with variant {variant!r}")
+        parts, notes = [], []
+        for domain in domains:
+            part = C.load_interactions(dataset, variant=domain, root=root)
+            parts.append(part.frame.assign(domain=domain))
+            notes += [n for n in part.notes if n not in notes]
+        loaded = C.Loaded(dataset, None, pd.concat(parts, ignore_index=True), "substitute", tuple(notes))
+    else:
+        loaded = C.load_interactions(dataset, variant=variant, root=root)
     frame = loaded.frame
     if "domain" not in frame.columns:
         raise C.UnsupportedDatasetError(NAME, dataset, list(DATASETS), "The loaded frame has no 'domain' column.")
@@ -110,9 +163,132 @@ def build(
         valid_holdout=valid_holdout,
         min_count=k,
         seed=seed,
-        name=f"{dataset}{'/' + variant if variant else ''}/{NAME}",
+        name=f"{dataset}{'/' + variant if variant else ''}{'/' + '_'.join(domains) if domains else ''}/{NAME}",
         notes=notes,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# The original format: ratings with review text, one CSV per domain
+# ---------------------------------------------------------------------------------------
+def original_source(domain: str) -> str:
+    """The source (``"amazon"`` or ``"douban"``) of an original-format domain."""
+    for source, spec in ORIGINAL_SOURCES.items():
+        if domain in spec["domains"]:
+            return source
+    known = [d for spec in ORIGINAL_SOURCES.values() for d in spec["domains"]]
+    raise ValueError(f"unknown FedPCL-CDR domain {domain!r}; the original data have {known}")
+
+
+def original_relpath(domain: str) -> str:
+    """``fedpcl-cdr/<source>_<domain>/<domain>_review_data.csv``: where a domain's file lives under the data root."""
+    return f"{ORIGINAL_FOLDER}/{original_source(domain)}_{domain}/{domain}_review_data.csv"
+
+
+def original_files_present(domains: Sequence[str], root=None) -> bool:
+    """Whether every domain's original-format file is under the data root (no reading)."""
+    base = data_root(root)
+    return all((base / original_relpath(d)).is_file() for d in domains)
+
+
+def _read_original(domain: str, root) -> pd.DataFrame:
+    """One domain's original CSV as ``user, item, rating, review`` (raw ids, file order)."""
+    base = data_root(root)
+    relpath = original_relpath(domain)
+    path = base / relpath
+    if not path.is_file():
+        source = original_source(domain)
+        raise MissingDataError(
+            f"FedPCL-CDR original data: missing file {relpath}\n"
+            f"  looked for: {path}\n"
+            f"  data root searched: {describe_root(root)}\n"
+            "  fedlib cannot download it (not in the reference collection).\n"
+            f"  canonical download: {ORIGINAL_SOURCES[source]['download']}\n"
+            f"  expected format: CSV with a header holding {', '.join(ORIGINAL_COLUMNS)} and the review text in "
+            f"'reviews' (or 'review'); save it as {path} . Or set FEDLIB_DATA to the folder that contains "
+            f"'{ORIGINAL_FOLDER}/'.",
+            dataset=ORIGINAL_FOLDER, missing=[relpath], root=base)
+    frame = pd.read_csv(path, dtype={"user_id": str, "item_id": str}, keep_default_na=False, na_values={"rating": [""]})
+    missing = [c for c in ORIGINAL_COLUMNS if c not in frame.columns]
+    text_column = next((c for c in REVIEW_COLUMNS if c in frame.columns), None)
+    if missing or text_column is None:
+        raise MalformedDataError(
+            path, 1, ",".join(map(str, frame.columns)),
+            f"the header must hold {', '.join(ORIGINAL_COLUMNS)} and a review column ('reviews' or 'review')"
+            + (f"; missing {missing}" if missing else "; no review column"))
+    rating = pd.to_numeric(frame["rating"], errors="coerce")
+    if rating.isna().any():
+        row = int(np.flatnonzero(rating.isna().to_numpy())[0])
+        # line = data row + 1 for the header (a review spanning several lines shifts it)
+        raise MalformedDataError(path, row + 2, ",".join(frame.iloc[row].astype(str)),
+                                 f"data row {row + 1}: the rating {frame['rating'].iloc[row]!r} is not a number")
+    out = pd.DataFrame({"user": frame["user_id"].str.strip(), "item": frame["item_id"].str.strip(),
+                        "rating": rating.to_numpy(np.float64), "review": frame[text_column].astype(str)})
+    # The code's preprocessing drops exact duplicate rows first (drop_duplicates(keep='first')).
+    return out.drop_duplicates(keep="first").reset_index(drop=True)
+
+
+def _dense_texts(frame: pd.DataFrame, split) -> ReviewTexts:
+    """Review texts keyed by the split's dense ``(user, item)``; several reviews of a pair are joined."""
+    users = pd.Index(split.extra["raw_users"]).get_indexer(frame["user"].to_numpy())
+    items = pd.Index(split.extra["raw_items"]).get_indexer(frame["item"].to_numpy())
+    keep = (users >= 0) & (items >= 0)
+    texts: ReviewTexts = {}
+    for user, item, review in zip(users[keep].tolist(), items[keep].tolist(), frame["review"].to_numpy()[keep]):
+        review = review.strip()
+        if review:
+            texts[(user, item)] = f"{texts[(user, item)]} {review}" if (user, item) in texts else review
+    return texts
+
+
+def build_original(
+    domains: Sequence[str],
+    *,
+    overlap_ratio: Optional[float] = None,
+    num_negatives: int = 99,
+    valid_holdout: bool = True,
+    min_count="dataset default",
+    seed: int = 0,
+    root=None,
+) -> Tuple[DomainSplit, Dict[str, ReviewTexts]]:
+    """FedPCL-CDR's own data (ratings + review text per domain) as a split and its review texts.
+
+    Args:
+        domains: the task's domains in order, all from one source, e.g. ``("phone", "sport")``
+            (Task 1) or ``("book", "movie", "music")`` (Task 4); see :data:`ORIGINAL_SOURCES`.
+        min_count: the single-pass item-then-user filter; the default is the code's (10 for
+            Amazon, 5 for Douban); ``None`` = no filter.
+        overlap_ratio, num_negatives, valid_holdout, seed: as :func:`build`.
+        root: data root (``None`` = ``FEDLIB_DATA``).
+
+    Returns:
+        ``(split, texts)``: ``texts[domain]`` maps the split's dense ``(user, item)`` of every
+        kept interaction (train, valid and test) to its review; build review vectors from the
+        training pairs only (:func:`fedlib.models.review_text.review_embeddings`).
+
+    Raises:
+        MissingDataError: a domain's file is absent; the message names the file, the data root
+            it looked in and the canonical download.
+        MalformedDataError: a file lacks a required column or has a non-numeric rating.
+    """
+    domains = list(domains)
+    if len(domains) < 2 or len(set(domains)) != len(domains):
+        raise ValueError(f"a FedPCL-CDR task needs at least two distinct domains, got {domains}")
+    sources = {original_source(d) for d in domains}
+    if len(sources) != 1:
+        raise ValueError(f"the domains of a task must come from one source (user ids are only shared within one): "
+                         f"got {domains} from {sorted(sources)}")
+    source = sources.pop()
+    raw = {d: _read_original(d, root) for d in domains}
+    k = ORIGINAL_SOURCES[source]["min_count"] if min_count == DATASET_DEFAULT else min_count
+    split = split_from_frames(
+        {d: frame[["user", "item", "rating"]] for d, frame in raw.items()},
+        overlap_ratio=overlap_ratio, num_negatives=num_negatives, valid_holdout=valid_holdout, min_count=k,
+        seed=seed, name=f"{ORIGINAL_FOLDER}/{source}/{'_'.join(domains)}/{NAME}",
+        notes=(f"FedPCL-CDR original format ({source}: ratings with review text), read from "
+               f"{data_root(root) / ORIGINAL_FOLDER}",),
+    )
+    return split, {d: _dense_texts(raw[d], split[d]) for d in domains}
 
 
 def split_from_frames(
