@@ -279,7 +279,7 @@ fnb.record("toy_gate", {"first_loss": float(result.losses[0, 0]), "last_loss": f
 # | FedNCF | private user vector, global item table and MLP 64→32→1 | `FedNCF(variant="mlp")` | — |
 # | PFedRec | private score head, global item table, two-step local update | `PFedRec`, `pfedrec_method` | linear head (the public code's), not the appendix's 32→16→1 |
 # | GPFedRec | server user-relation graph on uploaded tables → personalised table per user | `fedlib.methods.gpfedrec` | cosine *similarity* (the code uses cosine distance: a flag), threshold 0.5 × mean |
-# | CoFedRec | server co-clustering of items and users, supervised contrastive local term | `fedlib.methods.cofedrec` | 30 item clusters, τ = 0.5, λ = 0.005 |
+# | CoFedRec | server co-clustering of items and users, supervised contrastive local term | `fedlib.methods.cofedrec` | 30 item clusters, τ = 0.5, λ = 0.005; the contrastive term over the batch's distinct items, not every item as the paper's $\sum_{i\in I}$ (a client step would hold $(I + B)^2$ similarities: 5.4 M floats on FilmTrust, 320 M on LastFM-2K, hours per round here) |
 # | FedRAP | personal $D_u$ + global $C$, $-\lambda\,$MSE$(D_u, C) + \mu\lVert C\rVert_1$, tanh curriculum | `fedlib.methods.fedrap` | the code's lrs (0.5, 200); one local epoch and the protocol's lr decay (the code: 10 epochs, decay 0.97 per round, which stops training after ~100 one-epoch rounds) |
 # | FedDAE | global + local VAE encoders mixed by a personal gate | `fedlib.methods.feddae` | encoder $m$→64→(32+32), decoder 32→64→$m$ |
 #
@@ -852,7 +852,26 @@ fnb.record("headline_r10", headline_rows)
 # 1. **The sampler.** See above: the paper's Table 1 ranking of methods is a ranking of how
 #    much each method benefits from the leak (per-user item tables most).
 # 2. **FedRAP** stays far below the paper's 97.4 (FilmTrust, leaky) under FedRKG's protocol
-#    (one local epoch, batch 256). The run with its own code's local training is in §6.
+#    (one local epoch, batch 256). The implementation is not the cause: an independent
+#    re-implementation of the public code's algorithm (per-user embedding copies,
+#    `torch.optim.SGD`, uniform mean of the uploaded $C$) agrees with `fedlib.methods.fedrap`
+#    to 1e-15 in float64 after four rounds, for $C$, every $D_u$, the heads and the scores.
+#    Two mechanisms make it weak here:
+#    * *correct sampler*: $D_u$ is trained at the same rate as $C$ but never averaged, so it
+#      fits each user's training data within a few rounds and pushes every sampled negative,
+#      the future test item included, down in that user's own table. $C$ is starved of
+#      gradient: scored with $C$ alone, FedRAP stays near random (about 1–2 % R@10 on
+#      FilmTrust, against 27.5 % for popularity). It behaves like a local-only model, the
+#      failure of FedRKG's "w/ PIE" variant;
+#    * *leaky sampler*: the paper's $-\lambda\,\lVert D_u - C\rVert^2$ term has no lower bound.
+#      At the constant rate the protocol prescribes it grows without limit (the training loss
+#      goes from −3 at round 100 to −700 at round 190), validation peaks around round 90 and
+#      patience stops the run. With λ = 0 the same run keeps climbing with the leak (28.6 % at
+#      round 200). The public code keeps the term bounded with learning-rate decays (× 0.97 per
+#      round, × 0.95 per batch) and weight decay 1e-4; FedRKG's protocol has neither.
+#
+#    The run with its own code's local training is in §6 (10 local epochs make it about ten
+#    times slower per round, so its cells are recorded last).
 # 3. **FedDAE** diverges (NaN at round 11) with SGD at the code's learning rate. The public
 #    code trains it with Adam on the clients *and* takes an Adam step on the server with the
 #    clients' averaged accumulated gradients. The engine has the client half

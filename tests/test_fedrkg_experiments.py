@@ -201,3 +201,23 @@ def test_fedrap_code_cells_use_the_code_local_training_and_train():
     two = X.run_cell(X.cell("synthetic", "FedRAP", rounds=2, eval_every=1, params={"local_epochs": 2}))
     one = X.run_cell(X.cell("synthetic", "FedRAP", rounds=2, eval_every=1))
     assert two["extra"]["curve"][0]["train_loss"] != one["extra"]["curve"][0]["train_loss"]
+
+
+def test_cofedrec_chunks_bound_the_contrastive_similarity_memory():
+    # every client of a chunk holds SUPCON_COPIES (rows, rows) float matrices in L_sup
+    for rows in (256, 2071 + 256, 7957 + 256):
+        chunk = X.supcon_chunk(rows)
+        assert chunk >= 1
+        assert chunk == 1 or chunk * X.SUPCON_COPIES * rows * rows <= X.SUPCON_BUDGET_FLOATS
+    assert X.supcon_chunk(256) > X.supcon_chunk(2327) > 1          # FilmTrust's whole table still fits > 1 client
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        X.supcon_chunk(0)
+
+
+def test_cofedrec_paper_cells_contrast_the_batch_rows_and_accept_the_table_reading():
+    assert X.cell("FilmTrust", "CoFedRec")["params"]["contrastive_rows"] == "batch"
+    table = X.cell("synthetic", "CoFedRec", rounds=2, eval_every=1, params={"contrastive_rows": "table"})
+    method, executor = X.make_federated(table, X.load_split("synthetic"), X.make_sampler(X.load_split("synthetic"),
+                                        "correct"), X.federated_config(table))
+    assert method.client_loss.contrastive_rows == "table"
+    assert executor.inner.chunk_size == X.supcon_chunk(table["batch_size"] + X.load_split("synthetic").num_items)
