@@ -400,8 +400,9 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
 
 #: floats the clients of one CoFedRec chunk may hold in their L_sup similarity matrices (1 GiB)
 SUPCON_BUDGET_FLOATS = 1 << 28
-#: (B, B) float tensors alive per client in L_sup's forward and backward (similarities, masks,
-#: masked copies, log-sum-exp terms, gradients), measured on FilmTrust with margin
+#: (B, B) tensors alive per client in L_sup's forward and backward, counted with margin from
+#: :func:`fedlib.methods.cofedrec.supcon_loss` (similarities, masks, masked copies, exponentials
+#: of the log-sum-exps, their gradients)
 SUPCON_COPIES = 12
 
 
