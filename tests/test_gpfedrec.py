@@ -6,14 +6,16 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            make_round_plan, round_generator, run_federated)
 from fedlib.methods.continual import PlanAugmentingExecutor
-from fedlib.methods.gpfedrec import (BROADCAST_KEY, CONTEXT_LABEL, GRAPH_STATS_KEY, GPFedRecLoss, GPFedRecModel,
-                                     GraphGuidedServer, add_table_context, first_occurrence, gpfedrec_method,
+from fedlib.methods.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_STATS_KEY, GPFedRecLoss,
+                                     GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
+                                     first_occurrence, gpfedrec_method,
                                      graph_personalise, graph_personalise_reference, graph_regulariser,
                                      message_passing, neighbour_weights, user_similarity)
 
@@ -118,6 +120,90 @@ def test_weights_rows_are_one_over_k_and_lonely_users_keep_their_table():
 
 
 # ---------------------------------------------------------------------------------------------
+# The complete-graph certificate (every client starts a round from the same broadcast)
+# ---------------------------------------------------------------------------------------------
+def _near_broadcast(num_users=9, spread=0.05, seed=0):
+    """Tables one local round away from a shared broadcast: q_g + spread · noise."""
+    gen = torch.Generator().manual_seed(seed)
+    broadcast = torch.randn(6, 4, generator=gen, dtype=torch.float64)
+    return broadcast + spread * torch.randn(num_users, 6, 4, generator=gen, dtype=torch.float64)
+
+
+def test_certified_complete_graph_equals_the_full_computation():
+    tables = _near_broadcast()
+    fast = graph_personalise(tables, threshold_scale=0.5, layers=2)
+    full = graph_personalise(tables, threshold_scale=0.5, layers=2, certify=False)
+    assert fast.certified_complete and fast.similarity is None and not full.certified_complete
+    assert bool((full.weights > 0).all())  # the full path agrees that everyone is a neighbour
+    assert fast.threshold == pytest.approx(full.threshold, abs=1e-12)
+    for name in ("weights", "personal", "global_table"):
+        torch.testing.assert_close(getattr(fast, name), getattr(full, name), atol=1e-12, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("outlier", ["far", "opposite"])
+def test_bounded_path_computes_only_the_wide_rows_and_equals_the_full_computation(outlier):
+    tables = _near_broadcast(num_users=12, seed=3)
+    gen = torch.Generator().manual_seed(9)
+    if outlier == "far":  # two users moved a lot: wide, but still neighbours of some
+        tables[[2, 7]] += 1.5 * torch.randn(2, 6, 4, generator=gen, dtype=torch.float64)
+    else:  # one user points away from everyone: nobody's neighbour but its own
+        tables[5] = -tables[5]
+    fast = graph_personalise(tables, threshold_scale=0.5)
+    full = graph_personalise(tables, threshold_scale=0.5, certify=False)
+    assert not fast.certified_complete and fast.similarity is None and 0 < fast.wide_users < 6
+    assert full.wide_users is None and bool((full.weights == 0).any())  # the graph is not complete
+    assert fast.threshold == pytest.approx(full.threshold, abs=1e-12)
+    for name in ("weights", "personal", "global_table"):
+        torch.testing.assert_close(getattr(fast, name), getattr(full, name), atol=1e-12, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("spread", [0.01, 0.1, 0.3, 0.6, 1.0, 3.0])
+@pytest.mark.parametrize("scale", [0.5, 0.9, 1.0])
+def test_certificate_is_sound_every_certified_pair_is_above_the_threshold(spread, scale):
+    for seed in range(4):
+        tables = _near_broadcast(spread=spread, seed=seed)
+        threshold = complete_graph_threshold(tables, scale)
+        similarity = user_similarity(tables)
+        assert float(similarity.mean()) * scale == pytest.approx(
+            threshold if threshold is not None else float(similarity.mean()) * scale, abs=1e-12)
+        if threshold is not None:
+            assert float(similarity.min()) > threshold + CERTIFICATE_MARGIN / 2
+
+
+def test_certificate_refuses_incomplete_graphs_zero_tables_and_the_code_flag():
+    assert complete_graph_threshold(three_users()) is None  # users 0 and 2 are orthogonal
+    assert not graph_personalise(three_users()).certified_complete
+    tables = _near_broadcast()
+    tables[3] = 0.0
+    assert complete_graph_threshold(tables, 0.5) is None
+    # scale 1.0: tight tables sit right at the mean, so the (conservative) bound cannot clear τ
+    assert complete_graph_threshold(_near_broadcast(), 1.0) is None
+    coded = graph_personalise(_near_broadcast(), "cosine_distance_as_in_code", 0.5)
+    assert not coded.certified_complete and coded.similarity is not None
+
+
+def test_loss_runs_the_mlp_only_up_to_the_last_real_column():
+    model = GPFedRecModel(2, 5, dim=2, hidden=(3,))
+    params = model.init_private(torch.Generator().manual_seed(2), dtype=torch.float64)
+    params["target_item_emb"] = params["target_item_emb"] * 0.5
+    # client 0: real, context, real, context; client 1: real then context; column 3 has no real row
+    items = torch.tensor([[0, 1, 2, 3], [4, 0, 1, 2]])
+    labels = torch.tensor([[1.0, CONTEXT_LABEL, 0.0, CONTEXT_LABEL], [1.0, CONTEXT_LABEL, CONTEXT_LABEL, CONTEXT_LABEL]],
+                          dtype=torch.float64)
+    rows = items + torch.tensor([[0], [5]])
+    flat = {name: (value.reshape(-1, 2) if kind == "private_rows" else value)
+            for (name, kind), value in zip(model.param_kinds.items(), params.values())}
+    batch = LocalBatch(clients=torch.tensor([0, 1]), rows=rows, items=items, labels=labels,
+                       mask=torch.ones(2, 4, dtype=torch.float64))
+    loss = GPFedRecLoss(reg=1.5, reg_rows="batch")(model, flat, batch)
+    logits = model.logits(flat, rows)  # every column, as before the shortcut
+    real = (labels >= 0).to(torch.float64)
+    bce = (F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0), reduction="none") * real).sum(1) / real.sum(1)
+    reg = graph_regulariser(flat["item_emb"][rows], flat["target_item_emb"][rows], items, batch.mask, 5)
+    torch.testing.assert_close(loss, bce + 1.5 * reg)
+
+
+# ---------------------------------------------------------------------------------------------
 # The regulariser
 # ---------------------------------------------------------------------------------------------
 def test_regulariser_gradient_pulls_toward_the_personalised_table():
@@ -213,6 +299,40 @@ def test_executors_agree_and_server_personalises(reg_rows):
     targets = b.private_state["target_item_emb"]
     assert not torch.equal(targets[0], targets[1])  # personalised per user
     torch.testing.assert_close(b.extra[BROADCAST_KEY], targets.mean(0))  # q_g = mean of the r_u
+
+
+@pytest.mark.parametrize("executor", ["sequential", "batched"])
+def test_equal_start_clients_skip_unmoved_rows_with_the_same_updates(executor, monkeypatch):
+    def run(skip):
+        inner = SequentialExecutor() if executor == "sequential" else BatchedExecutor(chunk_size=6)
+        train = toy_train()
+        model = GPFedRecModel(NUM_USERS, NUM_ITEMS, dim=4, hidden=(8, 4), init_std=0.3)
+        method = gpfedrec_method(model, lr=0.05, lr_eta=2.0, chunk_size=5)
+        method.client_loss.skip_equal_rows = skip
+        config = FederatedConfig(rounds=3, seed=1, batch_size=BATCH, dtype="float64")
+        return run_federated(method, train, config, executor=PlanAugmentingExecutor(inner), device="cpu")
+
+    sizes = []
+    original = add_table_context
+
+    def counting(plan, num_items, full_table=None):
+        out = original(plan, num_items, full_table)
+        sizes.append((out.items.size, plan.items.size, plan.num_clients * 0 + int(plan.num_steps.sum()) * num_items))
+        return out
+
+    import fedlib.methods.gpfedrec as module
+    monkeypatch.setattr(module, "add_table_context", counting)
+    skipped = run(True)
+    skip_sizes, sizes[:] = list(sizes), []
+    whole = run(False)
+    # round 0: every client starts at q_u = r_u (one init), so the skipping plan is much smaller
+    grown, real, every_row = skip_sizes[0]
+    assert real < grown < real + every_row and sizes[0][0] == real + every_row
+    for name in whole.private_state:
+        torch.testing.assert_close(skipped.private_state[name], whole.private_state[name], atol=1e-12, rtol=0,
+                                   msg=name)
+    np.testing.assert_allclose([r["train_loss"] for r in skipped.history], [r["train_loss"] for r in whole.history],
+                               atol=1e-12)
 
 
 def test_server_hook_broadcasts_and_skips_users_without_training():

@@ -81,7 +81,7 @@ from fedlib.models.base import FederatedModel, normal_, torch_linear_init
 __all__ = [
     "SIMILARITIES", "REG_ROWS", "CONTEXT_LABEL", "BROADCAST_KEY", "GRAPH_STATS_KEY",
     "flatten_tables", "user_similarity", "neighbour_weights", "message_passing", "GraphAggregate",
-    "graph_personalise", "graph_personalise_reference", "first_occurrence", "graph_regulariser",
+    "graph_personalise", "graph_personalise_reference", "complete_graph_threshold", "angle_bound", "rows_equal", "AngleBound", "CERTIFICATE_MARGIN", "first_occurrence", "graph_regulariser",
     "add_table_context", "GPFedRecModel", "GPFedRecLoss", "GraphGuidedServer", "gpfedrec_method",
 ]
 
@@ -220,31 +220,170 @@ class GraphAggregate:
         personal: ``(U, I, d)`` personalised tables ``r_u``.
         global_table: ``(I, d)`` ``q_g``, the mean of ``personal``.
         weights: ``(U, U)`` ``A``.
-        similarity: ``(U, U)`` ``S``.
+        similarity: ``(U, U)`` ``S``, or ``None`` when :func:`complete_graph_threshold` proved
+            the graph complete without forming ``S``.
         threshold: ``τ``.
+        certified_complete: True when :func:`angle_bound` proved the graph complete.
+        wide_users: how many users' rows of ``S`` were computed (``None``: all, the full path).
     """
 
     personal: torch.Tensor
     global_table: torch.Tensor
     weights: torch.Tensor
-    similarity: torch.Tensor
+    similarity: Optional[torch.Tensor]
     threshold: float
+    certified_complete: bool = False
+    wide_users: Optional[int] = None
+
+
+#: Safety margin (in cosine) between a proved lower bound of ``S_uv`` and ``τ``; it absorbs
+#: the float rounding of the full path's ``S`` and of the bound itself.
+CERTIFICATE_MARGIN = 1e-3
+
+
+@dataclass
+class AngleBound:
+    """What :func:`angle_bound` proves about the graph without forming ``S``.
+
+    Attributes:
+        threshold: ``τ = κ · mean(S)``, from ``mean(S) = ‖Σ_u x̂_u‖² / U²``.
+        angles: ``(U,)`` float64 ``θ_u = ∠(x_u, g)`` to the mean direction ``g`` (π for a zero table).
+        wide: ``(U,)`` bool, users whose pairs are not all proved above ``τ``.
+    """
+
+    threshold: float
+    angles: torch.Tensor
+    wide: torch.Tensor
+
+
+def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0, chunk_size: int = 64) -> AngleBound:
+    r"""Prove most of the graph's edges in ``O(U·I·d)`` instead of forming ``S`` in ``O(U²·I·d)``.
+
+    Why: every client starts a round from the same broadcast ``q_g`` and moves little in one
+    round, so the uploaded tables point almost the same way; with the paper's
+    ``threshold_scale = 0.5`` nearly every ``S_uv ≈ 1 > τ ≈ 0.5``. Two facts make that cheap:
+
+    * ``mean(S) = ‖Σ_u x̂_u‖² / U²`` with ``x̂_u = x_u / ‖x_u‖``, so ``τ`` needs no ``S``;
+    * with ``g`` the mean direction and ``θ_u = ∠(x_u, g)``, the triangle inequality for
+      angles gives ``∠(x_u, x_v) ≤ θ_u + θ_v``, so ``S_uv ≥ cos(θ_u + θ_v)``.
+
+    A user is *narrow* when ``θ_u < ½ arccos(τ + CERTIFICATE_MARGIN)``: every pair of narrow
+    users is proved to be an edge. Only the *wide* users' rows of ``S`` must be computed.
+    Three passes over the tables in their dtype; every angle is widened by a bound on the
+    float rounding. Cosine similarity only. (``chunk_size`` is kept for API symmetry.)
+    """
+    x = flatten_tables(tables)  # (U, F)
+    num_users = x.shape[0]
+    norms = x.norm(dim=1)  # (U,)
+    inverse = torch.where(norms > 0, 1.0 / norms.clamp(min=torch.finfo(x.dtype).tiny), torch.zeros_like(norms))
+    direction = inverse @ x  # (F,) Σ_u x̂_u; zero tables add nothing
+    total = float(direction.to(torch.float64).norm())
+    threshold = float(threshold_scale) * total ** 2 / num_users ** 2
+    angles = torch.full((num_users,), math.pi, dtype=torch.float64, device=x.device)
+    if total > 0:
+        cosines = ((x @ (direction / total)) * inverse).to(torch.float64)  # (U,) cos θ_u
+        angles = torch.where(norms > 0, torch.arccos(cosines.clamp(-1.0, 1.0)), angles)
+        # float rounding of the F-term dot products: arccos near 1 turns a cosine error e into
+        # an angle error ≈ √(2e); widen every angle by that much (e from F·eps, generous)
+        angles = angles + math.sqrt(2.0 * x.shape[1] * torch.finfo(x.dtype).eps)
+    floor = threshold + CERTIFICATE_MARGIN
+    half_limit = 0.5 * math.acos(floor) if floor < 1.0 else -1.0  # no pair provable when τ is near 1
+    return AngleBound(threshold, angles, angles >= half_limit)
+
+
+def complete_graph_threshold(tables: torch.Tensor, threshold_scale: float = 1.0,
+                             chunk_size: int = 64) -> Optional[float]:
+    """``τ`` if :func:`angle_bound` proves every pair above it (the graph is complete), else ``None``."""
+    bound = angle_bound(tables, threshold_scale, chunk_size)
+    return None if bool(bound.wide.any()) else bound.threshold
+
+
+def rows_equal(tables: torch.Tensor, other: torch.Tensor, users: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """``(n,) bool``: is ``tables[u]`` bitwise equal to ``other[u]`` (or to ``other`` itself when
+    it is a single ``(I, d)`` table), for each ``u`` in ``users`` (default: all)?
+
+    One ``torch.equal`` per user: no ``(U, I, d)`` boolean temporary.
+    """
+    users = range(tables.shape[0]) if users is None else [int(u) for u in users]
+    single = other.dim() == tables.dim() - 1
+    return torch.tensor([torch.equal(tables[u], other if single else other[u]) for u in users], dtype=torch.bool,
+                        device=tables.device)
+
+
+def _complete_graph(tables: torch.Tensor, threshold: float, certified: bool, wide_users: int) -> GraphAggregate:
+    """``A = 1/U`` everywhere: ``A^L = A``, every ``r_u`` and ``q_g`` is the same mean, bit for bit.
+
+    Bitwise equality matters: a client whose download equals its ``r_u`` needs no whole-table
+    context in the next round (:meth:`GPFedRecLoss.prepare_round`). ``personal`` is a
+    broadcast view of the mean (no ``(U, I, d)`` copy).
+    """
+    num_users = tables.shape[0]
+    mean = tables.mean(0)  # (I, d)
+    weights = tables.new_full((num_users, num_users), 1.0 / num_users)
+    return GraphAggregate(mean.expand_as(tables), mean, weights, None, threshold, certified, wide_users)
+
+
+def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound, chunk_size: int) -> GraphAggregate:
+    """One-layer server step using :func:`angle_bound`: exact rows of ``S`` for the wide users only.
+
+    Narrow user ``u`` has every narrow user as a neighbour, so
+    ``r_u = (Σ_v x_v − Σ_{wide w ∉ N(u)} x_w) / |N(u)|`` and the wide rows
+    ``r_w = A_w X`` cost ``O(W·U·I·d)`` for ``W`` wide users.
+    """
+    x = flatten_tables(tables)  # (U, F)
+    num_users = x.shape[0]
+    wide = torch.nonzero(bound.wide).flatten()  # (W,)
+    above = torch.ones((num_users, num_users), dtype=torch.bool, device=x.device)  # narrow pairs: proved
+    wide_rows = None
+    if wide.numel():
+        norms = x.norm(dim=1)
+        norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+        wide_rows = (x[wide] @ x.T) / (norms[wide, None] * norms[None, :])  # (W, U) exact rows of S
+        above[wide] = wide_rows > bound.threshold
+        above[:, wide] = above[wide].T  # S is symmetric
+    if bool(above.all()):  # the wide rows are complete too: the same result as a proved complete graph
+        return _complete_graph(tables, bound.threshold, certified=False, wide_users=int(wide.numel()))
+    counts = above.sum(1)  # (U,)
+    weights = above.to(x.dtype) / counts.clamp(min=1).to(x.dtype)[:, None]
+    lonely = torch.nonzero(counts == 0).flatten()
+    weights[lonely, lonely] = 1.0
+    total = x.sum(0)  # (F,)
+    personal = torch.empty_like(x)
+    narrow = torch.nonzero(~bound.wide).flatten()
+    if narrow.numel():
+        missing = (~above[narrow][:, wide]).to(x.dtype)  # (N, W) wide users outside N(u)
+        removed = missing @ x[wide] if wide.numel() else torch.zeros_like(total).expand(narrow.numel(), -1)
+        personal[narrow] = (total[None, :] - removed) / counts[narrow].to(x.dtype)[:, None]
+    if wide.numel():
+        personal[wide] = weights[wide] @ x  # (W, F)
+    personal = personal.reshape(tables.shape)
+    return GraphAggregate(personal, personal.mean(0), weights, None, bound.threshold, False, int(wide.numel()))
 
 
 def graph_personalise(tables: torch.Tensor, similarity: str = "cosine", threshold_scale: float = 1.0,
-                      layers: int = 1, chunk_size: int = 1024) -> GraphAggregate:
+                      layers: int = 1, chunk_size: int = 1024, certify: bool = True) -> GraphAggregate:
     """The server step, batched: graph, neighbour weights, message passing, global mean.
 
     Args:
         tables: ``(U, I, d)`` the participants' uploaded tables (``U >= 1``).
         similarity, threshold_scale, layers, chunk_size: see :func:`user_similarity`,
             :func:`neighbour_weights`, :func:`message_passing`.
+        certify: first try :func:`angle_bound` (cosine only). A proved complete graph skips ``S``
+            and message passing (``r_u`` = the mean); with one layer and fewer than half the
+            users wide, only the wide users' rows of ``S`` are computed.
 
     Returns:
-        :class:`GraphAggregate`. Cost ``O(U² I d)`` multiply-adds (two ``U × U × I·d`` products).
+        :class:`GraphAggregate`. Cost ``O(U² I d)`` multiply-adds (two ``U × U × I·d`` products),
+        ``O(U I d)`` when the complete graph is proved, ``O(W U I d)`` with ``W`` wide users.
     """
     if tables.dim() != 3 or tables.shape[0] < 1:
         raise ValueError(f"tables must be (U, I, d) with U >= 1, got shape {tuple(tables.shape)}")
+    if certify and similarity == "cosine":
+        bound = angle_bound(tables, threshold_scale)
+        if not bool(bound.wide.any()):  # proved complete
+            return _complete_graph(tables, bound.threshold, certified=True, wide_users=0)
+        if int(layers) == 1 and 2 * int(bound.wide.sum()) < tables.shape[0]:
+            return _graph_personalise_bounded(tables, bound, chunk_size)
     sim = user_similarity(tables, similarity, chunk_size)  # (U, U)
     weights, threshold = neighbour_weights(sim, threshold_scale)  # (U, U)
     personal = message_passing(weights, tables, layers, chunk_size)  # (U, I, d)
@@ -329,27 +468,55 @@ def graph_regulariser(table_rows: torch.Tensor, target_rows: torch.Tensor, items
     return (squared * present).sum(1) / (int(num_items) * table_rows.shape[-1])
 
 
-def add_table_context(plan: RoundPlan, num_items: int) -> RoundPlan:
-    """Add every item to every local step of every client as a context example.
+def add_table_context(plan: RoundPlan, num_items: int, full_table: Optional[np.ndarray] = None) -> RoundPlan:
+    """Add context examples so that the regulariser covers every row a client's step can move.
 
     Context examples carry :data:`CONTEXT_LABEL`; the loss gives them no BCE term, but they
-    make every row of the client's table visible (and trainable) in every step, so the
-    regulariser covers the whole table. Real examples come first within a step, in their
-    planned order. ``num_examples`` (aggregation weights) is unchanged.
+    make rows of the client's table visible (and trainable) in a step. Real examples come
+    first within a step, in their planned order. ``num_examples`` (aggregation weights) is
+    unchanged.
 
-    Size: ``Σ_c num_steps[c] × I`` extra examples.
+    * A client with ``full_table[c]`` True (default: every client) gets every item in every
+      step: the regulariser is the code's ``MSE`` over the whole table.
+    * A client with ``full_table[c]`` False starts the round with ``q_u = r_u`` on every row
+      (see :meth:`GPFedRecLoss.prepare_round`). A row with ``q_u[i] = r_u[i]`` that no BCE
+      term touches has zero gradient and stays put, so in step ``k`` the rows that can differ
+      from ``r_u`` are the ones its steps ``< k`` trained: those become its context. Same
+      updates as the whole table, at ``Σ_k`` (rows seen before step ``k``) instead of ``k·I``.
+
+    Size: ``I`` extra examples per step of a full-table client.
     """
     num_clients = plan.num_clients
-    pair_pos = np.repeat(np.arange(num_clients, dtype=np.int64), plan.num_steps)  # (P,) one per (client, step)
-    starts = np.cumsum(plan.num_steps) - plan.num_steps
-    pair_step = np.arange(pair_pos.size, dtype=np.int64) - np.repeat(starts, plan.num_steps)
-    pos = np.concatenate([plan.example_positions(), np.repeat(pair_pos, num_items)])
-    step = np.concatenate([plan.steps, np.repeat(pair_step, num_items)])
-    kind = np.concatenate([np.zeros(plan.items.size, dtype=np.int64),
-                           np.ones(pair_pos.size * num_items, dtype=np.int64)])
-    items = np.concatenate([plan.items, np.tile(np.arange(num_items, dtype=np.int64), pair_pos.size)])
-    labels = np.concatenate([plan.labels.astype(np.float32),
-                             np.full(pair_pos.size * num_items, CONTEXT_LABEL, dtype=np.float32)])
+    if full_table is None:
+        full_table = np.ones(num_clients, dtype=bool)
+    full_table = np.asarray(full_table, dtype=bool)
+    if full_table.shape != (num_clients,):
+        raise ValueError(f"full_table must hold one flag per plan client ({num_clients}), got shape {full_table.shape}")
+    example_pos = plan.example_positions()  # (E,)
+    # whole-table clients: every item in every step
+    full_pos = np.repeat(np.arange(num_clients, dtype=np.int64)[full_table], plan.num_steps[full_table])
+    # the step index within each client: position in its run of repeats
+    full_steps = plan.num_steps[full_table]
+    run_start = np.repeat(np.cumsum(full_steps) - full_steps, full_steps)
+    full_step = np.arange(full_pos.size, dtype=np.int64) - run_start
+    ctx_pos = [np.repeat(full_pos, num_items)]
+    ctx_step = [np.repeat(full_step, num_items)]
+    ctx_items = [np.tile(np.arange(num_items, dtype=np.int64), full_pos.size)]
+    # equal-start clients with more than one step: the rows their earlier steps touched
+    for position in np.flatnonzero(~full_table & (plan.num_steps > 1)):
+        lo, hi = plan.example_indptr[position], plan.example_indptr[position + 1]
+        items, steps = plan.items[lo:hi], plan.steps[lo:hi]
+        for step in range(1, int(plan.num_steps[position])):
+            seen = np.unique(items[steps < step])
+            ctx_pos.append(np.full(seen.size, position, dtype=np.int64))
+            ctx_step.append(np.full(seen.size, step, dtype=np.int64))
+            ctx_items.append(seen)
+    ctx_pos, ctx_step, ctx_items = np.concatenate(ctx_pos), np.concatenate(ctx_step), np.concatenate(ctx_items)
+    pos = np.concatenate([example_pos, ctx_pos])
+    step = np.concatenate([plan.steps, ctx_step])
+    kind = np.concatenate([np.zeros(plan.items.size, dtype=np.int64), np.ones(ctx_pos.size, dtype=np.int64)])
+    items = np.concatenate([plan.items, ctx_items])
+    labels = np.concatenate([plan.labels.astype(np.float32), np.full(ctx_pos.size, CONTEXT_LABEL, dtype=np.float32)])
     order = np.lexsort((np.arange(pos.size), kind, step, pos))  # client, step, real first, planned order
     indptr = np.zeros(num_clients + 1, dtype=np.int64)
     np.cumsum(np.bincount(pos, minlength=num_clients), out=indptr[1:])
@@ -459,43 +626,68 @@ class GPFedRecLoss:
             with context rows: run with
             ``PlanAugmentingExecutor(BatchedExecutor())`` (or around a ``SequentialExecutor``),
             which calls :meth:`prepare_round`. ``"batch"``: the batch's distinct rows only.
+        skip_equal_rows: with ``"table"``, give the whole table only to clients that start the
+            round with ``q_u ≠ r_u`` somewhere; the rest get the rows their earlier steps moved
+            (:func:`add_table_context`). Same updates under SGD (a row with zero gradient stays
+            put), far fewer rows when the graph is complete. ``False``: every client, every row.
     """
 
-    def __init__(self, reg: float = 1.0, reg_rows: str = "table"):
+    def __init__(self, reg: float = 1.0, reg_rows: str = "table", skip_equal_rows: bool = True):
         reg_value = float(reg)
         if not math.isfinite(reg_value) or reg_value < 0:
             raise ValueError(f"reg must be a finite number >= 0 (weight of the pull toward the personalised table), "
                              f"got {reg!r}")
         _check_choice("reg_rows", reg_rows, REG_ROWS)
-        self.reg, self.reg_rows = reg_value, reg_rows
+        self.reg, self.reg_rows, self.skip_equal_rows = reg_value, reg_rows, bool(skip_equal_rows)
+        self._full_users: Optional[torch.Tensor] = None  # set by prepare_round
 
     # -- PlanAugmentingExecutor protocol --------------------------------------------------------
     def prepare_round(self, plan: RoundPlan, global_state, private_state) -> RoundPlan:
-        """With ``reg_rows="table"``: :func:`add_table_context`; else the plan unchanged."""
+        """With ``reg_rows="table"``: :func:`add_table_context`; else the plan unchanged.
+
+        With ``skip_equal_rows`` only clients whose table differs from their personalised
+        table somewhere get the whole table; the others (every client, when the server's graph
+        is complete and ``r_u`` equals the download) get only the rows they already moved.
+        """
+        self._full_users = None
         if self.reg_rows != "table":
             return plan
-        table = private_state[GPFedRecModel.table] if GPFedRecModel.table in private_state else None
-        if table is None:
-            raise ValueError(f"GPFedRecLoss expects the private table {GPFedRecModel.table!r}; "
-                             f"got {sorted(private_state)}")
-        return add_table_context(plan, int(table.shape[1]))
+        table = private_state.get(GPFedRecModel.table)
+        target = private_state.get(GPFedRecModel.target)
+        if table is None or target is None:
+            raise ValueError(f"GPFedRecLoss expects the private tables {GPFedRecModel.table!r} and "
+                             f"{GPFedRecModel.target!r}; got {sorted(private_state)}")
+        full = np.ones(plan.num_clients, dtype=bool)
+        if self.skip_equal_rows:
+            full = ~rows_equal(table, target, plan.clients).cpu().numpy()
+        self._full_users = torch.as_tensor(plan.clients[full], dtype=torch.int64)
+        return add_table_context(plan, int(table.shape[1]), full)
 
     def finish_round(self) -> None:
-        """Nothing is kept between rounds."""
+        """Forget the round's whole-table clients."""
+        self._full_users = None
 
     def __call__(self, model: FederatedModel, params: Mapping[str, torch.Tensor], batch: LocalBatch) -> torch.Tensor:
         table, target = getattr(model, "table", "item_emb"), getattr(model, "target", "target_item_emb")
         real = batch.mask * (batch.labels >= 0).to(batch.mask.dtype)  # (C, B) context rows excluded
-        logits = model.logits(params, batch.rows)  # (C, B)
-        targets = batch.labels.clamp(min=0.0)
-        losses = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")  # (C, B)
+        # Context rows carry no BCE term, so the MLP runs only up to the last column that holds a
+        # real example (add_table_context puts them first): with the whole table as context this
+        # skips ~I of the ~I + B rows per step. At least one column keeps every parameter in the graph.
+        seen = real.sum(0) > 0  # (B,)
+        width = max(1, int(torch.nonzero(seen).max()) + 1 if bool(seen.any()) else 1)
+        logits = model.logits(params, batch.rows[:, :width])  # (C, width)
+        targets = batch.labels[:, :width].clamp(min=0.0)
+        losses = F.binary_cross_entropy_with_logits(logits, targets, reduction="none")  # (C, width)
+        real = real[:, :width]
         bce = (losses * real).sum(1) / real.sum(1).clamp(min=1)  # (C,)
         if self.reg == 0.0:
             return bce
         rows, personal = params[table][batch.rows], params[target][batch.rows]  # (C, B, d)
         if self.reg_rows == "table":
             distinct = first_occurrence(batch.items, batch.mask).sum(1)  # (C,)
-            if bool((distinct != model.num_items).any()):
+            whole = (torch.ones_like(distinct, dtype=torch.bool) if self._full_users is None
+                     else torch.isin(batch.clients, self._full_users.to(batch.clients.device)))
+            if bool((distinct[whole] != model.num_items).any()):
                 raise ValueError(
                     f"reg_rows='table' needs every item in every local batch (got {int(distinct.min())} of "
                     f"{model.num_items}): run with fedlib.methods.continual.PlanAugmentingExecutor(BatchedExecutor()), "
@@ -540,7 +732,7 @@ class GraphGuidedServer:
             if broadcast is None:  # a state without our record: everyone counts as a participant
                 participants = torch.ones(tables.shape[0], dtype=torch.bool, device=tables.device)
             else:
-                participants = (tables != broadcast.to(tables.device)).flatten(1).any(1)  # (U,)
+                participants = ~rows_equal(tables, broadcast.to(tables.device))  # (U,)
             index = torch.nonzero(participants).flatten()
             if index.numel() == 0:
                 return
@@ -554,6 +746,8 @@ class GraphGuidedServer:
                 "round": int(round_index), "participants": int(index.numel()), "threshold": agg.threshold,
                 "mean_neighbours": float(degree.to(torch.float64).mean()),
                 "self_included": float(torch.diagonal(agg.weights).gt(0).to(torch.float64).mean()),
+                "certified_complete": bool(agg.certified_complete),
+                "similarity_rows": int(index.numel()) if agg.wide_users is None else agg.wide_users,
             }
 
 
