@@ -16,7 +16,7 @@ from fedlib.engine.plan import round_generator
 from fedlib.methods.cofedrec import (MEMBERSHIP_KEY, SERVER_STREAM, STATS_KEY, CoClusteringServer, CoFedRecLoss, CoFedRecModel,
                                      category_similarity, co_cluster_step, co_cluster_step_reference,
                                      cofedrec_method, elbow_split, kmeans, kmeans_reference, server_uniforms,
-                                     supcon_loss, supcon_loss_reference)
+                                     supcon_loss, supcon_loss_dense, supcon_loss_reference)
 from fedlib.methods.continual import PlanAugmentingExecutor
 from fedlib.models import PFedRec
 
@@ -184,6 +184,26 @@ def test_supcon_batched_equals_per_anchor_reference(variant, normalize):
     fast = supcon_loss(features, labels, present, 0.5, variant, normalize)
     slow = supcon_loss_reference(features, labels, present, 0.5, variant, normalize)
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("variant", ["in", "out"])
+def test_supcon_width_groups_give_the_dense_values_and_gradients(variant):
+    gen = torch.Generator().manual_seed(7)
+    clients, width = 37, 24
+    features = torch.randn(clients, width, 4, generator=gen, dtype=F64, requires_grad=True)
+    labels = torch.randint(0, 4, (clients, width), generator=gen)
+    used = torch.randint(0, width + 1, (clients,), generator=gen)  # real rows first, then padding
+    present = (torch.arange(width)[None, :] < used[:, None]).to(F64)
+    present[3, 1] = 0  # a duplicate inside the real rows
+    grouped = supcon_loss(features, labels, present, 0.5, variant, width_groups=5)
+    dense = supcon_loss_dense(features, labels, present, 0.5, variant)
+    torch.testing.assert_close(grouped, dense, atol=1e-12, rtol=0)
+    weights = torch.rand(clients, generator=gen, dtype=F64)
+    (grad_grouped,) = torch.autograd.grad((grouped * weights).sum(), features)
+    (grad_dense,) = torch.autograd.grad((dense * weights).sum(), features)
+    torch.testing.assert_close(grad_grouped, grad_dense, atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="width_groups"):
+        supcon_loss(features, labels, present, 0.5, width_groups=0)
 
 
 def test_supcon_gradient_pulls_same_cluster_items_together():

@@ -101,7 +101,7 @@ __all__ = [
     "SUPCON_VARIANTS", "CONTRASTIVE_ROWS", "SERVER_STREAM", "MEMBERSHIP_KEY", "STATS_KEY",
     "server_uniforms", "kmeans", "kmeans_reference", "category_similarity", "elbow_split",
     "CoClusterResult", "co_cluster_step", "co_cluster_step_reference",
-    "supcon_loss", "supcon_loss_reference",
+    "supcon_loss", "supcon_loss_dense", "supcon_loss_reference", "SUPCON_WIDTH_GROUPS",
     "CoFedRecModel", "CoFedRecLoss", "CoClusteringServer", "cofedrec_method",
 ]
 
@@ -469,8 +469,39 @@ def _check_supcon_inputs(features, labels, present, variant):
                          f"{tuple(features.shape[:2])}: one cluster label and one 0/1 flag per row")
 
 
+#: Width groups of :func:`supcon_loss`: clients sorted by their last present row, cut into this
+#: many equal-count groups, each padded only to its own widest client.
+SUPCON_WIDTH_GROUPS = 8
+
+
 def supcon_loss(features: torch.Tensor, labels: torch.Tensor, present: torch.Tensor, temperature: float,
-                variant: str = "in", normalize: bool = True) -> torch.Tensor:
+                variant: str = "in", normalize: bool = True, width_groups: int = SUPCON_WIDTH_GROUPS) -> torch.Tensor:
+    r"""``L_sup`` of each client, batched: ``(C,)`` (see :func:`supcon_loss_dense`).
+
+    A padded ``(C, B)`` batch costs ``C·B²`` similarities, though most clients use far fewer
+    than ``B`` rows. Clients are sorted by the column of their last present row and cut into
+    ``width_groups`` groups; each group is trimmed to its widest client, so the cost falls to
+    ``Σ_g C_g·B_g²``. Trimmed columns are absent rows: every client's value is unchanged.
+    """
+    _check_supcon_inputs(features, labels, present, variant)
+    num_clients, width = present.shape
+    if int(width_groups) < 1:
+        raise ValueError(f"width_groups must be >= 1, got {width_groups!r}")
+    columns = torch.arange(1, width + 1, device=present.device)
+    used = (present.bool() * columns).amax(1) if width else torch.zeros(num_clients, dtype=torch.int64)  # (C,)
+    if int(width_groups) == 1 or num_clients < 2 * int(width_groups):
+        return supcon_loss_dense(features, labels, present, temperature, variant, normalize)
+    order = torch.argsort(used, stable=True)
+    parts = []
+    for group in torch.tensor_split(order, int(width_groups)):
+        group_width = max(1, int(used[group].max()))
+        parts.append(supcon_loss_dense(features[group, :group_width], labels[group, :group_width],
+                                       present[group, :group_width], temperature, variant, normalize))
+    return torch.cat(parts)[torch.argsort(order)]  # back to the batch's client order
+
+
+def supcon_loss_dense(features: torch.Tensor, labels: torch.Tensor, present: torch.Tensor, temperature: float,
+                      variant: str = "in", normalize: bool = True) -> torch.Tensor:
     r"""``L_sup`` of each client, batched: ``(C,)`` (module docstring; mean over anchors).
 
     For client ``c`` and anchor row ``i`` (``present``), with ``s_ia = v_i·v_a/τ`` and
@@ -500,9 +531,20 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, present: torch.Ten
     num_pos = positive.sum(-1)  # (C, B)
     anchors = present & (num_pos > 0)  # (C, B)
     very_negative = torch.finfo(sim.dtype).min / 4  # finite: masked anchors get finite values and zero gradient
-    log_denominator = torch.logsumexp(sim.masked_fill(~valid, very_negative), dim=-1)  # (C, B)
+    if normalize and tau >= 0.05:
+        # unit rows: |s_ia| <= 1/τ <= 20, so exp cannot overflow and one exp serves both sums
+        # (two logsumexps with masked copies cost twice as much); empty sums are clamped, and
+        # only non-anchors (weight 0) have them.
+        tiny = torch.finfo(sim.dtype).tiny
+        exp = torch.exp(sim)  # (C, B, B)
+        log_denominator = torch.log((exp * valid.to(sim.dtype)).sum(-1).clamp(min=tiny))  # (C, B)
+        log_numerator = (torch.log((exp * positive.to(sim.dtype)).sum(-1).clamp(min=tiny)) if variant == "in"
+                         else None)
+    else:
+        log_denominator = torch.logsumexp(sim.masked_fill(~valid, very_negative), dim=-1)  # (C, B)
+        log_numerator = (torch.logsumexp(sim.masked_fill(~positive, very_negative), dim=-1) if variant == "in"
+                         else None)
     if variant == "in":
-        log_numerator = torch.logsumexp(sim.masked_fill(~positive, very_negative), dim=-1)
         per_anchor = -(log_numerator - torch.log(num_pos.clamp(min=1).to(sim.dtype)) - log_denominator)
     else:
         log_prob = sim - log_denominator[:, :, None]  # (C, B, B)
