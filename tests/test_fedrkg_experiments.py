@@ -221,3 +221,14 @@ def test_cofedrec_paper_cells_contrast_the_batch_rows_and_accept_the_table_readi
                                         "correct"), X.federated_config(table))
     assert method.client_loss.contrastive_rows == "table"
     assert executor.inner.chunk_size == X.supcon_chunk(table["batch_size"] + X.load_split("synthetic").num_items)
+
+
+def test_gpfedrec_cells_record_the_graph_round_by_round():
+    result = X.run_cell(X.cell("synthetic", "GPFedRec", rounds=3, eval_every=1), device="cpu")
+    log = result["extra"]["graph_log"]
+    assert [entry["round"] for entry in log] == [1, 2]  # the server step opens rounds 1 and 2
+    for entry in log:
+        assert entry["min_neighbours"] <= entry["mean_neighbours"]
+        if entry["complete"]:  # every user has every participant as a neighbour
+            assert entry["min_neighbours"] == entry["mean_neighbours"]
+    assert "graph_log" not in X.run_cell(X.cell("synthetic", "FedMF", rounds=2, eval_every=1), device="cpu")["extra"]

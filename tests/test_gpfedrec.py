@@ -13,8 +13,8 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            make_round_plan, round_generator, run_federated)
 from fedlib.methods.continual import PlanAugmentingExecutor
-from fedlib.methods.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_STATS_KEY, GPFedRecLoss,
-                                     GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
+from fedlib.methods.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_LOG_KEY, GRAPH_STATS_KEY,
+                                     GPFedRecLoss, GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
                                      first_occurrence, gpfedrec_method,
                                      graph_personalise, graph_personalise_reference, graph_regulariser,
                                      message_passing, neighbour_weights, user_similarity)
@@ -295,6 +295,9 @@ def test_executors_agree_and_server_personalises(reg_rows):
         torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0, msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
     stats = b.extra[GRAPH_STATS_KEY]
+    log = b.extra[GRAPH_LOG_KEY]  # one entry per server step (rounds 1 and 2), the last one is the stats
+    assert [entry["round"] for entry in log] == [1, 2] and log[-1] == stats
+    assert all(entry["complete"] == (entry["min_neighbours"] == NUM_USERS) for entry in log)
     assert stats["round"] == 2 and stats["participants"] == NUM_USERS and stats["self_included"] == 1.0
     targets = b.private_state["target_item_emb"]
     assert not torch.equal(targets[0], targets[1])  # personalised per user

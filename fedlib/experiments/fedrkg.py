@@ -542,6 +542,11 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         log = state.extra.get(LOG_KEY)
         if log:
             extra["guidance_log"] = log
+        from fedlib.methods.gpfedrec import GRAPH_LOG_KEY
+        graph_log = state.extra.get(GRAPH_LOG_KEY)
+        if graph_log:  # GPFedRec: is the user graph complete, round by round?
+            extra["graph_log"] = [{k: entry[k] for k in ("round", "mean_neighbours", "min_neighbours", "complete",
+                                                         "similarity_rows")} for entry in graph_log]
     # An evaluation that found NaN scores returned -inf and has no entry in the recorder's curve.
     evaluated = [h for h in history if f"valid/{SELECTION_METRIC}" in h and h[f"valid/{SELECTION_METRIC}"] != float("-inf")]
     curve = [{"round": h["round"], "train_loss": h.get("train_loss"), **c} for h, c in zip(evaluated, recorder.curve)]

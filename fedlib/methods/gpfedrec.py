@@ -79,7 +79,7 @@ from fedlib.engine.plan import RoundPlan
 from fedlib.models.base import FederatedModel, normal_, torch_linear_init
 
 __all__ = [
-    "SIMILARITIES", "REG_ROWS", "CONTEXT_LABEL", "BROADCAST_KEY", "GRAPH_STATS_KEY",
+    "SIMILARITIES", "REG_ROWS", "CONTEXT_LABEL", "BROADCAST_KEY", "GRAPH_STATS_KEY", "GRAPH_LOG_KEY",
     "flatten_tables", "user_similarity", "neighbour_weights", "message_passing", "GraphAggregate",
     "graph_personalise", "graph_personalise_reference", "complete_graph_threshold", "angle_bound", "rows_equal", "AngleBound", "CERTIFICATE_MARGIN", "first_occurrence", "graph_regulariser",
     "add_table_context", "GPFedRecModel", "GPFedRecLoss", "GraphGuidedServer", "gpfedrec_method",
@@ -96,6 +96,8 @@ CONTEXT_LABEL = -1.0
 BROADCAST_KEY = "gpfedrec_broadcast"
 #: ``TrainState.extra`` key of the last graph's summary (threshold, neighbours, participants).
 GRAPH_STATS_KEY = "gpfedrec_graph"
+#: ``TrainState.extra`` key of every round's graph summary (a list, one entry per server step).
+GRAPH_LOG_KEY = "gpfedrec_graph_log"
 
 
 def _check_choice(name: str, value, choices) -> None:
@@ -705,7 +707,7 @@ class GraphGuidedServer:
     participants of round ``t − 1`` (tables that differ from the last broadcast) upload their
     tables; :func:`graph_personalise` gives ``r_u`` (written to ``target_item_emb``) and
     ``q_g`` (written into every user's ``item_emb``: the download). A summary of the graph goes
-    to ``state.extra[GRAPH_STATS_KEY]``.
+    to ``state.extra[GRAPH_STATS_KEY]`` and is appended to ``state.extra[GRAPH_LOG_KEY]``.
 
     Args:
         similarity, threshold_scale, layers, chunk_size: see :func:`graph_personalise`.
@@ -748,7 +750,10 @@ class GraphGuidedServer:
                 "self_included": float(torch.diagonal(agg.weights).gt(0).to(torch.float64).mean()),
                 "certified_complete": bool(agg.certified_complete),
                 "similarity_rows": int(index.numel()) if agg.wide_users is None else agg.wide_users,
+                "min_neighbours": int(degree.min()),
+                "complete": bool((degree == index.numel()).all()),
             }
+            state.extra.setdefault(GRAPH_LOG_KEY, []).append(dict(state.extra[GRAPH_STATS_KEY]))
 
 
 def gpfedrec_method(model: GPFedRecModel, lr: float = 0.1, lr_eta: float = 80.0, client_fraction: float = 1.0,
