@@ -488,7 +488,8 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, present: torch.Ten
     if int(width_groups) < 1:
         raise ValueError(f"width_groups must be >= 1, got {width_groups!r}")
     columns = torch.arange(1, width + 1, device=present.device)
-    used = (present.bool() * columns).amax(1) if width else torch.zeros(num_clients, dtype=torch.int64)  # (C,)
+    used = ((present.bool() * columns).amax(1) if width
+            else torch.zeros(num_clients, dtype=torch.int64, device=present.device))  # (C,) last present column
     if int(width_groups) == 1 or num_clients < 2 * int(width_groups):
         return supcon_loss_dense(features, labels, present, temperature, variant, normalize)
     order = torch.argsort(used, stable=True)

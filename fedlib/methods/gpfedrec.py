@@ -81,7 +81,8 @@ from fedlib.models.base import FederatedModel, normal_, torch_linear_init
 __all__ = [
     "SIMILARITIES", "REG_ROWS", "CONTEXT_LABEL", "BROADCAST_KEY", "GRAPH_STATS_KEY", "GRAPH_LOG_KEY",
     "flatten_tables", "user_similarity", "neighbour_weights", "message_passing", "GraphAggregate",
-    "graph_personalise", "graph_personalise_reference", "complete_graph_threshold", "angle_bound", "rows_equal", "AngleBound", "CERTIFICATE_MARGIN", "first_occurrence", "graph_regulariser",
+    "graph_personalise", "graph_personalise_reference", "complete_graph_threshold", "angle_bound", "AngleBound",
+    "CERTIFICATE_MARGIN", "rows_equal", "first_occurrence", "graph_regulariser",
     "add_table_context", "GPFedRecModel", "GPFedRecLoss", "GraphGuidedServer", "gpfedrec_method",
 ]
 
@@ -177,12 +178,17 @@ def neighbour_weights(similarity: torch.Tensor, threshold_scale: float = 1.0) ->
         raise ValueError("threshold_scale must be a finite number (multiplier of the mean similarity), "
                          f"got {threshold_scale!r}")
     threshold = float(similarity.mean()) * scale
-    above = similarity > threshold  # (U, U) bool
+    weights, _ = _mask_weights(similarity > threshold, similarity.dtype)
+    return weights, threshold
+
+
+def _mask_weights(above: torch.Tensor, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(A, |N(u)|)`` from the ``(U, U)`` neighbour mask: ``1/|N(u)|`` on ``N(u)``, ``A_uu = 1`` if empty."""
     counts = above.sum(1)  # (U,)
-    weights = above.to(similarity.dtype) / counts.clamp(min=1).to(similarity.dtype)[:, None]
+    weights = above.to(dtype) / counts.clamp(min=1).to(dtype)[:, None]
     lonely = torch.nonzero(counts == 0).flatten()
     weights[lonely, lonely] = 1.0
-    return weights, threshold
+    return weights, counts
 
 
 def message_passing(weights: torch.Tensor, tables: torch.Tensor, layers: int = 1,
@@ -258,7 +264,7 @@ class AngleBound:
     wide: torch.Tensor
 
 
-def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0, chunk_size: int = 64) -> AngleBound:
+def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0) -> AngleBound:
     r"""Prove most of the graph's edges in ``O(U·I·d)`` instead of forming ``S`` in ``O(U²·I·d)``.
 
     Why: every client starts a round from the same broadcast ``q_g`` and moves little in one
@@ -272,7 +278,7 @@ def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0, chunk_size: 
     A user is *narrow* when ``θ_u < ½ arccos(τ + CERTIFICATE_MARGIN)``: every pair of narrow
     users is proved to be an edge. Only the *wide* users' rows of ``S`` must be computed.
     Three passes over the tables in their dtype; every angle is widened by a bound on the
-    float rounding. Cosine similarity only. (``chunk_size`` is kept for API symmetry.)
+    float rounding. Cosine similarity only.
     """
     x = flatten_tables(tables)  # (U, F)
     num_users = x.shape[0]
@@ -293,10 +299,9 @@ def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0, chunk_size: 
     return AngleBound(threshold, angles, angles >= half_limit)
 
 
-def complete_graph_threshold(tables: torch.Tensor, threshold_scale: float = 1.0,
-                             chunk_size: int = 64) -> Optional[float]:
+def complete_graph_threshold(tables: torch.Tensor, threshold_scale: float = 1.0) -> Optional[float]:
     """``τ`` if :func:`angle_bound` proves every pair above it (the graph is complete), else ``None``."""
-    bound = angle_bound(tables, threshold_scale, chunk_size)
+    bound = angle_bound(tables, threshold_scale)
     return None if bool(bound.wide.any()) else bound.threshold
 
 
@@ -325,7 +330,7 @@ def _complete_graph(tables: torch.Tensor, threshold: float, certified: bool, wid
     return GraphAggregate(mean.expand_as(tables), mean, weights, None, threshold, certified, wide_users)
 
 
-def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound, chunk_size: int) -> GraphAggregate:
+def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound) -> GraphAggregate:
     """One-layer server step using :func:`angle_bound`: exact rows of ``S`` for the wide users only.
 
     Narrow user ``u`` has every narrow user as a neighbour, so
@@ -336,28 +341,21 @@ def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound, chunk_si
     num_users = x.shape[0]
     wide = torch.nonzero(bound.wide).flatten()  # (W,)
     above = torch.ones((num_users, num_users), dtype=torch.bool, device=x.device)  # narrow pairs: proved
-    wide_rows = None
-    if wide.numel():
-        norms = x.norm(dim=1)
-        norms = torch.where(norms > 0, norms, torch.ones_like(norms))
-        wide_rows = (x[wide] @ x.T) / (norms[wide, None] * norms[None, :])  # (W, U) exact rows of S
-        above[wide] = wide_rows > bound.threshold
-        above[:, wide] = above[wide].T  # S is symmetric
+    norms = x.norm(dim=1)
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))
+    wide_rows = (x[wide] @ x.T) / (norms[wide, None] * norms[None, :])  # (W, U) exact rows of S
+    above[wide] = wide_rows > bound.threshold
+    above[:, wide] = above[wide].T  # S is symmetric
     if bool(above.all()):  # the wide rows are complete too: the same result as a proved complete graph
         return _complete_graph(tables, bound.threshold, certified=False, wide_users=int(wide.numel()))
-    counts = above.sum(1)  # (U,)
-    weights = above.to(x.dtype) / counts.clamp(min=1).to(x.dtype)[:, None]
-    lonely = torch.nonzero(counts == 0).flatten()
-    weights[lonely, lonely] = 1.0
+    weights, counts = _mask_weights(above, x.dtype)
     total = x.sum(0)  # (F,)
     personal = torch.empty_like(x)
     narrow = torch.nonzero(~bound.wide).flatten()
     if narrow.numel():
         missing = (~above[narrow][:, wide]).to(x.dtype)  # (N, W) wide users outside N(u)
-        removed = missing @ x[wide] if wide.numel() else torch.zeros_like(total).expand(narrow.numel(), -1)
-        personal[narrow] = (total[None, :] - removed) / counts[narrow].to(x.dtype)[:, None]
-    if wide.numel():
-        personal[wide] = weights[wide] @ x  # (W, F)
+        personal[narrow] = (total[None, :] - missing @ x[wide]) / counts[narrow].to(x.dtype)[:, None]
+    personal[wide] = weights[wide] @ x  # (W, F)
     personal = personal.reshape(tables.shape)
     return GraphAggregate(personal, personal.mean(0), weights, None, bound.threshold, False, int(wide.numel()))
 
@@ -385,7 +383,7 @@ def graph_personalise(tables: torch.Tensor, similarity: str = "cosine", threshol
         if not bool(bound.wide.any()):  # proved complete
             return _complete_graph(tables, bound.threshold, certified=True, wide_users=0)
         if int(layers) == 1 and 2 * int(bound.wide.sum()) < tables.shape[0]:
-            return _graph_personalise_bounded(tables, bound, chunk_size)
+            return _graph_personalise_bounded(tables, bound)
     sim = user_similarity(tables, similarity, chunk_size)  # (U, U)
     weights, threshold = neighbour_weights(sim, threshold_scale)  # (U, U)
     personal = message_passing(weights, tables, layers, chunk_size)  # (U, I, d)
@@ -691,7 +689,7 @@ class GPFedRecLoss:
                      else torch.isin(batch.clients, self._full_users.to(batch.clients.device)))
             if bool((distinct[whole] != model.num_items).any()):
                 raise ValueError(
-                    f"reg_rows='table' needs every item in every local batch (got {int(distinct.min())} of "
+                    f"reg_rows='table' needs every item in every local batch (got {int(distinct[whole].min())} of "
                     f"{model.num_items}): run with fedlib.methods.continual.PlanAugmentingExecutor(BatchedExecutor()), "
                     "which adds them as context rows, or use reg_rows='batch'")
         return bce + self.reg * graph_regulariser(rows, personal, batch.items, batch.mask, model.num_items)
