@@ -15,8 +15,8 @@ from fedlib.data.synthetic import clustered_interactions
 from fedlib.engine import CommunicationLedger
 from fedlib.methods import kd_agents as A
 from fedlib.methods.fedkdrec import (
-    VARIANTS, FedKDRecConfig, _Server, local_examples, mixed_label_bce, prepare_uploads,
-    train_fedkdrec, variant_config,
+    VARIANTS, FedKDRecConfig, _Server, gather_local, local_examples, local_predictions, mixed_label_bce,
+    prepare_uploads, train_fedkdrec, variant_config,
 )
 from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
@@ -105,6 +105,28 @@ def test_local_examples_layout(split):
         assert set(data.row_items[row][own_rows].tolist()) == positives
     user2 = list(data.clients).index(2)
     assert (data.private[user2] == 0).logical_and(data.mask[user2] > 0).sum() == 1  # only item 7 survives
+
+
+@pytest.mark.parametrize("kind", ["neumf", "ncf", "lightgcn"])
+def test_local_predictions_equal_the_padded_computation(kind):
+    # heavy-tailed client sizes, so the groups really are narrower than the round's widest client
+    rng = np.random.default_rng(1)
+    sizes = np.r_[40, 35, 30, np.full(67, 5)]  # (70,) ratings per user
+    users = np.repeat(np.arange(70), sizes)
+    items = np.concatenate([rng.choice(90, n, replace=False) for n in sizes])
+    train = Pairs.from_arrays(users, items, 70)
+    backbone = Backbone(kind, 70, 90, dim=6, hidden=(8, 4) if kind != "lightgcn" else ())
+    state = backbone.client_copies(backbone.init_server(torch.Generator().manual_seed(3)), torch.arange(70))
+    for name in state:  # clients that have trained: no two alike
+        state[name] = state[name] + 0.1 * torch.randn(state[name].shape, generator=torch.Generator().manual_seed(4))
+    data = local_examples(train, np.arange(50), 90, NegativeSampler(train, 90), 4, rng)
+    local = gather_local(backbone, state, data)
+    assert data.counts[0] > 3 * data.counts[10]
+    padded = torch.sigmoid(backbone.client_logits(local, data.rows, data.own)) * data.mask
+    grouped = local_predictions(backbone, local, data, group_size=8)
+    assert (grouped[data.mask == 0] == 0).all()
+    # a narrower batch may take another GEMM kernel: equal up to about one float32 ulp at 0.5
+    torch.testing.assert_close(grouped, padded, rtol=0, atol=2e-7)
 
 
 def test_sample_mix_swap():

@@ -37,6 +37,19 @@ def test_pending_cells_and_report_count_recorded_runs(project):
     assert report.loc["C", "pending"] == 1 and math.isnan(report.loc["C", "median_s"])
 
 
+def test_pending_cost_follows_the_same_cell_with_other_seeds(project):
+    """One label mixing a cheap and a dear backbone: each pending cell is priced by its own runs."""
+    cheap, dear = ({**_cell("A", 0), "backbone": b} for b in ("small", "large"))
+    append_run(PAPER, "paper", cheap, 0, {"x": 1.0}, 100.0)
+    append_run(PAPER, "paper", dear, 0, {"x": 1.0}, 3600.0)
+    append_run(PAPER, "paper", {**_cell("B", 0), "backbone": "other"}, 0, {"x": 1.0}, 40.0)
+    cells = [{**cheap, "seed": 1}, {**dear, "seed": 1}, {**dear, "seed": 2}, {**_cell("B", 1), "backbone": "new"}]
+    report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
+    assert report.loc["A", "pending"] == 3
+    assert report.loc["A", "pending_h"] == pytest.approx((100.0 + 2 * 3600.0) / 3600)  # not 3 x the label median
+    assert report.loc["B", "pending_h"] == pytest.approx(40.0 / 3600)  # no run of that cell: the label's median
+
+
 def test_command_line_pending_trains_nothing(project, capsys):
     append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0)
     ran = []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from fedlib.data.sampling import NegativeSampler
@@ -10,7 +11,8 @@ from fedlib.engine import FederatedConfig, SequentialExecutor, init_train_state,
 from fedlib.engine.centralised import train_centralised
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.models import (MF, FedMF, FedNCF, LightGCN, NeuMF, PersonalItemTableModel, PFedRec,
-                           normalized_adjacency)
+                           lightgcn_propagate, normalized_adjacency)
+from fedlib.models.stacked import Backbone
 
 
 def _gen(seed=0):
@@ -126,6 +128,51 @@ def test_lightgcn_adjacency_and_propagation():
     e0 = torch.cat([model.user_emb, model.item_emb])
     mean = (e0 + expected @ e0 + expected @ expected @ e0) / 3
     torch.testing.assert_close(torch.cat([users, items]), mean)
+
+
+def test_symmetric_spmm_matches_sparse_mm_in_values_and_gradients():
+    rng = np.random.default_rng(4)
+    pairs = Pairs.from_arrays(rng.integers(0, 30, 400), rng.integers(0, 50, 400), 30)
+    coo = normalized_adjacency(pairs, 30, 50)
+    csr = normalized_adjacency(pairs, 30, 50, layout="csr")
+    assert csr.layout == torch.sparse_csr
+    torch.testing.assert_close(csr.to_dense(), coo.to_dense(), rtol=0, atol=0)
+    torch.testing.assert_close(csr.to_dense(), csr.to_dense().T, rtol=0, atol=0)  # exactly symmetric
+    g = torch.Generator().manual_seed(0)
+    user_emb = torch.randn(30, 6, generator=g, dtype=torch.float64).requires_grad_()
+    item_emb = torch.randn(50, 6, generator=g, dtype=torch.float64).requires_grad_()
+    weights = torch.randn(80, 6, generator=g, dtype=torch.float64)  # a loss that weighs every output
+    outputs = {}
+    for name, adjacency, symmetric in (("coo", coo.double(), False), ("csr", csr.to(torch.float64), True)):
+        users, items = lightgcn_propagate(adjacency, user_emb, item_emb, 3, symmetric=symmetric)
+        (torch.cat([users, items]) * weights).sum().backward()
+        outputs[name] = (torch.cat([users, items]).detach(), user_emb.grad.clone(), item_emb.grad.clone())
+        user_emb.grad, item_emb.grad = None, None
+    for reference, fast in zip(outputs["coo"], outputs["csr"]):
+        torch.testing.assert_close(fast, reference, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="sparse CSR"):
+        lightgcn_propagate(coo, user_emb, item_emb, 3, symmetric=True)
+    with pytest.raises(ValueError, match="layout must be"):
+        normalized_adjacency(pairs, 30, 50, layout="dense")
+
+
+def test_stacked_lightgcn_server_graph_is_csr_and_trains_like_the_coo_graph():
+    rng = np.random.default_rng(5)
+    pairs = Pairs.from_arrays(rng.integers(0, 12, 90), rng.integers(0, 20, 90), 12)
+    backbone = Backbone("lightgcn", 12, 20, dim=4)
+    graph = backbone.server_graph(pairs)
+    assert graph.layout == torch.sparse_csr
+    params = {n: v.requires_grad_() for n, v in backbone.init_server(torch.Generator().manual_seed(2)).items()}
+    users, items = torch.as_tensor(pairs.users[:30]), torch.as_tensor(pairs.items[:30])
+    fast = backbone.server_logits(params, users, items, graph)
+    fast_grads = torch.autograd.grad(fast.square().sum(), [params["user_emb"], params["item_emb"]])
+    all_users, all_items = lightgcn_propagate(normalized_adjacency(pairs, 12, 20), params["user_emb"],
+                                              params["item_emb"], 3)
+    slow = (all_users[users] * all_items[items]).sum(-1)
+    slow_grads = torch.autograd.grad(slow.square().sum(), [params["user_emb"], params["item_emb"]])
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-6)
+    for a, b in zip(fast_grads, slow_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_lightgcn_bpr_training_reduces_loss():

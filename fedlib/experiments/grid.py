@@ -205,28 +205,41 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
 
     Columns: ``label``, ``recorded``, ``pending``, ``median_s`` (median recorded wall time of
     that label's runs at ``profile``, over the whole runs file, so other datasets and seeds of
-    the label count too; NaN if it has none) and ``pending_h`` (``pending × median_s``, in
-    hours: a guess, since wall time depends on the dataset and on what shares the cores).
+    the label count too; NaN if it has none) and ``pending_h`` (hours: each pending cell costs
+    the median of the recorded runs of the same cell with other seeds, else its label's
+    median; a guess, since wall time depends on what shares the cores). One label can mix
+    cells of very different cost (a backbone, a dataset), hence the per-cell guess.
     """
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
 
+    def seedless(config: Mapping[str, Any]) -> str:
+        return config_hash({k: v for k, v in config.items() if k != "seed"})
+
     label = label or (lambda c: str(c.get("method", "cell")))
     known = latest_records(read_runs(paper, profile))
     seconds: Dict[str, List[float]] = {}
+    same_cell: Dict[str, List[float]] = {}
     for record in known.values():
         try:
-            seconds.setdefault(label(record.config), []).append(float(record.wall_time_s))
+            wall = float(record.wall_time_s)
+            seconds.setdefault(label(record.config), []).append(wall)
         except (KeyError, TypeError):  # statistics records and other kinds of run have no row label
             continue
+        same_cell.setdefault(seedless(record.config), []).append(wall)
+    label_median = {k: float(pd.Series(v).median()) for k, v in seconds.items()}
     rows: Dict[str, Dict[str, Any]] = {}
     for c in unique_cells(cells):
-        row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0})
-        row["recorded" if config_hash(c) in known else "pending"] += 1
-    frame = pd.DataFrame(list(rows.values()), columns=["label", "recorded", "pending"])
-    frame["median_s"] = [float(pd.Series(seconds[k]).median()) if k in seconds else float("nan")
-                         for k in frame["label"]]
-    frame["pending_h"] = frame["pending"] * frame["median_s"] / 3600.0
+        row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0, "pending_s": 0.0})
+        if config_hash(c) in known:
+            row["recorded"] += 1
+            continue
+        row["pending"] += 1
+        others = same_cell.get(seedless(c))
+        row["pending_s"] += float(pd.Series(others).median()) if others else label_median.get(label(c), float("nan"))
+    frame = pd.DataFrame(list(rows.values()), columns=["label", "recorded", "pending", "pending_s"])
+    frame["median_s"] = [label_median.get(k, float("nan")) for k in frame["label"]]
+    frame["pending_h"] = frame.pop("pending_s") / 3600.0
     return frame
 
 
@@ -310,7 +323,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         with pd.option_context("display.width", 160, "display.max_rows", None):
             print(report.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"{int(report['pending'].sum())} of {len(unique_cells(cells))} cells pending; about "
-              f"{report['pending_h'].sum():.1f} h of one-thread wall time at the recorded median per label "
+              f"{report['pending_h'].sum():.1f} h of one-thread wall time from the recorded runs of each cell's other seeds "
               f"(labels without a recorded run: {int(report['median_s'].isna().sum())})")
         return pending_cells(paper, args.profile, cells)
     if args.reverse:

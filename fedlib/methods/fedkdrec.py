@@ -60,7 +60,7 @@ from fedlib.models.stacked import Backbone
 
 __all__ = [
     "FedKDRecConfig", "VARIANTS", "variant_config", "LocalData", "Uploads", "FedKDRecRun", "train_fedkdrec",
-    "local_examples", "prepare_uploads", "mixed_label_bce",
+    "local_examples", "local_predictions", "prepare_uploads", "mixed_label_bce",
 ]
 
 TRANSFER_MODES = ("agent", "confidence", "none")
@@ -386,6 +386,29 @@ def train_clients_sequential(backbone: Backbone, params: Dict[str, torch.Tensor]
 # ======================================================================================
 # Upload preparation: sample, mix, swap (§3.1)
 # ======================================================================================
+def local_predictions(backbone: Backbone, params: Mapping[str, torch.Tensor], data: LocalData,
+                      group_size: int = 24) -> torch.Tensor:
+    """``(C, L)`` each client's ``r̂ = σ(logit)`` on its local items; padding entries are 0.
+
+    Grouped like :func:`train_clients_batched`: each group of ``group_size`` clients (sorted by
+    size) is scored up to its own largest member, not the round's (a 700-rating client would
+    otherwise pad every other client ~7x). Each entry is the same computation as on the full
+    padded matrix, up to float rounding (a narrower batch may take another GEMM kernel: about
+    one float32 ulp, ``test_local_predictions_equal_the_padded_computation``).
+    """
+    _, item_names = backbone.embedding_names
+    rows_per_client = data.row_mask.sum(1).long()
+    out = torch.zeros(data.rows.shape, device=data.rows.device)
+    with torch.no_grad():
+        for a in range(0, len(data.clients), group_size):
+            b = min(a + group_size, len(data.clients))
+            width, length = int(rows_per_client[a:b].max()), int(data.counts[a])
+            group = {n: (v[a:b, :width] if n in item_names else v[a:b]) for n, v in params.items()}
+            logits = backbone.client_logits(group, data.rows[a:b, :length], data.own[a:b, :width])  # (b - a, length)
+            out[a:b, :length] = torch.sigmoid(logits) * data.mask[a:b, :length]
+    return out
+
+
 @dataclass
 class Uploads:
     """What the round's clients send (``D̂_i``), as ``(C, L)`` matrices plus flat views.
@@ -743,8 +766,7 @@ def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init
                                   round_generator(config.seed, t, _SHUFFLE)), config.client_batch, config.client_lr,
                                   config.weight_decay)                                       # Eq. 3
         scatter_local(backbone, clients_state, local, data)
-        with torch.no_grad():
-            predictions = torch.sigmoid(backbone.client_logits(local, data.rows, data.own))
+        predictions = local_predictions(backbone, local, data)
         uploads = prepare_uploads(data, predictions, config, round_generator(config.seed, t, _UPLOAD))  # §3.1
         data_clients_t = torch.as_tensor(data.clients, device=device)
         info = server.train(uploads, data_clients_t, round_generator(config.seed, t, _SERVER))  # Eqs. 5–7, 10
