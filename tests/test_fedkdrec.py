@@ -71,6 +71,19 @@ def test_a_client_copy_predicts_what_the_server_predicts_for_its_user(kind):
     assert torch.allclose(backbone.server_pair_scores(params, users, items), full.gather(1, items), atol=1e-6)
 
 
+@pytest.mark.parametrize("kind,hidden", [("neumf", (8, 6, 3)), ("ncf", (7, 5)), ("ncf", (6,))])
+def test_server_scores_equal_pairwise_logits(kind, hidden):
+    """The split first layer and the GMF matrix product give every pair's logit (chunked too)."""
+    backbone = Backbone(kind, 11, 13, dim=4, hidden=hidden)
+    g = torch.Generator().manual_seed(2)
+    params = {n: v + 0.3 * torch.randn(v.shape, generator=g)  # a trained-looking model: no tiny weights
+              for n, v in backbone.init_server(torch.Generator().manual_seed(1)).items()}
+    users = torch.tensor([10, 0, 4, 4, 7])
+    pairwise = backbone.server_pair_scores(params, users, torch.arange(13).expand(5, -1))
+    for chunk in (256, 2):
+        torch.testing.assert_close(backbone.server_scores(params, users, chunk=chunk), pairwise, rtol=1e-5, atol=1e-6)
+
+
 def test_backbone_arguments_are_checked():
     with pytest.raises(ValueError, match="backbone kind"):
         Backbone("gru", 2, 3)
