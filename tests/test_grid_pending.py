@@ -63,3 +63,21 @@ def test_command_line_pending_trains_nothing(project, capsys):
     assert sorted((c["method"], c["seed"]) for c in out) == [("A", 1), ("B", 0), ("B", 1)]
     printed = capsys.readouterr().out
     assert "3 of 4 cells pending" in printed and "labels without a recorded run: 1" in printed  # B has none
+
+
+def test_records_carry_the_commit_the_worker_started_from(project, monkeypatch):
+    """A commit made while a worker trains does not relabel the code that worker runs."""
+    from fedlib.reporting import read_runs
+    from fedlib.reporting import results
+
+    head = {"sha": "aaaa111"}
+    monkeypatch.setattr(results, "current_commit", lambda root=None: head["sha"])
+
+    def train(config, progress=None):
+        head["sha"] = "bbbb222"  # someone commits new code while this cell trains
+        return {"metrics": {"x": float(config["seed"])}, "extra": {}}
+
+    cells = [_cell("A", 0), _cell("A", 1)]
+    grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
+    records = read_runs(PAPER, "paper")
+    assert len(records) == 2 and {r.commit for r in records} == {"aaaa111"}

@@ -100,9 +100,16 @@ class PeakRSS:
 
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
                       cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
-    """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl."""
+    """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl.
+
+    Each record carries the commit checked out when this worker started, not when the cell
+    ended: a long-running worker keeps the code it imported, whatever is committed meanwhile.
+    """
     from fedlib.reporting import ResultCache, append_run
     from fedlib.reporting.cache import restore_cache_from_records
+    from fedlib.reporting.results import current_commit
+
+    started_at = current_commit()
 
     distinct = list({config_hash(c): c for c in cells}.values())
     mine = [c for i, c in enumerate(distinct) if i % workers == worker]
@@ -119,7 +126,7 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
 
     def record(config, result, wall):
         append_run(paper, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"],
-                   peak_rss_mb=peaks.pop(config_hash(config), None))
+                   peak_rss_mb=peaks.pop(config_hash(config), None), commit=started_at)
 
     return cache.run_grid(mine, measured, progress=progress, on_new_result=record,
                           description=f"{paper} {profile} worker {worker}/{workers}")
