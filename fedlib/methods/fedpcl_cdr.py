@@ -79,7 +79,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.privacy import add_laplace, l1_sensitivity_of_l2_clip, laplace_epsilon
 from fedlib.methods.cdr_common import CDRResult, SelectionTracker, evaluate_both
-from fedlib.models.lightgcn import normalized_adjacency
+from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
 
 __all__ = [
     "FedPCLConfig", "VARIANTS", "variant_config", "DomainModel", "DomainUpload", "ServerPrototypes",
@@ -245,7 +245,7 @@ class DomainModel(nn.Module):
         layer = torch.cat([users, items], 0)  # (U + I, ·)
         layers = [layer]
         for _ in range(self.num_layers):
-            layer = torch.sparse.mm(self.adjacency, layer)
+            layer = symmetric_spmm(self.adjacency, layer)  # Â is symmetric: backward reuses it
             layers.append(layer)
         total = _combine_layers(layers, self.layer_combine)
         return total[: self.num_users], total[self.num_users:]

@@ -382,7 +382,8 @@ class GAModel(nn.Module):
         if self.config.embedding == "spectral":
             return [(getattr(self, f"feat_users_{m}"), getattr(self, f"feat_items_{m}")) for m in range(self.num_domains)]
         return [lightgcn_propagate(getattr(self, f"adjacency_{m}"), self.user_emb[m], self.item_emb[m],
-                                   self.config.num_layers, combine="mean") for m in range(self.num_domains)]
+                                   self.config.num_layers, combine="mean", symmetric=True)  # Â symmetric: fast backward
+                for m in range(self.num_domains)]
 
     # ---- Eqs. 2-4
     def user_embeddings(self, tables, target: int, users: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -125,8 +125,13 @@ class LightGCN(nn.Module):
         self.register_buffer("adjacency", normalized_adjacency(train, num_users, num_items), persistent=False)
 
     def propagate(self):
-        """``(users (U, d), items (I, d))`` final embeddings."""
-        return lightgcn_propagate(self.adjacency, self.user_emb, self.item_emb, self.num_layers, self.combine)
+        """``(users (U, d), items (I, d))`` final embeddings.
+
+        A CSR adjacency (a caller may convert the buffer for speed) takes the symmetric
+        backward of :func:`symmetric_spmm`; the COO default keeps ``torch.sparse.mm``.
+        """
+        return lightgcn_propagate(self.adjacency, self.user_emb, self.item_emb, self.num_layers, self.combine,
+                                  symmetric=self.adjacency.layout == torch.sparse_csr)
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         """``(B,)`` logits for (user, item) pairs."""
