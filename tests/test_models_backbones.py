@@ -10,7 +10,7 @@ from fedlib.data.splits import Pairs
 from fedlib.engine import FederatedConfig, SequentialExecutor, init_train_state, pfedrec_method
 from fedlib.engine.centralised import train_centralised
 from fedlib.engine.plan import make_round_plan, round_generator
-from fedlib.models import (MF, FedMF, FedNCF, LightGCN, NeuMF, PersonalItemTableModel, PFedRec,
+from fedlib.models import (GMF, MF, MLP, FedMF, FedNCF, LightGCN, NeuMF, PersonalItemTableModel, PFedRec,
                            lightgcn_propagate, normalized_adjacency)
 from fedlib.models.stacked import Backbone
 
@@ -75,6 +75,26 @@ def test_neumf_matches_a_hand_written_forward():
     central = NeuMF(3, 5, dim=4, hidden=(6, 2))
     assert central(torch.tensor([0, 2]), torch.tensor([4, 1])).shape == (2,)
     assert central.score_users(torch.tensor([0, 1])).shape == (2, 5)
+
+
+@pytest.mark.parametrize("make", [lambda: NeuMF(6, 9, dim=4, hidden=(6, 2), generator=_gen(3)),
+                                  lambda: MLP(6, 9, dim=4, hidden=(5,), generator=_gen(3)),
+                                  lambda: MLP(6, 9, dim=4, hidden=(), generator=_gen(3)),
+                                  lambda: GMF(6, 9, dim=4, generator=_gen(3))])
+def test_central_ncf_forward_equals_the_per_client_form(make):
+    """The shared-tower forward gives FedNCF.logits' values and gradients (repeated users and items)."""
+    model = make()
+    with torch.no_grad():  # a trained-looking model: no near-zero weights hiding a wrong term
+        for value in model.parameters():
+            value.add_(0.3 * torch.randn(value.shape, generator=_gen(4)))
+    users, items = torch.tensor([0, 5, 5, 2, 0, 3]), torch.tensor([8, 1, 1, 0, 4, 8])
+    grads = []
+    for forward in (model.forward, model.per_client_forward):
+        logits = forward(users, items)
+        grads.append((logits, torch.autograd.grad(logits.sin().sum(), list(model.parameters()))))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-5, atol=1e-6)
+    for fast, reference in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(fast, reference, rtol=1e-5, atol=1e-6)
 
 
 def test_pfedrec_two_step_update_by_hand():
