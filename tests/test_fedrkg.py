@@ -74,6 +74,19 @@ def test_global_knowledge_is_unweighted_mean_of_participants():
         global_knowledge(tables, [3])
 
 
+def test_global_knowledge_reads_consecutive_users_as_a_view_with_the_same_bits():
+    g = torch.Generator().manual_seed(5)
+    tables = torch.randn(40, 17, 3, generator=g) * torch.rand(40, 1, 1, generator=g) * 100  # mixed scales
+    everyone = torch.arange(40)
+    cases = [everyone, everyone[3:37], torch.tensor([0, 2, 1, 3]), torch.tensor([5, 6, 7, 9, 10, 11])]
+    for participants in cases:
+        for chunk_size in (1, 4, 7, 256):
+            reference = torch.zeros(17, 3)
+            for start in range(0, participants.numel(), chunk_size):
+                reference += tables[participants[start:start + chunk_size]].sum(0)
+            assert torch.equal(global_knowledge(tables, participants, chunk_size), reference / participants.numel())
+
+
 def test_proposition1_gradient_step_equals_eq3():
     tables, p_g, *_ = _random_state()
     beta, lam = 0.99, 4.0
