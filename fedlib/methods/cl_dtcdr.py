@@ -163,11 +163,12 @@ def drop_edges(train: Pairs, num_users: int, num_items: int, ratio: float,
                rng: np.random.Generator) -> torch.Tensor:
     """Eq. 4's augmentation: normalised adjacency of the graph without a random ``ratio`` of its edges.
 
-    Degrees are recomputed on the kept edges (as SGL). Returns a sparse ``(U + I, U + I)`` matrix.
+    Degrees are recomputed on the kept edges (as SGL). Returns a sparse CSR ``(U + I, U + I)``
+    matrix (symmetric: :meth:`CLDTCDRModel.propagate` uses the transpose-free backward).
     """
     keep = rng.random(len(train)) >= ratio
     kept = Pairs.from_arrays(train.users[keep], train.items[keep], num_users)
-    return normalized_adjacency(kept, num_users, num_items)
+    return normalized_adjacency(kept, num_users, num_items, layout="csr")
 
 
 @torch.no_grad()
@@ -223,7 +224,8 @@ class CLDTCDRModel(nn.Module):
                                           for n in self.num_items])
         self.attention = nn.Parameter(torch.zeros(2, d))  # w^a of Eq. 2; σ(0) = ½: the two domains averaged
         for index, name in enumerate(self.domains):
-            adjacency = normalized_adjacency(split[name].train, self.num_users[index], self.num_items[index])
+            adjacency = normalized_adjacency(split[name].train, self.num_users[index], self.num_items[index],
+                                             layout="csr")
             self.register_buffer(f"adjacency_{index}", adjacency, persistent=False)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator)))
@@ -232,9 +234,14 @@ class CLDTCDRModel(nn.Module):
                 for _ in self.domains])
 
     def propagate(self, domain: int, adjacency: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Eq. 1 on ``adjacency`` (default: the domain's training graph) → ``(users (U, d), items (I, d))``."""
+        """Eq. 1 on ``adjacency`` (default: the domain's training graph) → ``(users (U, d), items (I, d))``.
+
+        Graphs are symmetric CSR (:func:`~fedlib.models.lightgcn.symmetric_spmm`): the backward
+        reuses ``Â`` instead of building ``Âᵀ`` at every step.
+        """
         adjacency = adjacency if adjacency is not None else getattr(self, f"adjacency_{domain}")
-        return lightgcn_propagate(adjacency, self.user_emb[domain], self.item_emb[domain], self.num_layers, "mean")
+        return lightgcn_propagate(adjacency, self.user_emb[domain], self.item_emb[domain], self.num_layers, "mean",
+                                  symmetric=True)
 
     def fused_users(self, own: torch.Tensor, other: torch.Tensor, domain: int) -> torch.Tensor:
         """Eq. 2: ``(U_a, d)`` with the overlapping rows mixed with their other-domain embedding."""
