@@ -127,3 +127,83 @@ def test_a_cell_finished_by_another_process_meanwhile_is_skipped(tmp_path):
     frame = cache.run_grid([{"x": 1}, {"x": 2}, {"x": 3}], fn, progress=False)
     assert ran == [1, 2]
     assert frame["y"].tolist() == [10, 20, 30]
+
+
+# ---------------------------------------------------------------------------- claims
+def _foreign_claim(cache, config, pid):
+    cache.claim_path(config).parent.mkdir(parents=True, exist_ok=True)
+    cache.claim_path(config).write_text(f"{pid} {__import__('socket').gethostname()}", encoding="utf-8")
+
+
+def test_a_cell_claimed_by_a_live_process_is_left_to_it(tmp_path):
+    """Two workers meeting in the middle of a grid: the second never trains the first's cell."""
+    import subprocess
+    import sys
+
+    cache = ResultCache(tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _foreign_claim(cache, GRID[1], other.pid)
+        calls = []
+
+        def train(config):
+            calls.append(config)
+            if len(calls) == 2:  # meanwhile the other worker finishes its cell
+                cache.put(GRID[1], score(GRID[1]))
+            return score(config)
+
+        frame = cache.run_grid(GRID, train, progress=False, poll_s=0.01)
+        assert GRID[1] not in calls and len(calls) == len(GRID) - 1
+        assert frame["ndcg"].tolist() == pytest.approx([score(c)["ndcg"] for c in GRID])
+    finally:
+        other.kill()
+        other.wait()
+    assert not cache.claim_path(GRID[1]).exists() or cache.claim_path(GRID[1]).read_text().split()[0] == str(other.pid)
+    assert not any(cache.claim_path(c).exists() for c in GRID if c != GRID[1])  # ours are released
+
+
+def test_a_claim_whose_process_died_is_taken_over(tmp_path):
+    import subprocess
+    import sys
+
+    cache = ResultCache(tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _foreign_claim(cache, GRID[0], dead.pid)  # killed worker: its claim stayed behind
+    calls = []
+    cache.run_grid(GRID, lambda c: calls.append(c) or score(c), progress=False, poll_s=0.01)
+    assert calls == GRID  # in grid order: the stale claim did not defer anything
+    assert not any(cache.claim_path(c).exists() for c in GRID)
+
+
+def test_a_failing_cell_releases_its_claim(tmp_path):
+    cache = ResultCache(tmp_path)
+
+    def fails(config):
+        assert cache.claim_path(config).exists()  # claimed while it trains
+        raise RuntimeError("out of memory")
+
+    with pytest.raises(RuntimeError, match="out of memory"):
+        cache.run_grid(GRID, fails, progress=False)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_deferred_cell_is_trained_here_when_its_process_dies_without_a_result(tmp_path):
+    import subprocess
+    import sys
+
+    cache = ResultCache(tmp_path)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    _foreign_claim(cache, GRID[2], other.pid)
+    calls = []
+
+    def train(config):
+        calls.append(config)
+        if len(calls) == len(GRID) - 1:  # the other worker is killed while we train our last own cell
+            other.kill()
+            other.wait()
+        return score(config)
+
+    cache.run_grid(GRID, train, progress=False, poll_s=0.01)
+    assert calls == [c for c in GRID if c != GRID[2]] + [GRID[2]]  # left for last, then taken over
+    assert not any(cache.claim_path(c).exists() for c in GRID)

@@ -4,8 +4,10 @@ A paper-profile grid can take hours. :meth:`ResultCache.run_grid` saves each cel
 moment it finishes, one JSON file per configuration named by its
 :func:`~fedlib.reporting.results.config_hash`, so a grid that is interrupted (killed,
 out of memory, laptop closed) resumes at the first unfinished cell and never loses a
-finished one. Several processes may work through disjoint parts of one grid: every file
-is written atomically.
+finished one. Several processes may work through one grid (one walking it forwards, one
+backwards): every file is written atomically, and a process *claims* a cell before training
+it (``<config_hash>.claim``, holding its pid and host), so two processes never train the same
+cell; a claim whose process has died is taken over.
 
 The cache holds results, not checkpoints; keep its folder outside git (``.cache/`` is
 ignored).
@@ -13,6 +15,8 @@ ignored).
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
@@ -72,6 +76,68 @@ class ResultCache:
             raise ValueError(f"cache entry {path} holds a different configuration; delete it to recompute")
         return entry["result"]
 
+    def _run_claimed(self, config, fn, on_new_result) -> None:
+        """Train a cell this process has claimed, record and save it, then release the claim."""
+        try:
+            if self.contains(config):  # finished between the last look and the claim
+                return
+            started = time.perf_counter()
+            result = fn(config)
+            wall_time_s = time.perf_counter() - started
+            if not isinstance(result, Mapping):
+                raise TypeError(f"the grid function returned a {type(result).__name__}; it must return a mapping")
+            if on_new_result is not None:
+                on_new_result(config, result, wall_time_s)
+            self.put(config, result, wall_time_s=wall_time_s)
+        finally:
+            self.release(config)
+
+    # ------------------------------------------------------------------ claims
+    def claim_path(self, config: Mapping[str, Any]) -> Path:
+        """The file that marks ``config`` as being trained by some process."""
+        return self.directory / f"{config_hash(config)}.claim"
+
+    def try_claim(self, config: Mapping[str, Any]) -> bool:
+        """Claim ``config`` for this process; ``False`` while a live process holds it.
+
+        A claim left by a process that no longer runs on this host (killed, crashed) is
+        taken over. A claim from another host is respected (its liveness cannot be checked):
+        delete the ``.claim`` file by hand if that machine is gone.
+        """
+        path = self.claim_path(config)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        me = f"{os.getpid()} {socket.gethostname()}"
+        for _ in range(2):
+            try:
+                descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    holder = path.read_text(encoding="utf-8").split()
+                except FileNotFoundError:  # released meanwhile: try again
+                    continue
+                if holder == me.split():
+                    return True
+                if len(holder) == 2 and holder[1] == socket.gethostname() and not _alive(int(holder[0])):
+                    try:
+                        path.unlink()  # stale: its process is gone
+                    except FileNotFoundError:
+                        pass
+                    continue
+                return False
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(me)
+            return True
+        return False
+
+    def release(self, config: Mapping[str, Any]) -> None:
+        """Remove this process's claim on ``config`` (another process's claim is left alone)."""
+        path = self.claim_path(config)
+        try:
+            if path.read_text(encoding="utf-8").split() == [str(os.getpid()), socket.gethostname()]:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+
     def put(self, config: Mapping[str, Any], result: Mapping[str, Any], *, wall_time_s: Optional[float] = None) -> Path:
         """Save ``result`` for ``config`` (atomically: readers never see a partial file)."""
         if not isinstance(result, Mapping):
@@ -95,6 +161,7 @@ class ResultCache:
         progress: bool = True,
         description: Optional[str] = None,
         on_new_result: Optional[OnNewResult] = None,
+        poll_s: float = 30.0,
     ) -> pd.DataFrame:
         """Run ``fn(config)`` for every configuration without a saved result; return all results.
 
@@ -103,7 +170,9 @@ class ResultCache:
         ``run_grid`` again runs just the missing ones. A configuration listed twice is run
         once. Each cell is looked up again just before it runs, so several processes sharing
         the cache directory (e.g. one walking the grid forwards, one backwards) skip what the
-        others finished. ``on_new_result(config, result, wall_time_s)`` is called for each new result
+        others finished, and claimed (:meth:`try_claim`) so that none trains a cell another
+        is training: such a cell is left for last and waited for (checked every ``poll_s``
+        seconds), or trained here if its process dies. ``on_new_result(config, result, wall_time_s)`` is called for each new result
         *before* it is cached (use it to :func:`~fedlib.reporting.results.append_run`): a
         cell that is in the cache then always has its run record.
 
@@ -125,18 +194,21 @@ class ResultCache:
             disable=not progress,
             unit="cell",
         ) as bar:
+            elsewhere = []  # cells another live process is training
             for config in pending.values():
                 if self.contains(config):  # finished meanwhile by another process sharing the cache
                     bar.update(1)
-                    continue
-                started = time.perf_counter()
-                result = fn(config)
-                wall_time_s = time.perf_counter() - started
-                if not isinstance(result, Mapping):
-                    raise TypeError(f"the grid function returned a {type(result).__name__}; it must return a mapping")
-                if on_new_result is not None:
-                    on_new_result(config, result, wall_time_s)
-                self.put(config, result, wall_time_s=wall_time_s)
+                elif self.try_claim(config):
+                    self._run_claimed(config, fn, on_new_result)
+                    bar.update(1)
+                else:
+                    elsewhere.append(config)
+            for config in elsewhere:
+                while not self.contains(config):
+                    if self.try_claim(config):  # its process died without a result
+                        self._run_claimed(config, fn, on_new_result)
+                        break
+                    time.sleep(poll_s)
                 bar.update(1)
 
         rows = []
@@ -148,6 +220,17 @@ class ResultCache:
                 raise ValueError(f"result names {clash} repeat configuration names; rename them in the grid function")
             rows.append({**config_columns, **result_columns})
         return pd.DataFrame(rows)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
 
 def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
