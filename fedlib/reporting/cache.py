@@ -101,8 +101,9 @@ class ResultCache:
         """Claim ``config`` for this process; ``False`` while a live process holds it.
 
         A claim left by a process that no longer runs on this host (killed, crashed) is
-        taken over. A claim from another host is respected (its liveness cannot be checked):
-        delete the ``.claim`` file by hand if that machine is gone.
+        taken over. A claim from another host is respected (its liveness cannot be checked),
+        and so is every claim on Windows: delete the ``.claim`` file by hand if its process
+        is gone.
         """
         path = self.claim_path(config)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -223,7 +224,9 @@ class ResultCache:
 
 
 def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host."""
+    """Whether process ``pid`` runs on this host (always ``True`` on Windows, where signal 0 would kill it)."""
+    if os.name == "nt":
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
