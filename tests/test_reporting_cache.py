@@ -130,9 +130,12 @@ def test_a_cell_finished_by_another_process_meanwhile_is_skipped(tmp_path):
 
 
 # ---------------------------------------------------------------------------- claims
-def _foreign_claim(cache, config, pid):
+def _foreign_claim(cache, config, pid, start_time=None):
+    from fedlib.reporting.cache import _process_identity
+
+    pid_, host, started = _process_identity(pid)
     cache.claim_path(config).parent.mkdir(parents=True, exist_ok=True)
-    cache.claim_path(config).write_text(f"{pid} {__import__('socket').gethostname()}", encoding="utf-8")
+    cache.claim_path(config).write_text(f"{pid_} {host} {start_time or started}", encoding="utf-8")
 
 
 def test_a_cell_claimed_by_a_live_process_is_left_to_it(tmp_path):
@@ -207,3 +210,16 @@ def test_a_deferred_cell_is_trained_here_when_its_process_dies_without_a_result(
     cache.run_grid(GRID, train, progress=False, poll_s=0.01)
     assert calls == [c for c in GRID if c != GRID[2]] + [GRID[2]]  # left for last, then taken over
     assert not any(cache.claim_path(c).exists() for c in GRID)
+
+
+def test_a_recycled_pid_does_not_keep_a_stale_claim_alive(tmp_path):
+    """The claim's process died and its pid now belongs to another process (here: this one)."""
+    if not os.path.exists(f"/proc/{os.getpid()}/stat"):
+        pytest.skip("process start times need /proc")
+    cache = ResultCache(tmp_path)
+    _foreign_claim(cache, GRID[0], os.getppid())  # the parent process: alive, and it is the holder
+    assert not cache.try_claim(GRID[0]) and cache.claim_holder(GRID[0]).startswith(f"{os.getppid()}@")
+    _foreign_claim(cache, GRID[0], os.getppid(), start_time="1")  # same pid, another start time
+    assert cache.try_claim(GRID[0])
+    cache.release(GRID[0])
+    assert not cache.claim_path(GRID[0]).exists()

@@ -100,14 +100,15 @@ class ResultCache:
     def try_claim(self, config: Mapping[str, Any]) -> bool:
         """Claim ``config`` for this process; ``False`` while a live process holds it.
 
-        A claim left by a process that no longer runs on this host (killed, crashed) is
-        taken over. A claim from another host is respected (its liveness cannot be checked),
-        and so is every claim on Windows: delete the ``.claim`` file by hand if its process
-        is gone.
+        The claim names its process (pid, host and, on Linux, the process start time, so a
+        recycled pid is not mistaken for the holder). A claim whose process no longer runs on
+        this host (killed, crashed) is taken over. A claim from another host is respected
+        (its liveness cannot be checked), and so is every claim on Windows: delete the
+        ``.claim`` file by hand if its process is gone.
         """
         path = self.claim_path(config)
         path.parent.mkdir(parents=True, exist_ok=True)
-        me = f"{os.getpid()} {socket.gethostname()}"
+        me = _process_identity(os.getpid())
         for _ in range(2):
             try:
                 descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -116,25 +117,33 @@ class ResultCache:
                     holder = path.read_text(encoding="utf-8").split()
                 except FileNotFoundError:  # released meanwhile: try again
                     continue
-                if holder == me.split():
+                if holder == me:
                     return True
-                if len(holder) == 2 and holder[1] == socket.gethostname() and not _alive(int(holder[0])):
+                if len(holder) == 3 and holder[1] == socket.gethostname() and not _alive(holder):
                     try:
                         path.unlink()  # stale: its process is gone
                     except FileNotFoundError:
                         pass
                     continue
-                return False
+                return False  # a live holder, another host, or a claim still being written
             with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(me)
+                handle.write(" ".join(me))
             return True
         return False
+
+    def claim_holder(self, config: Mapping[str, Any]) -> Optional[str]:
+        """``"pid@host"`` of the process holding ``config``'s claim, or ``None``."""
+        try:
+            holder = self.claim_path(config).read_text(encoding="utf-8").split()
+        except FileNotFoundError:
+            return None
+        return f"{holder[0]}@{holder[1]}" if len(holder) >= 2 else "?"
 
     def release(self, config: Mapping[str, Any]) -> None:
         """Remove this process's claim on ``config`` (another process's claim is left alone)."""
         path = self.claim_path(config)
         try:
-            if path.read_text(encoding="utf-8").split() == [str(os.getpid()), socket.gethostname()]:
+            if path.read_text(encoding="utf-8").split() == _process_identity(os.getpid()):
                 path.unlink()
         except FileNotFoundError:
             pass
@@ -205,6 +214,9 @@ class ResultCache:
                 else:
                     elsewhere.append(config)
             for config in elsewhere:
+                if not self.contains(config):
+                    tqdm.write(f"waiting for cell {config_hash(config)}, trained by process "
+                               f"{self.claim_holder(config)} (remove {self.claim_path(config)} if it is gone)")
                 while not self.contains(config):
                     if self.try_claim(config):  # its process died without a result
                         self._run_claimed(config, fn, on_new_result)
@@ -223,17 +235,36 @@ class ResultCache:
         return pd.DataFrame(rows)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs on this host (always ``True`` on Windows, where signal 0 would kill it)."""
+def _start_time(pid: int) -> str:
+    """The start time of process ``pid`` in clock ticks since boot (Linux), ``"-"`` elsewhere or if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "-"
+    return stat.rsplit(")", 1)[1].split()[19]  # field 22; the name before ")" may hold spaces
+
+
+def _process_identity(pid: int) -> list[str]:
+    """``[pid, host, start time]``: what a claim file holds."""
+    return [str(pid), socket.gethostname(), _start_time(pid)]
+
+
+def _alive(holder: list[str]) -> bool:
+    """Whether the claim holder ``[pid, host, start time]`` (on this host) still runs.
+
+    Always ``True`` on Windows, where signal 0 would terminate the process.
+    """
     if os.name == "nt":
         return True
+    pid = int(holder[0])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+        pass
+    started = _start_time(pid)
+    return holder[2] == "-" or started == "-" or started == holder[2]  # a recycled pid starts later
 
 
 def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
