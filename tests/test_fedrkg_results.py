@@ -60,3 +60,14 @@ def test_the_notebook_finds_the_recorded_tables_by_their_paper_file_names():
             table = recorded_or_none("fedrkg", file_id)
             assert table is not None and set(table["table"]) == {short}
     assert recorded_or_none("fedrkg", "no_such_table") is None
+
+
+@pytest.mark.parametrize("table_id", TABLES)
+def test_every_value_names_the_commits_of_the_runs_behind_it(table_id):
+    """Derived cells too (Improv, Table 4, D.3, D.4): their provenance is their runs', not the build's."""
+    table = read_results_table("fedrkg", table_id, "paper")
+    runs = {r.config_hash: r for r in read_runs("fedrkg", "paper")}
+    for _, row in table.dropna(subset=["value_ours"]).iterrows():
+        ids = [i for i in str(row["run_ids"]).split(";") if i]
+        expected = {runs[i].commit for i in ids if i in runs}
+        assert set(str(row["commit"]).split(";")) == expected, (table_id, row.get("method"), row.get("note"))

@@ -96,8 +96,12 @@ def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: st
 
 
 def _derived(keys: dict, value: float, runs: Sequence, note: str, unit: str = "percent") -> dict:
-    return {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
-            "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
+    """A derived cell from ``runs`` (records): their ids, and their commits and devices as provenance."""
+    provenance = {column: RUN_ID_SEPARATOR.join(sorted({str(getattr(r, column)) for r in runs if getattr(r, column)}))
+                  for column in ("commit", "device")}
+    return {**keys, "value": float(value), "n_seeds": len(runs),
+            "run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs), "run_metric": "", "ours_unit": unit,
+            "note": f"{DERIVED}: {note}", **provenance}
 
 
 # ======================================================================================
