@@ -348,3 +348,10 @@ def test_csr_propagation_equals_lightgcn_sum_of_layers_with_gradients():
     grad = torch.autograd.grad(users.square().sum(), model.user_emb)[0]
     ref_grad = torch.autograd.grad(ref_u.square().sum(), model.user_emb)[0]
     assert torch.allclose(grad, ref_grad, atol=1e-5)
+
+
+def test_summed_layers_have_the_bits_of_stack_and_sum():
+    g = torch.Generator().manual_seed(3)
+    layers = [torch.randn(50, 8, generator=g) * 10.0 ** k for k in range(4)]  # very different scales
+    assert torch.equal(P._combine_layers(layers, "sum"), torch.stack(layers, 0).sum(0))
+    assert torch.equal(P._combine_layers(layers, "concat"), torch.cat(layers, dim=-1))
