@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(not TABLES, reason="no FedRKG paper-profile tabl
 
 
 @pytest.mark.parametrize("table_id", TABLES)
-def test_values_come_from_recorded_runs_of_the_right_sampler(table_id):
+def test_values_come_from_recorded_runs_of_the_right_sampler_and_name_their_commits(table_id):
+    """Derived cells too (Improv, Table 4, D.3, D.4): their provenance is their runs', not the build's."""
     table = read_results_table("fedrkg", table_id, "paper")
     runs = {r.config_hash: r for r in read_runs("fedrkg", "paper")}
     for _, row in table.dropna(subset=["value_ours"]).iterrows():
@@ -31,6 +32,7 @@ def test_values_come_from_recorded_runs_of_the_right_sampler(table_id):
             config = runs[run_id].config
             if "sampler" in table.columns and "sampler" in config:
                 assert config["sampler"] == row["sampler"], (table_id, run_id)
+        assert set(str(row["commit"]).split(";")) == {runs[i].commit for i in ids}, (table_id, row.get("note"))
 
 
 @pytest.mark.parametrize("table_id", [t for t in TABLES if t in ("table1", "table3")])
@@ -61,13 +63,3 @@ def test_the_notebook_finds_the_recorded_tables_by_their_paper_file_names():
             assert table is not None and set(table["table"]) == {short}
     assert recorded_or_none("fedrkg", "no_such_table") is None
 
-
-@pytest.mark.parametrize("table_id", TABLES)
-def test_every_value_names_the_commits_of_the_runs_behind_it(table_id):
-    """Derived cells too (Improv, Table 4, D.3, D.4): their provenance is their runs', not the build's."""
-    table = read_results_table("fedrkg", table_id, "paper")
-    runs = {r.config_hash: r for r in read_runs("fedrkg", "paper")}
-    for _, row in table.dropna(subset=["value_ours"]).iterrows():
-        ids = [i for i in str(row["run_ids"]).split(";") if i]
-        expected = {runs[i].commit for i in ids if i in runs}
-        assert set(str(row["commit"]).split(";")) == expected, (table_id, row.get("method"), row.get("note"))
