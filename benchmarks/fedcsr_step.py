@@ -6,13 +6,20 @@ the largest platform, with the frozen global model for MCL, at the paper profile
 
 * ``full graph``: the graph layer propagates the whole item table through the platform's
   transition graph every step (then indexes the batch's rows), as a direct implementation of
-  Eq. 1 does;
-* ``batch rows``: :func:`fedlib.methods.fedcsr.propagate_rows` mixes only the rows the batch
-  asks for (same values up to the order of float sums; the model's default);
-* each with the full softmax over a domain's items (Eqs. 16-17, heads evaluated at target
-  positions only) or the sampled softmax over the target plus ``--negatives`` shared uniform
-  negatives (the paper-profile grid's stated reduction).
+  Eq. 1 does; every use of an item table or a prediction head indexes the parameter anew;
+* ``rows, separate reads``: :func:`fedlib.methods.fedcsr.propagate_rows` mixes only the rows the
+  batch asks for, but still indexes the table four times per forward and each head twice per
+  term of Eq. 17;
+* ``rows, one read``: the model's default. Each item table and each head is gathered once per
+  forward (:func:`~fedlib.methods.fedcsr.propagate_rows`, :func:`~fedlib.methods.fedcsr.sampled_head_losses`):
+  every index into a parameter costs its backward a zero-filled gradient of the whole table;
+* each with ``torch.optim.Adam`` as it comes or the fused Adam the trainer uses
+  (:func:`fedlib.engine.optim.adam`);
+* with the sampled softmax over the target plus ``--negatives`` shared uniform negatives (the
+  paper-profile grid's stated reduction) and, for the default path, the full softmax over a
+  domain's items (Eqs. 16-17, heads evaluated at target positions only).
 
+All variants compute the same loss up to the order of float sums (the last losses are printed).
 Prints a table, then one JSON line (the last line). The median step over ``--steps`` timed steps
 (after one warm-up step) is reported, robust to other processes sharing the cores.
 
@@ -21,6 +28,7 @@ Prints a table, then one JSON line (the last line). The median step over ``--ste
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -29,32 +37,88 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from fedlib.engine.optim import adam
 from fedlib.experiments import fedcsr as experiments
 from fedlib.methods import fedcsr as model_module
 from fedlib.methods.fedcsr_train import platform_graphs
 
-
-def _full_graph_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """The direct form: propagate every item, then index the batch's rows."""
-    return model_module.propagate(graph, table)[ids]
+#: graph-layer variant -> does it propagate the whole table?, does it read each parameter once?
+GRAPH_LAYERS = {"full graph": (True, False), "rows, separate reads": (False, False), "rows, one read": (False, True)}
 
 
-def time_steps(split, graphs, *, dim: int, negatives: Optional[int], full_graph: bool, steps: int,
-               batch_size: int = 256, seed: int = 0) -> Dict[str, float]:
+def _full_graph_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False
+                     ) -> torch.Tensor:
+    """The direct form: propagate every item, then index the batch's rows (and add them)."""
+    mixed = model_module.propagate(graph, table)[ids]
+    return mixed + table[ids] if residual else mixed
+
+
+def _rows_separate_reads(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False
+                         ) -> torch.Tensor:
+    """Row-only propagation that indexes ``table`` at every use (own rows, neighbours, padding, residual)."""
+    n = graph.shape[0]
+    graph = graph if graph.is_coalesced() else graph.coalesce()
+    edge_rows, edge_cols = graph.indices()
+    row_start = torch.zeros(n + 1, dtype=torch.long)
+    row_start[1:] = torch.bincount(edge_rows, minlength=n).cumsum(0)
+    unique_ids, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+    rows = unique_ids[unique_ids < n]
+    first, degree = row_start[rows], row_start[rows + 1] - row_start[rows]
+    owner = torch.repeat_interleave(torch.arange(rows.numel()), degree)
+    edges = first[owner] + torch.arange(owner.numel()) - (degree.cumsum(0) - degree)[owner]
+    messages = graph.values()[edges, None].to(table.dtype) * table[edge_cols[edges]]
+    neighbours = torch.zeros(rows.numel(), table.shape[1], dtype=table.dtype).index_add(0, owner, messages)
+    mixed = torch.cat([0.5 * (table[rows] + neighbours), table[unique_ids[rows.numel():]]])[inverse]
+    mixed = mixed.view(*ids.shape, table.shape[1])
+    return mixed + table[ids] if residual else mixed
+
+
+def _heads_separate_reads(head, terms, negatives=None):
+    """Each term of Eq. 17 indexes the head's weight and bias for its targets and for the negatives."""
+    losses = []
+    for hidden, target, mask in terms:
+        rows, tgt = hidden[mask], target[mask]
+        if negatives is None:
+            losses.append(F.cross_entropy(head(rows), tgt))
+            continue
+        pos = (rows * head.weight[tgt]).sum(-1) + head.bias[tgt]
+        neg = (rows @ head.weight[negatives].T + head.bias[negatives]).masked_fill(
+            negatives.unsqueeze(0) == tgt.unsqueeze(1), float("-inf"))
+        losses.append(F.cross_entropy(torch.cat([pos.unsqueeze(1), neg], dim=1), torch.zeros_like(tgt)))
+    return losses
+
+
+@contextlib.contextmanager
+def _graph_layer(name: str):
+    """Swap the model module's row functions for the variant ``name`` (restored on exit)."""
+    full_graph, one_read = GRAPH_LAYERS[name]
+    saved = model_module.propagate_rows, model_module.sampled_head_losses
+    if full_graph:
+        model_module.propagate_rows = _full_graph_rows
+    elif not one_read:
+        model_module.propagate_rows = _rows_separate_reads
+    if not one_read:
+        model_module.sampled_head_losses = _heads_separate_reads
+    try:
+        yield
+    finally:
+        model_module.propagate_rows, model_module.sampled_head_losses = saved
+
+
+def time_steps(split, graphs, *, dim: int, negatives: Optional[int], graph_layer: str = "rows, one read",
+               fused: bool = True, steps: int, batch_size: int = 256, seed: int = 0) -> Dict[str, float]:
     """Median seconds per step and the last loss of one variant (see the module docstring)."""
     platform = int(np.argmax([len(rows) for rows in split.platforms]))
     rows = np.asarray(split.platforms[platform])
     na, nb = split.num_items_a, split.num_items_b
-    original = model_module.propagate_rows
-    if full_graph:
-        model_module.propagate_rows = _full_graph_rows
-    try:
+    with _graph_layer(graph_layer):
         torch.manual_seed(seed)
         model = model_module.FedCSRModel(na, nb, model_module.FedCSRConfig(dim=dim, sampled_negatives=negatives),
                                          graphs[platform])
         target = model_module.frozen_copy(model)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        optimizer = adam(model.parameters(), lr=1e-3) if fused else torch.optim.Adam(model.parameters(), lr=1e-3)
         rng = np.random.default_rng(seed)
         order = rows[rng.permutation(rows.size)]
         seconds, loss = [], float("nan")
@@ -69,9 +133,17 @@ def time_steps(split, graphs, *, dim: int, negatives: Optional[int], full_graph:
             if step:
                 seconds.append(time.perf_counter() - started)
             loss = float(value.detach())
-    finally:
-        model_module.propagate_rows = original
     return {"s_per_step": statistics.median(seconds), "last_loss": loss}
+
+
+#: (key, graph layer, fused Adam?, sampled softmax?) of every timed variant, slowest first
+VARIANTS = (
+    ("full_graph_sampled", "full graph", False, True),
+    ("separate_reads_sampled", "rows, separate reads", False, True),
+    ("one_read_sampled", "rows, one read", False, True),
+    ("default_sampled", "rows, one read", True, True),
+    ("default_full_softmax", "rows, one read", True, False),
+)
 
 
 def main(argv=None) -> dict:
@@ -92,23 +164,22 @@ def main(argv=None) -> dict:
     result = {"dataset": args.dataset, "dim": args.dim, "steps": args.steps, "threads": args.threads,
               "items_a": split.num_items_a, "items_b": split.num_items_b}
     rows = []
-    for negatives in (args.negatives, None):
-        for full_graph in (True, False):
-            timing = time_steps(split, graphs, dim=args.dim, negatives=negatives, full_graph=full_graph,
-                                steps=args.steps)
-            key = f"{'full_graph' if full_graph else 'batch_rows'}_{'sampled' if negatives else 'full_softmax'}"
-            result[f"{key}_s_per_step"] = timing["s_per_step"]
-            result[f"{key}_last_loss"] = timing["last_loss"]
-            rows.append((("full graph" if full_graph else "batch rows"),
-                         (f"sampled ({negatives})" if negatives else "full softmax"), timing["s_per_step"],
-                         timing["last_loss"]))
-    result["graph_layer_speedup_sampled"] = (result["full_graph_sampled_s_per_step"]
-                                             / result["batch_rows_sampled_s_per_step"])
+    for key, graph_layer, fused, sampled in VARIANTS:
+        negatives = args.negatives if sampled else None
+        timing = time_steps(split, graphs, dim=args.dim, negatives=negatives, graph_layer=graph_layer, fused=fused,
+                            steps=args.steps)
+        result[f"{key}_s_per_step"] = timing["s_per_step"]
+        result[f"{key}_last_loss"] = timing["last_loss"]
+        rows.append((graph_layer, "fused" if fused else "default", f"sampled ({negatives})" if negatives else
+                     "full softmax", timing["s_per_step"], timing["last_loss"]))
+    result["speedup_over_full_graph"] = result["full_graph_sampled_s_per_step"] / result["default_sampled_s_per_step"]
+    result["speedup_over_separate_reads"] = (result["separate_reads_sampled_s_per_step"]
+                                             / result["default_sampled_s_per_step"])
     if not args.json_only:
         print(f"FedCSR step on {args.dataset} (largest platform), n = {args.dim}, batch 256, {args.threads} thread(s)")
-        print(f"{'graph layer':<12} {'loss':<16} {'s/step':>8} {'last loss':>10}")
-        for graph_layer, loss, seconds, last in rows:
-            print(f"{graph_layer:<12} {loss:<16} {seconds:8.3f} {last:10.4f}")
+        print(f"{'graph layer and reads':<22} {'Adam':<8} {'loss':<16} {'s/step':>8} {'last loss':>10}")
+        for graph_layer, optimiser, loss, seconds, last in rows:
+            print(f"{graph_layer:<22} {optimiser:<8} {loss:<16} {seconds:8.3f} {last:10.4f}")
     print(json.dumps(result))
     return result
 

@@ -170,6 +170,89 @@ def test_row_propagation_equals_indexing_the_full_propagation_with_its_gradient(
     out = M.propagate_rows(toy, small, torch.tensor([2, 0, PAD - NB]))
     assert torch.allclose(out, torch.stack([0.5 * small[2], 0.5 * (small[0] + 0.5 * (small[1] + small[2])), small[3]]))
 
+def _reads_of(output: torch.Tensor, parameter: torch.Tensor) -> int:
+    """How many nodes of ``output``'s autograd graph read ``parameter`` directly (edges into its
+    AccumulateGrad node). Each such read of an embedding table or head costs the backward a
+    zero-filled gradient of the whole parameter."""
+    seen, stack, reads, target = set(), [output.grad_fn], 0, None
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        for child, _ in node.next_functions:
+            if child is not None and type(child).__name__ == "AccumulateGrad" and child.variable is parameter:
+                reads += 1
+            else:
+                stack.append(child)
+    return reads
+
+
+def test_residual_row_propagation_reads_the_table_once_with_the_same_values_and_gradient():
+    rng = np.random.default_rng(1)
+    n = 30
+    sequences = [list(rng.integers(0, n, size=rng.integers(2, 9))) for _ in range(25)]
+    graph = M.transition_graphs(sequences, n, 4).a.double()
+    table = torch.nn.Parameter(torch.randn(n + 1, 5, dtype=torch.float64))
+    ids = torch.tensor([[4, 4, 9, n], [29, 0, 1, n]])
+    expected = M.propagate(graph, table)[ids] + table[ids]                 # Eq. 1's E + propagate(E), direct form
+    got = M.propagate_rows(graph, table, ids, residual=True)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    weights = torch.randn_like(got)
+    grad_expected, = torch.autograd.grad((expected * weights).sum(), table)
+    grad_got, = torch.autograd.grad((got * weights).sum(), table)
+    torch.testing.assert_close(grad_got, grad_expected, rtol=0, atol=1e-12)
+    assert _reads_of(got.sum(), table) == 1                                 # one gather, one full-size zero fill
+    assert _reads_of(expected.sum(), table) > 1
+
+
+def test_one_domain_head_is_read_once_for_all_its_sampled_softmax_terms():
+    """prediction_loss with shared negatives: each head's rows are gathered once per step, and
+    every term equals the direct sampled softmax (weight[target], weight[negatives]) in value
+    and gradient."""
+    _, seqs, model = _tiny()
+    model.double()
+    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    h_cross, h_a, h_b = (h.detach().requires_grad_() for h in model.represent(batch.inputs)[:3])
+    negatives = (torch.tensor([0, 2, 2, 1]), torch.tensor([1, 0]))
+    terms = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives)
+
+    def direct(head, hidden, target, mask, neg):
+        rows, tgt = hidden[mask], target[mask]
+        pos = (rows * head.weight[tgt]).sum(-1) + head.bias[tgt]
+        other = (rows @ head.weight[neg].T + head.bias[neg]).masked_fill(neg[None] == tgt[:, None], float("-inf"))
+        return torch.nn.functional.cross_entropy(torch.cat([pos[:, None], other], 1), torch.zeros_like(tgt))
+
+    inputs = {"cross_a": (model.head_a, h_a + h_cross, batch.next_a, batch.next_a_mask, negatives[0]),
+              "cross_b": (model.head_b, h_b + h_cross, batch.next_b, batch.next_b_mask, negatives[1]),
+              "single_a": (model.head_a, h_a, batch.next_a, batch.next_a_mask, negatives[0]),
+              "single_b": (model.head_b, h_b, batch.next_b, batch.next_b_mask, negatives[1]),
+              "unified_a": (model.head_a, h_cross, batch.unified_a, batch.unified_a_mask, negatives[0]),
+              "unified_b": (model.head_b, h_cross, batch.unified_b, batch.unified_b_mask, negatives[1])}
+    assert list(terms) == list(inputs)                                      # Eq. 17's terms, in order
+    reference = {name: direct(*args) for name, args in inputs.items()}
+    for name in inputs:
+        torch.testing.assert_close(terms[name], reference[name], rtol=0, atol=1e-12)
+    total, total_ref = sum(terms.values()), sum(reference.values())
+    wrt = [model.head_a.weight, model.head_a.bias, model.head_b.weight, h_cross, h_a, h_b]
+    for got, want in zip(torch.autograd.grad(total, wrt), torch.autograd.grad(total_ref, wrt)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    assert _reads_of(total, model.head_a.weight) == 1 and _reads_of(total, model.head_b.bias) == 1
+    assert _reads_of(total_ref, model.head_a.weight) == 6
+    none = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives,
+                             use_single=False, use_unified=False)
+    assert list(none) == ["cross_a", "cross_b"]
+    torch.testing.assert_close(none["cross_a"], reference["cross_a"], rtol=0, atol=1e-12)
+
+
+def test_encoder_reads_each_item_table_once_per_forward():
+    _, seqs, model = _tiny()
+    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    h_cross, h_a, h_b = model.encoder(batch.inputs)
+    for table, out in ((model.encoder.emb_cross, h_cross), (model.encoder.emb_a, h_a), (model.encoder.emb_b, h_b)):
+        assert _reads_of(out.sum(), table.weight) == 1
+
+
 # ----------------------------------------------------------------------------- encoder
 def test_causal_encoder_does_not_look_ahead():
     _, _, model = _tiny()

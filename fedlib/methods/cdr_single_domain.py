@@ -114,6 +114,7 @@ from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.executors import make_executor
 from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
 from fedlib.engine.method import FederatedMethod, fedncf_method
+from fedlib.engine.optim import adam
 from fedlib.methods.cdr_common import CDRResult, PairScorer, SelectionTracker, check_training_loop, evaluate_both
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
@@ -344,19 +345,6 @@ def lightgcn_candidate_logits(user_nodes: torch.Tensor, item_nodes: torch.Tensor
 # --------------------------------------------------------------------------------------
 # One domain of each model
 # --------------------------------------------------------------------------------------
-def _adam(parameters, lr: float) -> torch.optim.Adam:
-    """``torch.optim.Adam``, fused where the device supports it.
-
-    Same update rule, ~8x faster on CPU for the dense embedding tables (every row is stepped
-    every batch). The first fused Adam of a process costs a few seconds of torch imports.
-    """
-    parameters = list(parameters)
-    try:
-        return torch.optim.Adam(parameters, lr=lr, fused=True)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(parameters, lr=lr)
-
-
 def _domain_rng(seed: int, index: int) -> np.random.Generator:
     return np.random.default_rng([int(seed), 9103, int(index)])
 
@@ -372,7 +360,7 @@ class _NeuMFDomain:
         self.split, self.config, self.device = split, config, device
         self.model = NeuMF(split.num_users, split.num_items, config.dim, config.hidden, init="ncf",
                            generator=_init_generator(config.seed, index)).to(device)
-        self.optimizer = _adam(self.model.parameters(), config.lr)
+        self.optimizer = adam(self.model.parameters(), lr=config.lr)
         self.sampler = NegativeSampler(split.train, split.num_items)
         self.rng = _domain_rng(config.seed, index)
 
@@ -419,7 +407,7 @@ class _LightGCNDomain:
             warnings.simplefilter("ignore", UserWarning)
             self.model.adjacency = self.model.adjacency.to_sparse_csr()
         self.model.to(device)
-        self.optimizer = _adam(self.model.parameters(), config.lr)
+        self.optimizer = adam(self.model.parameters(), lr=config.lr)
         self.sampler = NegativeSampler(split.train, split.num_items)
         self.rng = _domain_rng(config.seed, index)
 

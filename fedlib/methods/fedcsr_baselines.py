@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from fedlib.data.splits import SequenceSplit
+from fedlib.engine.optim import adam
 from fedlib.methods.fedcsr import make_batch, transition_graphs
 from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, fedavg, platform_graphs, rank_metrics, sequence_ranks,
                                          state_bytes)
@@ -141,7 +142,7 @@ def proximal_term(model: nn.Module, anchor: Mapping[str, torch.Tensor], mu: floa
 def _optimizer(params, tc: FedProxConfig) -> torch.optim.Optimizer:
     if tc.optimizer == "sgd":
         return torch.optim.SGD(params, lr=tc.lr, weight_decay=tc.weight_decay)
-    return torch.optim.Adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+    return adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
 
 
 def local_update(model: nn.Module, split: SequenceSplit, rows: np.ndarray, tc: FedProxConfig,

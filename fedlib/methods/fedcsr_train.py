@@ -82,6 +82,7 @@ import numpy as np
 import torch
 
 from fedlib.data.splits import SequenceSplit
+from fedlib.engine.optim import adam
 from fedlib.methods.fedcsr import (FedCSRConfig, FedCSRModel, TransitionGraphs, fedcsr_loss, frozen_copy,
                                    make_batch, transition_graphs)
 
@@ -455,7 +456,7 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
         return FedCSRModel(na, nb, config).to(device)
 
     def new_adam(params):
-        return torch.optim.Adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+        return adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
 
     global_model = new_model()
     if individual:
