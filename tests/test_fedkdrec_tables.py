@@ -9,6 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
+import scipy.stats  # noqa: E402
 
 import fedlib.experiments.fedkdrec as X  # noqa: E402
 import fedlib.experiments.fedkdrec_tables as T  # noqa: E402
@@ -279,6 +280,36 @@ def test_claims_hold_on_favourable_numbers_and_flip_when_swapped(root, tmp_path,
     assert ncf["holds"] is False and "not recorded" in ncf["evidence"]
     assert bad.loc[("FedKDRec receives fewer bytes than FedMF", "NeuMF", "bytes received per client and round"),
                    "holds"] is False
+
+
+def test_claims_test_the_gap_against_the_seed_spread(root):
+    """p_welch: Welch's t-test of FedKDRec against the rival, from the tables' seed means and spreads."""
+    for (method, backbone), ndcg, seeds in ((("FedKDRec", "NeuMF"), 0.30, (0, 1, 2)),
+                                            (("PTF-FedRec", "NeuMF"), 0.25, (0, 2))):
+        for seed in seeds:
+            record(table1_config(method, backbone, seed=seed), metrics(ndcg, download=DOWNLOAD[method], seed=seed))
+    record(table1_config("FedKDRec", "NeuNCF"), metrics(0.30, download=DOWNLOAD["FedKDRec"]))     # one seed
+    record(table1_config("PTF-FedRec", "NeuNCF"), metrics(0.20, download=DOWNLOAD["PTF-FedRec"]))
+    frame = T.claims(T.all_tables(read_runs("fedkdrec", "quick"), "quick", KW)).set_index(["claim", "backbone", "metric"])
+    row = frame.loc[("FedKDRec beats PTF-FedRec", "NeuMF", "N@10")]
+    # seeds give 30/32/34 % (mean 32, var 4, n 3) vs 25/29 % (mean 27, var 8, n 2): Welch's t and
+    # Welch-Satterthwaite degrees of freedom, by hand (Student's pooled test would give another p)
+    se2 = 4 / 3 + 8 / 2
+    t, df = 5 / math.sqrt(se2), se2 ** 2 / ((4 / 3) ** 2 / 2 + (8 / 2) ** 2 / 1)
+    assert row["holds"] is True and row["seeds"] == "3 vs 2"
+    assert row["p_welch"] == pytest.approx(2 * scipy.stats.t.sf(t, df), rel=1e-9)
+    assert row["p_welch"] != pytest.approx(scipy.stats.ttest_ind([30, 32, 34], [25, 29]).pvalue, rel=1e-3)
+    assert 0.1 < row["p_welch"] < 0.3                                        # a 5-point gap, yet within the noise
+    single = frame.loc[("FedKDRec beats PTF-FedRec", "NeuNCF", "N@10")]
+    assert single["holds"] is True and math.isnan(single["p_welch"]) and single["seeds"] == "1 vs 1"
+    assert math.isnan(T._welch((1.0, 0.0, 3), (0.5, 0.0, 3))[0])             # no spread: undefined, not p = 0
+    missing = frame.loc[("FedKDRec beats PTF-FedRec", "LightGCN", "N@10")]
+    assert math.isnan(missing["p_welch"]) and missing["seeds"] == ""
+    verdict = T.claims_verdict(frame.reset_index()).loc["FedKDRec beats PTF-FedRec"]
+    assert verdict["NeuMF"] == f"holds, within seed noise (p = {row['p_welch']:.2g}, 3 vs 2 seeds)"
+    assert verdict["NeuNCF"] == "holds" and verdict["LightGCN"] == "undecided"
+    strict = T.claims_verdict(frame.reset_index(), alpha=0.5).loc["FedKDRec beats PTF-FedRec", "NeuMF"]
+    assert strict.startswith("holds, beyond seed noise")
 
 
 def test_claims_are_undecided_without_runs(root):

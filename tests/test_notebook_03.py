@@ -72,3 +72,12 @@ def test_label_leak_audit(records):
     assert fedkdrec and all(v > 0.7 for v in fedkdrec)
     claims = frame(records["claims"])
     assert {"claim", "holds"} <= set(claims.columns) and len(claims) > 0
+
+
+def test_claims_verdict_reads_the_recorded_tables(records):
+    """§7: one verdict per claim and backbone, in words, from the committed paper-profile tables."""
+    verdict = records["claims_verdict"]
+    assert len(verdict) == 4 * 3                                  # four claims × three backbones
+    assert all(text.split(",")[0] in ("holds", "fails", "undecided") for text in verdict.values())
+    tested = [text for key, text in verdict.items() if "bytes" not in key and text != "undecided"]
+    assert tested and all("seed noise (p = " in text for text in tested)   # recorded tables carry several seeds

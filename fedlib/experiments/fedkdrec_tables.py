@@ -63,7 +63,7 @@ from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _s
                                       config_hash, latest_records)
 
 __all__ = ["PAPER_DATASETS", "SAMPLED", "FULL", "PROTOCOLS", "METRICS", "BYTES_PER_UNIT", "data_statistics_records",
-           "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims",
+           "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims", "claims_verdict",
            "results_from_records", "sensitivity_frame", "init_frame", "figure_sensitivity", "history_frame",
            "figure_communication", "curve_frame"]
 
@@ -446,6 +446,25 @@ def _above_all(value: float, others: Mapping[str, float]):
     return True if len(found) == len(others) else np.nan
 
 
+def _stats(frame: Optional[pd.DataFrame], **keys) -> tuple:
+    """``(seed mean, sample std, number of seeds)`` of one table row (NaN, NaN, 0 when missing)."""
+    n = _value(frame, "n_seeds", **keys)
+    return (_value(frame, **keys), _value(frame, "std_ours", **keys), int(n) if math.isfinite(n) else 0)
+
+
+def _welch(ours: tuple, rival: tuple) -> tuple:
+    """``(two-sided Welch p-value, "n vs m")`` of two ``(mean, std, n)``; NaN p with < 2 seeds a side.
+
+    Zero spread on both sides leaves the test undefined (NaN), not "infinitely significant".
+    """
+    (m1, s1, n1), (m2, s2, n2) = ours, rival
+    seeds = f"{n1} vs {n2}" if n1 and n2 else ""
+    if n1 < 2 or n2 < 2 or not all(math.isfinite(x) for x in (m1, s1, m2, s2)) or s1 + s2 == 0:
+        return math.nan, seeds
+    from scipy.stats import ttest_ind_from_stats
+    return float(ttest_ind_from_stats(m1, s1, n1, m2, s2, n2, equal_var=False).pvalue), seeds
+
+
 def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.DataFrame:
     """The paper's headline statements checked on our numbers (from :func:`all_tables`).
 
@@ -459,6 +478,12 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
     * FedKDRec beats the best parameter-transfer baseline, FedMF/FedNCF/FedPerGNN (Table 1);
     * each component helps: every Table-2 variant scores below full FedKDRec;
     * FedKDRec receives fewer bytes per client and round than FedMF (Table 3).
+
+    ``holds`` compares seed means. ``p_welch`` says whether the gap is larger than the seed
+    spread: the two-sided Welch t-test of FedKDRec against the closest rival (PTF-FedRec, the
+    best baseline, the best variant) from the tables' means, ``std_ours`` and ``n_seeds``; NaN
+    when either side has fewer than two seeds (or no spread at all). ``seeds`` names the counts.
+    Bytes are deterministic and get no test.
     """
     t = _by_id(tables)
     t1, t2, t3 = t.get("table1"), t.get("table2"), t.get("table3")
@@ -468,9 +493,9 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
     datasets = datasets or [PAPER_DATASETS[d] for d in OFFLINE_DATASETS]
     rows = []
 
-    def add(claim, dataset, backbone, metric, holds, ours, evidence):
+    def add(claim, dataset, backbone, metric, holds, ours, evidence, test=(math.nan, "")):
         rows.append({"claim": claim, "dataset": dataset, "backbone": backbone, "metric": metric, "holds": holds,
-                     "ours": ours, "evidence": evidence})
+                     "p_welch": test[0], "seeds": test[1], "ours": ours, "evidence": evidence})
 
     for d in datasets:
         for b in BACKBONES:
@@ -480,9 +505,11 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                 kd_paper = _value(t1, "value_paper", method="FedKDRec", backbone=b, **where)
                 ptf = _value(t1, method="PTF-FedRec", backbone=b, **where)
                 ptf_paper = _value(t1, "value_paper", method="PTF-FedRec", backbone=b, **where)
+                kd_stats = _stats(t1, method="FedKDRec", backbone=b, **where)
                 add("FedKDRec beats PTF-FedRec", d, b, metric, _holds(kd, ptf),
                     f"FedKDRec {kd:.2f} vs PTF-FedRec {ptf:.2f} (%)",
-                    f"Table 1, {protocol}; paper: {kd_paper:.2f} vs {ptf_paper:.2f}")
+                    f"Table 1, {protocol}; paper: {kd_paper:.2f} vs {ptf_paper:.2f}",
+                    _welch(kd_stats, _stats(t1, method="PTF-FedRec", backbone=b, **where)))
 
                 baselines = {m: _value(t1, method=m, backbone="", **where) for m in PARAMETER_BASELINES}
                 found = {m: v for m, v in baselines.items() if math.isfinite(v)}
@@ -491,7 +518,8 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                 add("FedKDRec beats the parameter-transfer baselines", d, b, metric, _above_all(kd, baselines),
                     f"FedKDRec {kd:.2f} vs best baseline {best} {found[best]:.2f} (%)" if best
                     else f"FedKDRec {kd:.2f}",
-                    f"Table 1, {protocol}" + (f"; not recorded: {', '.join(missing)}" if missing else ""))
+                    f"Table 1, {protocol}" + (f"; not recorded: {', '.join(missing)}" if missing else ""),
+                    _welch(kd_stats, _stats(t1, method=best, backbone="", **where)) if best else (math.nan, ""))
 
                 where2 = {"dataset": d, "backbone": b, "metric": metric, "stat": "score", "protocol": protocol}
                 full = _value(t2, method="FedKDRec", **where2)
@@ -505,7 +533,9 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                     f"FedKDRec {full:.2f} vs best variant {best} {found[best]:.2f} (%)" if best
                     else f"FedKDRec {full:.2f}",
                     f"Table 2, {protocol}" + (f"; not below full: {', '.join(not_below)}" if not_below else "")
-                    + (f"; not recorded: {', '.join(missing)}" if missing else ""))
+                    + (f"; not recorded: {', '.join(missing)}" if missing else ""),
+                    _welch(_stats(t2, method="FedKDRec", **where2), _stats(t2, method=best, **where2)) if best
+                    else (math.nan, ""))
 
             where3 = {"dataset": d, "metric": COMM_METRIC}
             kd_bytes = _value(t3, method=TABLE3_FEDKDREC[b], **where3) * BYTES_PER_UNIT["KB"]
@@ -515,9 +545,36 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                 "Table 3 (binary KB/MB converted back to bytes); paper: "
                 f"{_value(t3, 'value_paper', method=TABLE3_FEDKDREC[b], **where3):.3f} KB vs "
                 f"{_value(t3, 'value_paper', method='FedMF', **where3):.3f} MB")
-    frame = pd.DataFrame(rows, columns=["claim", "dataset", "backbone", "metric", "holds", "ours", "evidence"])
+    frame = pd.DataFrame(rows, columns=["claim", "dataset", "backbone", "metric", "holds", "p_welch", "seeds", "ours",
+                                        "evidence"])
     frame["holds"] = frame["holds"].astype(object)
     return frame
+
+
+def claims_verdict(frame: pd.DataFrame, metric: str = "N@10", dataset: str = "MovieLens-100K",
+                   alpha: float = 0.05) -> pd.DataFrame:
+    """:func:`claims` as one row per claim and one column per backbone, in words.
+
+    A cell reads ``holds`` / ``fails`` / ``undecided`` (a number is missing), then whether the gap
+    to the closest rival is ``beyond`` or ``within seed noise`` (Welch p < ``alpha`` or not) with
+    the p-value and seed counts. The byte claim is deterministic and gets no test. Score claims
+    are read at ``metric``.
+    """
+    rows = frame[(frame["dataset"] == dataset)
+                 & ((frame["metric"] == metric) | ~frame["metric"].isin(PAPER_METRICS))]
+
+    def words(row) -> str:
+        if pd.isna(row["holds"]):
+            return "undecided"
+        text = "holds" if row["holds"] else "fails"
+        if math.isfinite(row["p_welch"]):
+            noise = "beyond" if row["p_welch"] < alpha else "within"
+            text += f", {noise} seed noise (p = {row['p_welch']:.2g}, {row['seeds']} seeds)"
+        return text
+
+    table = rows.assign(verdict=rows.apply(words, axis=1)).pivot_table(
+        index="claim", columns="backbone", values="verdict", aggfunc="first", sort=False)
+    return table.reindex(columns=[b for b in BACKBONES if b in table.columns])
 
 
 # ======================================================================================
