@@ -342,6 +342,37 @@ def test_sensitivity_frame_and_figure(root):
     assert T.figure_sensitivity(frame.iloc[0:0]) is None
 
 
+def test_sensitivity_claims_on_a_hand_made_sweep():
+    """Figures 3–4 statements: values compared, and each gap tested against the default's seed spread."""
+    rows = []
+
+    def add(parameter, label, value, std=math.nan, n=1):
+        rows.append({"dataset": "ML-100K", "backbone": "LightGCN", "parameter": parameter, "label": label,
+                     "position": 0.0, "metric": "N@10", "protocol": T.SAMPLED, "value": value, "std": std,
+                     "n_seeds": n, "run_ids": ""})
+
+    for label, value in (("0", 25.0), ("0.25", 27.0), ("0.75", 26.0), ("1", 24.0)):
+        add("alpha", label, value)
+    for label, value in (("[0.1, 0.5]", 26.0), ("[0.2, 0.6]", 29.5), ("[0.4, 0.8]", 24.0), ("[0.5, 0.9]", 25.0)):
+        add("beta", label, value)
+    add("alpha", "0.5", 28.0, std=1.0, n=5)                     # the Table 1 cell: α = 0.5, β ∈ [0.3, 0.7]
+    add("beta", "[0.3, 0.7]", 28.0, std=1.0, n=5)
+    sweep = pd.DataFrame(rows, columns=T.SENSITIVITY_COLUMNS)
+    claims = T.sensitivity_claims(sweep).set_index("claim")
+    assert claims.loc["α = 0.5 is the best α", "holds"] is True
+    # 28 (5 seeds) vs 27 (1 seed), spread 1 from the default's 5 seeds: t = 1 / sqrt(1/5 + 1) on 4 df
+    p = 2 * scipy.stats.t.sf(1 / math.sqrt(1 / 5 + 1), 4)
+    assert claims.loc["α = 0.5 is the best α", "p"] == pytest.approx(p, rel=1e-9)
+    assert claims.loc["β ∈ [0.3, 0.7] is the best range", "holds"] is False       # [0.2, 0.6] is higher
+    assert "[0.2, 0.6]: 29.50" in claims.loc["β ∈ [0.3, 0.7] is the best range", "ours"]
+    assert claims.loc["mixing beats both extremes (α = 0.5 above α = 0 and α = 1)", "holds"] is True
+    below = claims.loc["β ∈ [0.4, 0.8] below [0.2, 0.6]"]
+    assert below["holds"] is True                                # two one-seed points: t = 5.5 / sqrt(2)
+    assert below["p"] == pytest.approx(2 * scipy.stats.t.sf(5.5 / math.sqrt(2), 4), rel=1e-9)
+    assert T.sensitivity_claims(sweep[sweep["parameter"] == "beta"]).empty        # no α sweep: nothing to say
+    assert math.isnan(T._reference_spread_p(1.0, 1, 0.0, 1, math.nan, 1))
+
+
 def test_init_frame_pairs_the_two_inits_seed_by_seed(root):
     for seed in (0, 1):
         record(X.cell(D, "FedKDRec", backbone="NeuMF", init="random", seed=seed, **KW), metrics(0.30, seed=seed))

@@ -81,3 +81,10 @@ def test_claims_verdict_reads_the_recorded_tables(records):
     assert all(text.split(",")[0] in ("holds", "fails", "undecided") for text in verdict.values())
     tested = [text for key, text in verdict.items() if "bytes" not in key and text != "undecided"]
     assert tested and all("seed noise (p = " in text for text in tested)   # recorded tables carry several seeds
+
+
+def test_sensitivity_claims_are_checked_on_the_recorded_sweep(records):
+    claims = frame(records["sensitivity_claims"])
+    assert {"claim", "backbone", "holds", "p"} <= set(claims.columns)
+    assert {"α = 0.5 is the best α", "β ∈ [0.3, 0.7] is the best range"} <= set(claims["claim"])
+    assert claims["p"].between(0, 1).all()                        # the default setting has several seeds
