@@ -312,6 +312,22 @@ def test_claims_test_the_gap_against_the_seed_spread(root):
     assert strict.startswith("holds, beyond seed noise")
 
 
+def test_component_effects_give_each_variant_gap_and_its_test(root):
+    for seed in (0, 1):
+        for variant, ndcg in (("FedKDRec", 0.30), ("-m", 0.33), ("-c", 0.20)):
+            record(X.cell(D, "FedKDRec", backbone="NeuMF", variant=variant, seed=seed, **KW), metrics(ndcg, seed=seed))
+    record(X.cell(D, "FedKDRec", backbone="NeuMF", variant="-s", seed=0, **KW), metrics(0.29))
+    effects = T.component_effects(T.all_tables(read_runs("fedkdrec", "quick"), "quick", KW))
+    neumf = effects[effects["backbone"] == "NeuMF"].set_index("variant")
+    assert list(neumf.index) == ["-m", "-c", "-s", "~s", "-m-c~s"]
+    # seeds 0/1 give 30/32 (full) and 33/35 (-m): gain -3 points with equal spreads std sqrt(2)
+    assert neumf.loc["-m", "gain"] == pytest.approx(-3.0) and neumf.loc["-c", "gain"] == pytest.approx(10.0)
+    p = 2 * scipy.stats.t.sf(3.0 / math.sqrt(2 / 2 + 2 / 2), 2)            # Welch = Student here: 2 df
+    assert neumf.loc["-m", "p_welch"] == pytest.approx(p, rel=1e-9) and neumf.loc["-m", "seeds"] == "2 vs 2"
+    assert neumf.loc["-s", "gain"] == pytest.approx(31.0 - 29.0) and math.isnan(neumf.loc["-s", "p_welch"])
+    assert math.isnan(neumf.loc["~s", "gain"]) and neumf.loc["~s", "seeds"] == ""
+
+
 def test_claims_are_undecided_without_runs(root):
     frame = T.claims(T.all_tables([], "quick", KW))
     assert len(frame) and frame["holds"].isna().all()

@@ -63,7 +63,7 @@ from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _s
                                       config_hash, latest_records)
 
 __all__ = ["PAPER_DATASETS", "SAMPLED", "FULL", "PROTOCOLS", "METRICS", "BYTES_PER_UNIT", "data_statistics_records",
-           "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims", "claims_verdict", "sensitivity_claims",
+           "table1", "table2", "table3", "table4", "table5", "all_tables", "write_tables", "claims", "claims_verdict", "component_effects", "sensitivity_claims",
            "results_from_records", "sensitivity_frame", "init_frame", "figure_sensitivity", "history_frame",
            "figure_communication", "curve_frame"]
 
@@ -549,6 +549,29 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                                         "evidence"])
     frame["holds"] = frame["holds"].astype(object)
     return frame
+
+
+def component_effects(tables: Mapping[str, pd.DataFrame], metric: str = "N@10", dataset: str = "MovieLens-100K",
+                      protocol: str = SAMPLED) -> pd.DataFrame:
+    """Table 2 per component: how much full FedKDRec gains over each ablated variant.
+
+    One row per (backbone, variant): ``full`` and ``variant`` seed means (percent), ``gain`` =
+    full − variant (positive: the component helps), the Welch ``p_welch`` of that gap and the
+    seed counts. The paper's Table 2 claims every gain is positive.
+    """
+    t2, rows = _by_id(tables).get("table2"), []
+    for backbone in BACKBONES:
+        where = {"dataset": dataset, "backbone": backbone, "metric": metric, "stat": "score", "protocol": protocol}
+        full = _stats(t2, method="FedKDRec", **where)
+        for variant in TABLE2_VARIANTS:
+            if variant == "FedKDRec":
+                continue
+            other = _stats(t2, method=variant, **where)
+            p, seeds = _welch(full, other)
+            rows.append({"backbone": backbone, "variant": variant, "metric": metric, "full": full[0],
+                         "variant_value": other[0], "gain": full[0] - other[0], "p_welch": p, "seeds": seeds})
+    return pd.DataFrame(rows, columns=["backbone", "variant", "metric", "full", "variant_value", "gain", "p_welch",
+                                       "seeds"])
 
 
 def claims_verdict(frame: pd.DataFrame, metric: str = "N@10", dataset: str = "MovieLens-100K",
