@@ -664,7 +664,8 @@ def sensitivity_claims(sweep: pd.DataFrame, metric: str = "N@10", protocol: str 
     """The paper's statements about Figures 3–4 on ML-100K, checked on :func:`sensitivity_frame`.
 
     * α = 0.5 is the best α (the paper says so for LightGCN, and calls it a robust choice);
-    * mixing beats both extremes: α = 0.5 above α = 0 (hard labels only) and α = 1 (predictions only);
+    * mixing beats both extremes: α = 0.5 above α = 0 (predictions only, as −m) and α = 1 (hard labels
+      only) in Eq. 4's direction (the paper's §4.5 text names the two ends the other way round);
     * β ∈ [0.3, 0.7] is the best range on ML-100K;
     * β ∈ [0.4, 0.8] scores below [0.2, 0.6] (stated for LightGCN).
 
