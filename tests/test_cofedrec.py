@@ -186,6 +186,34 @@ def test_supcon_batched_equals_per_anchor_reference(variant, normalize):
     torch.testing.assert_close(fast, slow, atol=1e-6, rtol=0)
 
 
+def test_fused_supcon_equals_the_autograd_form_in_value_and_gradient():
+    gen = torch.Generator().manual_seed(11)
+    clients, width = 6, 14
+    features = torch.randn(clients, width, 5, generator=gen, dtype=F64, requires_grad=True)
+    labels = torch.randint(0, 4, (clients, width), generator=gen)
+    present = (torch.rand(clients, width, generator=gen) < 0.8).to(F64)
+    present[0] = 0                 # a client with no rows at all
+    present[1] = 0
+    present[1, :2] = 1             # two rows ...
+    labels[1, :2] = torch.tensor([0, 1])  # ... with no positive: loss 0, gradient 0
+    features.data[2, 3] = 0.0      # a zero row (normalises to zero)
+    weights = torch.rand(clients, generator=gen, dtype=F64)
+    for temperature in (0.05, 0.5, 2.0):
+        fused = supcon_loss_dense(features, labels, present, temperature)
+        plain = supcon_loss_dense(features, labels, present, temperature, fused=False)
+        torch.testing.assert_close(fused, plain, atol=1e-12, rtol=1e-12)
+        (grad_fused,) = torch.autograd.grad((fused * weights).sum(), features)
+        (grad_plain,) = torch.autograd.grad((plain * weights).sum(), features)
+        torch.testing.assert_close(grad_fused, grad_plain, atol=1e-10, rtol=1e-10)
+    assert float(fused[1]) == 0.0 and float(grad_fused[1].abs().sum()) == 0.0
+    # labels are only compared: shifted or negative labels give the same loss
+    torch.testing.assert_close(supcon_loss_dense(features, labels - 7, present, 0.5),
+                               supcon_loss_dense(features, labels, present, 0.5), atol=1e-12, rtol=0)
+    # finite differences (away from the zero row, where normalising has a kink)
+    smooth = torch.randn(3, 7, 3, generator=gen, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: supcon_loss_dense(x, labels[2:5, :7], present[2:5, :7], 0.5), (smooth,))
+
+
 @pytest.mark.parametrize("variant", ["in", "out"])
 def test_supcon_width_groups_give_the_dense_values_and_gradients(variant):
     gen = torch.Generator().manual_seed(7)

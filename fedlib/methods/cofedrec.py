@@ -502,7 +502,7 @@ def supcon_loss(features: torch.Tensor, labels: torch.Tensor, present: torch.Ten
 
 
 def supcon_loss_dense(features: torch.Tensor, labels: torch.Tensor, present: torch.Tensor, temperature: float,
-                      variant: str = "in", normalize: bool = True) -> torch.Tensor:
+                      variant: str = "in", normalize: bool = True, fused: bool = True) -> torch.Tensor:
     r"""``L_sup`` of each client, batched: ``(C,)`` (module docstring; mean over anchors).
 
     For client ``c`` and anchor row ``i`` (``present``), with ``s_ia = v_i·v_a/τ`` and
@@ -520,10 +520,15 @@ def supcon_loss_dense(features: torch.Tensor, labels: torch.Tensor, present: tor
         temperature: ``τ > 0``.
         variant: ``"in"`` or ``"out"``.
         normalize: L2-normalise the rows first.
+        fused: with ``variant="in"``, ``normalize`` and ``τ >= 0.05`` (the defaults), compute the
+            value and its gradient by hand (:class:`_SupConInFused`, ~4× faster); ``False``
+            keeps the plain autograd form, the reference the tests compare it with.
     """
     _check_supcon_inputs(features, labels, present, variant)
     tau = _check_temperature(temperature)
     v = F.normalize(features, dim=-1) if normalize else features
+    if fused and variant == "in" and normalize and tau >= 0.05:
+        return _SupConInFused.apply(v, labels.long(), present.to(v.dtype), tau)
     sim = torch.einsum("cid,cjd->cij", v, v) / tau  # (C, B, B)
     present = present.bool()
     eye = torch.eye(sim.shape[1], dtype=torch.bool, device=sim.device)[None]
@@ -552,6 +557,58 @@ def supcon_loss_dense(features: torch.Tensor, labels: torch.Tensor, present: tor
         per_anchor = -(log_prob * positive.to(sim.dtype)).sum(-1) / num_pos.clamp(min=1).to(sim.dtype)
     weight = anchors.to(sim.dtype)
     return (per_anchor * weight).sum(1) / weight.sum(1).clamp(min=1)
+
+
+class _SupConInFused(torch.autograd.Function):
+    r"""``L_sup`` (variant ``"in"``) of unit rows with a hand-written backward: ``(C,)``.
+
+    The autograd form keeps about a dozen ``(C, B, B)`` tensors (masks, masked copies and
+    their gradients). Here the masks never exist as ``(C, B, B)`` tensors in the forward pass:
+    with ``E = exp(v vᵀ/τ)`` (diagonal zeroed, so ``a ≠ i``) and ``Y (C, B, K+1)`` holding the
+    presence flag ``p_a`` in column 0 and ``p_a·[l_a = k]`` in column ``k + 1``, one product
+    ``E Y`` gives every denominator ``Σ_a E_ia p_a`` and every same-label numerator at once.
+    The gradient of ``ℓ = Σ_i w_i ℓ_i`` (``w_i`` the anchor weights, summing to 1) w.r.t. the
+    similarities is ``G_ia = E_ia p_a (w_i/den_i − w_i [l_a = l_i]/num_i)`` (zero diagonal),
+    and ``s = v vᵀ/τ`` gives ``∂ℓ/∂v = (G + Gᵀ) v / τ``.
+
+    Only called with unit (or zero) rows and ``τ >= 0.05``: ``|s_ia| <= 20``, no overflow.
+    """
+
+    @staticmethod
+    def forward(ctx, v, labels, present, tau):  # v (C, B, d), labels (C, B) int64, present (C, B) 0/1 float
+        num_clients, width, _ = v.shape
+        labels = labels - labels.min() if labels.numel() else labels  # any integer labels; equality is kept
+        exp = torch.bmm(v, v.transpose(1, 2)).mul_(1.0 / tau).exp_()  # (C, B, B)
+        exp.diagonal(dim1=1, dim2=2).zero_()  # a ≠ i
+        num_labels = int(labels.max()) + 1 if labels.numel() else 1
+        column = (labels + 1).unsqueeze(-1)  # (C, B, 1): column 0 is "every present row"
+        indicator = torch.zeros(num_clients, width, num_labels + 1, dtype=v.dtype, device=v.device)
+        indicator[..., 0] = present
+        indicator.scatter_(2, column, present.unsqueeze(-1))  # (C, B, K+1)
+        sums = torch.bmm(exp, indicator)  # (C, B, K+1)
+        denominator = sums[..., 0]  # (C, B) Σ_{a≠i} E_ia p_a
+        numerator = sums.gather(2, column).squeeze(-1)  # (C, B) Σ_{a≠i, l_a=l_i} E_ia p_a
+        num_pos = indicator.sum(1).gather(1, labels + 1) - present  # (C, B) |Z(i)|
+        anchors = present * (num_pos > 0).to(v.dtype)
+        weight = anchors / anchors.sum(1, keepdim=True).clamp(min=1)  # (C, B) mean over anchors
+        tiny = torch.finfo(v.dtype).tiny
+        per_anchor = -(numerator.clamp(min=tiny).log() - num_pos.clamp(min=1).log()
+                       - denominator.clamp(min=tiny).log())
+        ctx.save_for_backward(v, exp, labels, present, weight, denominator, numerator)
+        ctx.tau = tau
+        return (per_anchor * weight).sum(1)
+
+    @staticmethod
+    def backward(ctx, grad):  # grad (C,)
+        v, exp, labels, present, weight, denominator, numerator = ctx.saved_tensors
+        tiny = torch.finfo(v.dtype).tiny
+        scale = grad[:, None] * weight  # (C, B); zero for non-anchors
+        to_all = (scale / denominator.clamp(min=tiny))[:, :, None]
+        to_same = to_all - (scale / numerator.clamp(min=tiny))[:, :, None]
+        same = labels[:, :, None] == labels[:, None, :]  # (C, B, B)
+        g = torch.where(same, to_same, to_all).mul_(exp).mul_(present[:, None, :])  # (C, B, B) ∂ℓ/∂s
+        grad_v = torch.bmm(g, v).add_(torch.bmm(g.transpose(1, 2), v)).mul_(1.0 / ctx.tau)
+        return grad_v, None, None, None
 
 
 def supcon_loss_reference(features: torch.Tensor, labels: torch.Tensor, present: torch.Tensor, temperature: float,
