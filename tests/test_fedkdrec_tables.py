@@ -13,6 +13,7 @@ import scipy.stats  # noqa: E402
 
 import fedlib.experiments.fedkdrec as X  # noqa: E402
 import fedlib.experiments.fedkdrec_tables as T  # noqa: E402
+from fedlib.reporting.stats import reference_spread_p, welch_p  # noqa: E402
 from fedlib.paths import project_root  # noqa: E402
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, read_runs  # noqa: E402
 from fedlib.reporting.consistency import check_results_dir  # noqa: E402
@@ -302,7 +303,7 @@ def test_claims_test_the_gap_against_the_seed_spread(root):
     assert 0.1 < row["p_welch"] < 0.3                                        # a 5-point gap, yet within the noise
     single = frame.loc[("FedKDRec beats PTF-FedRec", "NeuNCF", "N@10")]
     assert single["holds"] is True and math.isnan(single["p_welch"]) and single["seeds"] == "1 vs 1"
-    assert math.isnan(T._welch((1.0, 0.0, 3), (0.5, 0.0, 3))[0])             # no spread: undefined, not p = 0
+    assert math.isnan(welch_p((1.0, 0.0, 3), (0.5, 0.0, 3))[0])             # no spread: undefined, not p = 0
     missing = frame.loc[("FedKDRec beats PTF-FedRec", "LightGCN", "N@10")]
     assert math.isnan(missing["p_welch"]) and missing["seeds"] == ""
     verdict = T.claims_verdict(frame.reset_index()).loc["FedKDRec beats PTF-FedRec"]
@@ -386,7 +387,7 @@ def test_sensitivity_claims_on_a_hand_made_sweep():
     assert below["holds"] is True                                # two one-seed points: t = 5.5 / sqrt(2)
     assert below["p"] == pytest.approx(2 * scipy.stats.t.sf(5.5 / math.sqrt(2), 4), rel=1e-9)
     assert T.sensitivity_claims(sweep[sweep["parameter"] == "beta"]).empty        # no α sweep: nothing to say
-    assert math.isnan(T._reference_spread_p(1.0, 1, 0.0, 1, math.nan, 1))
+    assert math.isnan(reference_spread_p(1.0, 1, 0.0, 1, math.nan, 1))
 
 
 def test_init_frame_pairs_the_two_inits_seed_by_seed(root):

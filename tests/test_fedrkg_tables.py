@@ -152,3 +152,45 @@ def test_recorded_ldp_accounting_reads_what_each_run_recorded():
     assert table["δ"].tolist() == [0.001, 0.001] and table["multiplier s/C"].tolist() == pytest.approx([0.01, 0.01])
     assert table["run_id"].tolist() == [records[1].config_hash, records[0].config_hash]
     assert T.recorded_ldp_accounting([]).empty
+
+
+def test_claims_test_the_decisive_gap_with_welch_and_say_so():
+    # FedRKG (3 seeds) just above FedRAP (3 seeds): holds, but within the seed noise;
+    # FedMF far below (1 seed); the leaky sampler has one seed each: no test
+    correct = {"FedMF": [0.10], "FedRAP": [0.30, 0.36, 0.33], "FedRKG": [0.34, 0.31, 0.37]}
+    records = [record(X.cell("FilmTrust", m, sampler="correct", **KW), scores(v), seed=seed)
+               for m, seeds in correct.items() for seed, v in enumerate(seeds)]
+    records += [record(X.cell("FilmTrust", m, sampler="leaky", **KW), scores(v))
+                for m, v in {"FedMF": 0.40, "FedRKG": 0.97}.items()]
+    tables = {"table1_main": T.table1(records, "quick", cell_kwargs=KW)}
+    frame = T.claims(tables)
+    assert list(frame.columns) == T.CLAIM_COLUMNS
+    beats = frame[frame.claim.str.startswith("FedRKG beats")].set_index("sampler")
+    assert beats.loc["correct", "holds"] is True or beats.loc["correct", "holds"] == True  # noqa: E712
+    ours, rival = np.array([34.0, 31.0, 37.0]) + 3, np.array([30.0, 36.0, 33.0]) + 3     # R@10 = value + 0.03
+    import scipy.stats
+    assert beats.loc["correct", "p_welch"] == pytest.approx(
+        scipy.stats.ttest_ind(ours, rival, equal_var=False).pvalue, rel=1e-6)
+    assert beats.loc["correct", "seeds"] == "3 vs 3"
+    assert beats.loc["correct", "verdict"].startswith("holds, within seed noise (p = ")
+    assert "FedRAP" in beats.loc["correct", "evidence"]                       # the closest rival, not FedMF
+    assert np.isnan(beats.loc["leaky", "p_welch"]) and beats.loc["leaky", "seeds"] == "1 vs 1"
+    assert beats.loc["leaky", "verdict"] == "holds, untested (fewer than two seeds a side)"
+    reproduction = frame[frame.claim.str.startswith("reproduction")].set_index("sampler")
+    assert reproduction.loc["leaky", "verdict"] in ("holds", "fails")         # no test named
+    # a lower FedRKG fails the claim
+    worse = [r if r.config["method"] != "FedRKG" else record(r.config, scores(0.05), seed=r.seed) for r in records]
+    frame = T.claims({"table1_main": T.table1(worse, "quick", cell_kwargs=KW)})
+    assert not frame[frame.claim.str.startswith("FedRKG beats")]["holds"].any()
+
+
+def test_claims_of_table3_and_table5_compare_the_right_rows():
+    base = [record(X.cell("FilmTrust", "FedMF", sampler="correct", **KW), scores(v), seed=s)
+            for s, v in enumerate([0.30, 0.31])]
+    guided = [record(X.cell("FilmTrust", "FedRKG", backbone="FedMF", sampler="correct", **KW), scores(v), seed=s)
+              for s, v in enumerate([0.01, 0.02])]
+    tables = {"table3_model_agnostic": T.table3(base + guided, "quick", cell_kwargs=KW, samplers=("correct",))}
+    row = T.claims(tables).set_index("claim").loc["Adaptive Guidance improves FedMF (Table 3)"]
+    assert row["holds"] == False and row["verdict"].startswith("fails, beyond seed noise")  # noqa: E712
+    assert "base 33.50 → w/ AG 4.50" == row["evidence"]
+    assert T.claims({}).empty and list(T.claims({}).columns) == T.CLAIM_COLUMNS

@@ -60,3 +60,13 @@ def test_live_tables_are_filled(records):
                      "tableD3_gating_distinct_vs_followers", "tableD4_gating_cold_vs_warm", "tableD2_ldp_filmtrust"):
         assert filled[table_id] > 0, table_id
     assert records["lastfm_hittable_percent"] == pytest.approx(100 * 445 / 1269, abs=0.01)
+
+
+def test_claims_carry_a_seed_noise_test(records):
+    from fedlib.experiments.fedrkg_tables import CLAIM_COLUMNS
+
+    claims = frame(records["claims"])
+    assert list(claims.columns) == CLAIM_COLUMNS
+    assert claims["verdict"].str.match(r"^(holds|fails)").all()
+    tested = claims[claims["p_welch"].notna()]
+    assert tested["verdict"].str.contains("seed noise").all() and tested["seeds"].str.contains(" vs ").all()

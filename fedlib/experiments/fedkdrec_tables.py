@@ -59,6 +59,7 @@ from fedlib.experiments.fedkdrec import (ALPHAS, BACKBONES, BETA_RANGES, OFFLINE
 from fedlib.methods.fedkdrec import VARIANTS
 from fedlib.experiments import grid
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
+from fedlib.reporting.stats import describe_p, reference_spread_p, welch_p
 from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
                                       config_hash, latest_records)
 
@@ -111,8 +112,6 @@ def _missing_note(row: pd.Series) -> str:
     if str(row.get("dataset", "")) not in _OFFLINE_NAMES:
         return NEEDS_DOWNLOAD_NOTE
     return "not run at this profile"
-
-
 
 
 def _score_cells(protocols: Sequence[str] = PROTOCOLS, with_protocol: bool = True):
@@ -452,19 +451,6 @@ def _stats(frame: Optional[pd.DataFrame], **keys) -> tuple:
     return (_value(frame, **keys), _value(frame, "std_ours", **keys), int(n) if math.isfinite(n) else 0)
 
 
-def _welch(ours: tuple, rival: tuple) -> tuple:
-    """``(two-sided Welch p-value, "n vs m")`` of two ``(mean, std, n)``; NaN p with < 2 seeds a side.
-
-    Zero spread on both sides leaves the test undefined (NaN), not "infinitely significant".
-    """
-    (m1, s1, n1), (m2, s2, n2) = ours, rival
-    seeds = f"{n1} vs {n2}" if n1 and n2 else ""
-    if n1 < 2 or n2 < 2 or not all(math.isfinite(x) for x in (m1, s1, m2, s2)) or s1 + s2 == 0:
-        return math.nan, seeds
-    from scipy.stats import ttest_ind_from_stats
-    return float(ttest_ind_from_stats(m1, s1, n1, m2, s2, n2, equal_var=False).pvalue), seeds
-
-
 def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.DataFrame:
     """The paper's headline statements checked on our numbers (from :func:`all_tables`).
 
@@ -509,7 +495,7 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                 add("FedKDRec beats PTF-FedRec", d, b, metric, _holds(kd, ptf),
                     f"FedKDRec {kd:.2f} vs PTF-FedRec {ptf:.2f} (%)",
                     f"Table 1, {protocol}; paper: {kd_paper:.2f} vs {ptf_paper:.2f}",
-                    _welch(kd_stats, _stats(t1, method="PTF-FedRec", backbone=b, **where)))
+                    welch_p(kd_stats, _stats(t1, method="PTF-FedRec", backbone=b, **where)))
 
                 baselines = {m: _value(t1, method=m, backbone="", **where) for m in PARAMETER_BASELINES}
                 found = {m: v for m, v in baselines.items() if math.isfinite(v)}
@@ -519,7 +505,7 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                     f"FedKDRec {kd:.2f} vs best baseline {best} {found[best]:.2f} (%)" if best
                     else f"FedKDRec {kd:.2f}",
                     f"Table 1, {protocol}" + (f"; not recorded: {', '.join(missing)}" if missing else ""),
-                    _welch(kd_stats, _stats(t1, method=best, backbone="", **where)) if best else (math.nan, ""))
+                    welch_p(kd_stats, _stats(t1, method=best, backbone="", **where)) if best else (math.nan, ""))
 
                 where2 = {"dataset": d, "backbone": b, "metric": metric, "stat": "score", "protocol": protocol}
                 full = _value(t2, method="FedKDRec", **where2)
@@ -534,7 +520,7 @@ def claims(tables: Mapping[str, pd.DataFrame], protocol: str = SAMPLED) -> pd.Da
                     else f"FedKDRec {full:.2f}",
                     f"Table 2, {protocol}" + (f"; not below full: {', '.join(not_below)}" if not_below else "")
                     + (f"; not recorded: {', '.join(missing)}" if missing else ""),
-                    _welch(_stats(t2, method="FedKDRec", **where2), _stats(t2, method=best, **where2)) if best
+                    welch_p(_stats(t2, method="FedKDRec", **where2), _stats(t2, method=best, **where2)) if best
                     else (math.nan, ""))
 
             where3 = {"dataset": d, "metric": COMM_METRIC}
@@ -567,7 +553,7 @@ def component_effects(tables: Mapping[str, pd.DataFrame], metric: str = "N@10", 
             if variant == "FedKDRec":
                 continue
             other = _stats(t2, method=variant, **where)
-            p, seeds = _welch(full, other)
+            p, seeds = welch_p(full, other)
             rows.append({"backbone": backbone, "variant": variant, "metric": metric, "full": full[0],
                          "variant_value": other[0], "gain": full[0] - other[0], "p_welch": p, "seeds": seeds})
     return pd.DataFrame(rows, columns=["backbone", "variant", "metric", "full", "variant_value", "gain", "p_welch",
@@ -591,8 +577,7 @@ def claims_verdict(frame: pd.DataFrame, metric: str = "N@10", dataset: str = "Mo
             return "undecided"
         text = "holds" if row["holds"] else "fails"
         if math.isfinite(row["p_welch"]):
-            noise = "beyond" if row["p_welch"] < alpha else "within"
-            text += f", {noise} seed noise (p = {row['p_welch']:.2g}, {row['seeds']} seeds)"
+            text += ", " + describe_p(row["p_welch"], row["seeds"], alpha)
         return text
 
     table = rows.assign(verdict=rows.apply(words, axis=1)).pivot_table(
@@ -643,20 +628,6 @@ def sensitivity_frame(records, cell_kwargs: Mapping = {}, dataset: str = "ML-100
     return pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
 
 
-def _reference_spread_p(a: float, n_a: int, b: float, n_b: int, std: float, n_std: int) -> float:
-    """Two-sided p of ``a − b`` when both settings are assumed to share the seed spread ``std``
-    measured on ``n_std`` seeds of the default setting (t on ``n_std − 1`` degrees of freedom).
-
-    A one-seed sweep point has no spread of its own, so the default setting's seeds supply it:
-    ``t = (a − b) / (std · sqrt(1/n_a + 1/n_b))``. NaN without a finite spread of >= 2 seeds.
-    """
-    if n_std < 2 or not math.isfinite(std) or std <= 0 or not (math.isfinite(a) and math.isfinite(b)):
-        return math.nan
-    from scipy.stats import t as student_t
-    statistic = (a - b) / (std * math.sqrt(1.0 / n_a + 1.0 / n_b))
-    return float(2.0 * student_t.sf(abs(statistic), n_std - 1))
-
-
 SENSITIVITY_CLAIM_COLUMNS = ["claim", "backbone", "metric", "holds", "p", "ours"]
 
 
@@ -672,7 +643,7 @@ def sensitivity_claims(sweep: pd.DataFrame, metric: str = "N@10", protocol: str 
     ``holds`` compares values; ``p`` whether the decisive gap (to the strongest rival setting)
     exceeds the seed spread. Every sweep point but the default (α = 0.5, β ∈ [0.3, 0.7], the
     Table 1 cell) has one seed, so the default's seed standard deviation stands in for every
-    setting's (:func:`_reference_spread_p`). A backbone whose sweep is not recorded is left out.
+    setting's (:func:`reference_spread_p`). A backbone whose sweep is not recorded is left out.
     """
     rows: List[Dict[str, Any]] = []
     frame = sweep[(sweep["metric"] == metric) & (sweep["protocol"] == protocol)]
@@ -687,7 +658,7 @@ def sensitivity_claims(sweep: pd.DataFrame, metric: str = "N@10", protocol: str 
         spread = (float(default["std"]), int(default["n_seeds"]))
 
         def p_of(x, y) -> float:
-            return _reference_spread_p(float(x["value"]), int(x["n_seeds"]), float(y["value"]), int(y["n_seeds"]),
+            return reference_spread_p(float(x["value"]), int(x["n_seeds"]), float(y["value"]), int(y["n_seeds"]),
                                        *spread)
 
         def add(claim, holds, p, ours):

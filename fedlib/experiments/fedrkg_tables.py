@@ -32,7 +32,7 @@ from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _s
 
 __all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
            "table5", "ldp_accounting", "recorded_ldp_accounting", "warm_cold_frame", "all_tables", "write_tables",
-           "curve_frame", "strength_frame"]
+           "curve_frame", "strength_frame", "claims", "CLAIM_COLUMNS"]
 
 #: our metric names -> the paper's
 METRICS = {"NDCG@5": "N@5", "Recall@5": "R@5", "NDCG@10": "N@10", "Recall@10": "R@10"}
@@ -516,3 +516,101 @@ def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_
         # files are named by the paper's table id (``table1.csv``), as the status table expects
         write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id, frame, profile)
     return tables
+
+
+# ======================================================================================
+# The paper's claims, checked on the recorded tables
+# ======================================================================================
+CLAIM_COLUMNS = ["claim", "dataset", "sampler", "holds", "p_welch", "seeds", "verdict", "evidence"]
+
+
+def _score_groups(table: Optional[pd.DataFrame], metric: str, keys: Sequence[str]):
+    """``(key values, rows)`` of the recorded score rows of ``table`` at ``metric`` (derived rows
+    such as ``Improv`` dropped), grouped by ``keys``; nothing when the table is missing or empty."""
+    if table is None or table.empty:
+        return []
+    rows = table[(table["metric"] == metric) & table["value_ours"].notna()]
+    if "stat" in rows:
+        rows = rows[rows["stat"] == "score"]
+    return list(rows.groupby(list(keys), sort=False)) if len(rows) else []
+
+
+def _summary(row: pd.Series) -> tuple:
+    """``(seed mean, sample std, seeds)`` of one table row, as :func:`fedlib.reporting.stats.welch_p` takes."""
+    std = row.get("std_ours", np.nan)
+    return float(row["value_ours"]), float(std) if pd.notna(std) else np.nan, int(row["n_seeds"])
+
+
+def claims(tables: Mapping[str, pd.DataFrame], metric: str = "R@10", level: float = 0.05) -> pd.DataFrame:
+    """The paper's headline statements checked on the recorded tables, per dataset and sampler.
+
+    * FedRKG beats every baseline of Table 1;
+    * every ablation variant scores below FedRKG (Table D.1: w/o AG, w/ GIE, w/ PIE);
+    * Adaptive Guidance improves each backbone (Table 3);
+    * LDP costs little accuracy (Table 5; read here as: w/ DP keeps >= 90 % of w/o DP);
+
+    plus one reproduction check that is not a claim of the paper: our FedRKG lies within 10 % of
+    the paper's number. ``holds`` compares seed means; ``p_welch`` is the two-sided Welch test
+    of the decisive gap (FedRKG against the best baseline or variant, w/ AG against the base,
+    w/ DP against w/o DP), NaN when a side has fewer than two seeds; ``verdict`` says it in
+    words (:func:`fedlib.reporting.stats.describe_p`). Values are percent at ``metric``.
+    """
+    from fedlib.reporting.stats import describe_p, welch_p
+
+    rows = []
+
+    def add(claim, dataset, sampler, holds, test, evidence):
+        p, seeds = test
+        verdict = "holds" if holds else "fails"
+        if np.isfinite(p) or seeds:  # a reproduction check has no seeds to compare: no test to name
+            verdict += ", " + describe_p(p, seeds, level)
+        rows.append({"claim": claim, "dataset": dataset, "sampler": sampler, "holds": bool(holds), "p_welch": p,
+                     "seeds": seeds, "verdict": verdict, "evidence": evidence})
+
+    for (dataset, sampler), group in _score_groups(tables.get("table1_main"), metric, ["dataset", "sampler"]):
+        group = group.set_index("method")
+        if "FedRKG" not in group.index or len(group) < 2:
+            continue
+        fedrkg = group.loc["FedRKG"]
+        baselines = group.drop("FedRKG")
+        best = baselines["value_ours"].idxmax()
+        add("FedRKG beats every baseline (Table 1)", dataset, sampler,
+            fedrkg["value_ours"] > baselines.loc[best, "value_ours"],
+            welch_p(_summary(fedrkg), _summary(baselines.loc[best])),
+            f"FedRKG {fedrkg['value_ours']:.2f} vs best of {len(baselines)} baselines, {best} "
+            f"{baselines.loc[best, 'value_ours']:.2f}")
+        paper = fedrkg.get("value_paper", np.nan)
+        if pd.notna(paper):
+            add("reproduction: our FedRKG within 10 % of the paper's (Table 1)", dataset, sampler,
+                abs(fedrkg["value_ours"] - paper) <= 0.1 * paper, (np.nan, ""),
+                f"ours {fedrkg['value_ours']:.2f} vs paper {paper:.2f}")
+    for (dataset, sampler), group in _score_groups(tables.get("tableD1_full_ablation"), metric,
+                                                   ["dataset", "sampler"]):
+        group = group.set_index("method")
+        if "FedRKG" not in group.index or len(group) < 2:
+            continue
+        variants = group.drop("FedRKG")
+        best = variants["value_ours"].idxmax()
+        add("every ablation variant scores below FedRKG (Table D.1)", dataset, sampler,
+            bool((variants["value_ours"] < group.loc["FedRKG", "value_ours"]).all()),
+            welch_p(_summary(group.loc["FedRKG"]), _summary(variants.loc[best])),
+            ", ".join(f"{k} {v:.2f}" for k, v in group["value_ours"].items()))
+    for (dataset, sampler, backbone), group in _score_groups(tables.get("table3_model_agnostic"), metric,
+                                                             ["dataset", "sampler", "backbone"]):
+        group = group.set_index("setting")
+        if not {"base", "w/ AG"} <= set(group.index):
+            continue
+        base, with_ag = group.loc["base"], group.loc["w/ AG"]
+        add(f"Adaptive Guidance improves {backbone} (Table 3)", dataset, sampler,
+            with_ag["value_ours"] > base["value_ours"], welch_p(_summary(with_ag), _summary(base)),
+            f"base {base['value_ours']:.2f} → w/ AG {with_ag['value_ours']:.2f}")
+    for (dataset, sampler, method), group in _score_groups(tables.get("table5_ldp_filmtrust"), metric,
+                                                           ["dataset", "sampler", "method"]):
+        group = group.set_index("setting")
+        if not {"w/ DP", "w/o DP"} <= set(group.index):
+            continue
+        with_dp, without = group.loc["w/ DP"], group.loc["w/o DP"]
+        add(f"LDP costs {method} little accuracy, >= 90 % kept (Table 5)", dataset, sampler,
+            with_dp["value_ours"] >= 0.9 * without["value_ours"], welch_p(_summary(with_dp), _summary(without)),
+            f"w/o DP {without['value_ours']:.2f} → w/ DP {with_dp['value_ours']:.2f}")
+    return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
