@@ -193,4 +193,15 @@ def test_claims_of_table3_and_table5_compare_the_right_rows():
     row = T.claims(tables).set_index("claim").loc["Adaptive Guidance improves FedMF (Table 3)"]
     assert row["holds"] == False and row["verdict"].startswith("fails, beyond seed noise")  # noqa: E712
     assert "base 33.50 → w/ AG 4.50" == row["evidence"]
+    # Table 5: w/ DP keeps >= 90 % of w/o DP (FedMF: 28 of 30 holds; FedRKG: 20 of 25 fails)
+    ldp = [record(X.cell("FilmTrust", m, sampler="correct", ldp=X.LDP, **KW), scores(v))
+           for m, v in {"FedMF": 0.28 - 0.03, "FedRKG": 0.20 - 0.03}.items()]
+    ldp += [record(X.cell("FilmTrust", m, sampler="correct", **KW), scores(v))
+            for m, v in {"FedMF": 0.30 - 0.03, "FedRKG": 0.25 - 0.03}.items()]
+    tables = {"table5_ldp_filmtrust": T.table5(ldp, "quick", cell_kwargs=KW, samplers=("correct",))}
+    rows = T.claims(tables).set_index("claim")
+    fedmf = rows.loc["LDP costs FedMF little accuracy, >= 90 % kept (Table 5)"]
+    assert fedmf["holds"] == True and fedmf["evidence"] == "w/o DP 30.00 → w/ DP 28.00"  # noqa: E712
+    assert fedmf["verdict"] == "holds, untested (fewer than two seeds a side)"
+    assert rows.loc["LDP costs FedRKG little accuracy, >= 90 % kept (Table 5)", "holds"] == False  # noqa: E712
     assert T.claims({}).empty and list(T.claims({}).columns) == T.CLAIM_COLUMNS

@@ -595,22 +595,18 @@ def claims(tables: Mapping[str, pd.DataFrame], metric: str = "R@10", level: floa
             bool((variants["value_ours"] < group.loc["FedRKG", "value_ours"]).all()),
             welch_p(_summary(group.loc["FedRKG"]), _summary(variants.loc[best])),
             ", ".join(f"{k} {v:.2f}" for k, v in group["value_ours"].items()))
-    for (dataset, sampler, backbone), group in _score_groups(tables.get("table3_model_agnostic"), metric,
-                                                             ["dataset", "sampler", "backbone"]):
-        group = group.set_index("setting")
-        if not {"base", "w/ AG"} <= set(group.index):
-            continue
-        base, with_ag = group.loc["base"], group.loc["w/ AG"]
-        add(f"Adaptive Guidance improves {backbone} (Table 3)", dataset, sampler,
-            with_ag["value_ours"] > base["value_ours"], welch_p(_summary(with_ag), _summary(base)),
-            f"base {base['value_ours']:.2f} → w/ AG {with_ag['value_ours']:.2f}")
-    for (dataset, sampler, method), group in _score_groups(tables.get("table5_ldp_filmtrust"), metric,
-                                                           ["dataset", "sampler", "method"]):
-        group = group.set_index("setting")
-        if not {"w/ DP", "w/o DP"} <= set(group.index):
-            continue
-        with_dp, without = group.loc["w/ DP"], group.loc["w/o DP"]
-        add(f"LDP costs {method} little accuracy, >= 90 % kept (Table 5)", dataset, sampler,
-            with_dp["value_ours"] >= 0.9 * without["value_ours"], welch_p(_summary(with_dp), _summary(without)),
-            f"w/o DP {without['value_ours']:.2f} → w/ DP {with_dp['value_ours']:.2f}")
+    # two settings of one row, (table, the row's key, before, after, claim, does it hold?)
+    paired = [("table3_model_agnostic", "backbone", "base", "w/ AG",
+               "Adaptive Guidance improves {} (Table 3)", lambda after, before: after > before),
+              ("table5_ldp_filmtrust", "method", "w/o DP", "w/ DP",
+               "LDP costs {} little accuracy, >= 90 % kept (Table 5)", lambda after, before: after >= 0.9 * before)]
+    for table_id, key, before_label, after_label, claim, holds in paired:
+        for (dataset, sampler, name), group in _score_groups(tables.get(table_id), metric, ["dataset", "sampler", key]):
+            group = group.set_index("setting")
+            if not {before_label, after_label} <= set(group.index):
+                continue
+            before, after = group.loc[before_label], group.loc[after_label]
+            add(claim.format(name), dataset, sampler, holds(after["value_ours"], before["value_ours"]),
+                welch_p(_summary(after), _summary(before)),
+                f"{before_label} {before['value_ours']:.2f} → {after_label} {after['value_ours']:.2f}")
     return pd.DataFrame(rows, columns=CLAIM_COLUMNS)
