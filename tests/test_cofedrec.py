@@ -60,6 +60,19 @@ def test_kmeans_batched_equals_reference(k, seed):
     assert fast[2] == slow[2]
 
 
+def test_squared_distances_match_explicit_differences_and_keep_coinciding_points_at_zero():
+    from fedlib.methods.cofedrec import _squared_distances
+
+    gen = torch.Generator().manual_seed(5)
+    points = torch.randn(50, 8, generator=gen) * 3 + 10  # float32, far from the origin: cancellation-prone
+    centers = torch.cat([points[[3, 7]], torch.randn(1, 8, generator=gen) + 10])
+    distances = _squared_distances(points, centers)
+    explicit = (points.double()[:, None, :] - centers.double()[None, :, :]).pow(2).sum(-1)
+    assert distances.dtype == torch.float64 and distances.shape == (50, 3)
+    assert distances[3, 0] == 0.0 and distances[7, 1] == 0.0 and bool((distances >= 0).all())
+    torch.testing.assert_close(distances, explicit, rtol=1e-9, atol=1e-9)
+
+
 def test_kmeans_keeps_an_empty_cluster_centre():
     points = torch.tensor([[0.0], [0.0], [0.0], [4.0]], dtype=F64)
     # u0 = 0 -> point 0; D² = (0, 0, 0, 16): u1 -> point 3; u2 -> D² = 0 everywhere -> uniform pick: point 1 (= point 0)
