@@ -14,7 +14,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            make_round_plan, round_generator, run_federated)
 from fedlib.methods.continual import PlanAugmentingExecutor
-from fedlib.methods.feddae import (FedDAELoss, FedDAEModel, VAENoise, combine_posteriors, draw_noise, feddae_forward,
+from fedlib.methods.feddae import (FedDAEExecutor, FedDAELoss, FedDAEModel, VAENoise, combine_posteriors, draw_noise, feddae_forward,
                                    feddae_forward_reference, feddae_method, feddae_objective, gaussian_kl, kl_weight,
                                    marker_plan, multinomial_nll)
 
@@ -226,6 +226,48 @@ def test_executors_agree_on_feddae():
     for name in a.private_state:
         torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0, msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
+
+
+def _run_with(executor, rounds=3, roles="paper", local_epochs=1, lr=0.3, **method_kwargs):
+    train = toy_train()
+    model = FedDAEModel(NUM_USERS, NUM_ITEMS, train=train, latent_dim=4, hidden=(8,), roles=roles)
+    method = feddae_method(model, lr=lr, **method_kwargs)
+    config = FederatedConfig(rounds=rounds, seed=1, batch_size=BATCH, local_epochs=local_epochs, dtype="float64")
+    return method, run_federated(method, train, config, executor=executor, device="cpu")
+
+
+@pytest.mark.parametrize("roles", ["paper", "code"])
+def test_shared_parameter_executor_equals_the_reference_path(roles):
+    _, reference = _run_with(PlanAugmentingExecutor(BatchedExecutor(chunk_size=5)), roles=roles, lr_decay=0.9)
+    executor = FedDAEExecutor(chunk_size=4)
+    method, fast = _run_with(executor, roles=roles, lr_decay=0.9)
+    plan = _plan(toy_train(), local_epochs=1)
+    assert executor.applies(method, plan, np.ones(plan.num_clients))
+    assert not executor.applies(method, plan, np.zeros(plan.num_clients))  # a zero weight: reference path
+    for name in reference.global_state:
+        torch.testing.assert_close(fast.global_state[name], reference.global_state[name], atol=1e-10, rtol=0,
+                                   msg=name)
+    for name in reference.private_state:
+        torch.testing.assert_close(fast.private_state[name], reference.private_state[name], atol=1e-10, rtol=0,
+                                   msg=name)
+    np.testing.assert_allclose([r["train_loss"] for r in fast.history],
+                               [r["train_loss"] for r in reference.history], atol=1e-10)
+    changed = fast.private_state["gate0_w"] != init_train_state(method, FederatedConfig(rounds=1, seed=1, dtype="float64"),
+                                                                device="cpu").private_state["gate0_w"]
+    assert bool(changed.any()) == (roles == "paper")  # the code's roles freeze the gate
+
+
+def test_shared_parameter_executor_falls_back_when_it_does_not_apply():
+    # two local steps: the second starts from each client's own step, so the reference path runs
+    _, reference = _run_with(PlanAugmentingExecutor(BatchedExecutor()), local_epochs=2)
+    executor = FedDAEExecutor()
+    method, fast = _run_with(executor, local_epochs=2)
+    plan = _plan(toy_train(), local_epochs=2)
+    assert not executor.applies(method, plan, np.ones(plan.num_clients))
+    for name in reference.global_state:
+        assert torch.equal(fast.global_state[name], reference.global_state[name]), name
+    with pytest.raises(ValueError, match="chunk_size"):
+        FedDAEExecutor(chunk_size=0)
 
 
 def _eval_nll(model, state):

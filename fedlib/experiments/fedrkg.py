@@ -377,10 +377,12 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         method = fedrap_method(FedRAP(num_users, num_items, dim), lr=p["lr"], lr_items=p["lr_items"], lam=p["lam"],
                                mu=p["mu"], lr_decay=decay, **{k: v for k, v in kwargs.items() if k != "lr_decay"})
     elif name == "FedDAE":
-        from fedlib.methods.feddae import FedDAEModel, feddae_method
+        from fedlib.methods.feddae import FedDAEExecutor, FedDAEModel, feddae_method
         model = FedDAEModel(num_users, num_items, train=split.train, latent_dim=dim, hidden=tuple(p["hidden"]))
         method = feddae_method(model, lr=p["lr"], beta=p["beta"], **kwargs)
-        executor = PlanAugmentingExecutor(BatchedExecutor(chunk_size=64))
+        # one local step per round: shared global parameters, the first layers at the user's items
+        # only (the reference path, used otherwise, copies ~4·h·I numbers per client)
+        executor = FedDAEExecutor(chunk_size=256, reference_chunk_size=64)
     elif name == "FedRKG":
         from fedlib.methods.fedrkg import KnowledgeGuidance
         from fedlib.models.guided import guided_backbone, guided_method
