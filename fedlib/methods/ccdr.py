@@ -63,6 +63,7 @@ from torch import nn
 
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
                                    check_sampled_negatives, draw_negatives_torch)
+from fedlib.models.dropout import Dropout
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,7 @@ class CCDR(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
             self.emb = nn.ParameterList([nn.Parameter(torch.randn(n, d) * 0.1) for n in (num_items_a, num_items_b)])
-            self.user_mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Dropout(config.dropout),
+            self.user_mlp = nn.ModuleList(nn.Sequential(nn.Linear(d, d), nn.ReLU(), Dropout(config.dropout),
                                                         nn.Linear(d, d)) for _ in range(2))
         self.edges: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         if graphs is not None:

@@ -58,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
+from fedlib.models.dropout import Dropout
 
 __all__ = ["CLSRConfig", "CLSR", "bpr_contrast", "contrastive_loss", "interest_proxies", "masked_gru"]
 
@@ -159,7 +160,7 @@ class CLSR(nn.Module):
             self.fuse_s = nn.Linear(d, d, bias=False)                       #   + u_l W_l + u_s W_s + x_v W_v
             self.fuse_v = nn.Linear(d, d, bias=False)
             self.fuse_out = nn.Linear(d, 1)                                 # MLP_f layer 2
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     # -- encoders
     def interests(self, inputs: SequenceInputs) -> Dict[str, torch.Tensor]:

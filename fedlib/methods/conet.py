@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
+from fedlib.models.dropout import Dropout
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ class CoNet(nn.Module):
             self.units = nn.ModuleList(CrossUnit(i, o) for i, o in zip(sizes[:-1], sizes[1:]))
             self.out_a = nn.Linear(sizes[-1], 1)            # h_A (Eq. 4)
             self.out_b = nn.Linear(sizes[-1], 1)            # h_B
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     # ------------------------------------------------------------------ pieces
     def user_states(self, inputs: SequenceInputs):

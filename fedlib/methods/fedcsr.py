@@ -82,6 +82,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedlib.data.splits import Sequences
+from fedlib.models.dropout import Dropout
 
 
 # ----------------------------------------------------------------------------- config
@@ -361,13 +362,13 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.num_heads = num_heads
         self.pos = nn.Embedding(maxlen + 1, dim, padding_idx=0)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.attn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=1e-8) for _ in range(num_blocks))
         self.attn = nn.ModuleList(nn.MultiheadAttention(dim, num_heads, dropout=dropout, batch_first=True)
                                   for _ in range(num_blocks))
         self.ffn_norm = nn.ModuleList(nn.LayerNorm(dim, eps=1e-8) for _ in range(num_blocks))
-        self.ffn = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.Dropout(dropout), nn.ReLU(),
-                                               nn.Linear(dim, dim), nn.Dropout(dropout))
+        self.ffn = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), Dropout(dropout), nn.ReLU(),
+                                               nn.Linear(dim, dim), Dropout(dropout))
                                  for _ in range(num_blocks))
         self.last_norm = nn.LayerNorm(dim, eps=1e-8)
 

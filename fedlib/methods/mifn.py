@@ -68,6 +68,7 @@ from torch import nn
 
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
                                    check_sampled_negatives, draw_negatives_torch)
+from fedlib.models.dropout import Dropout
 
 __all__ = ["MIFNConfig", "MIFN", "RelationGraph"]
 
@@ -138,7 +139,7 @@ class MIFN(nn.Module):
             self.p_gen = nn.Linear(d, 2)                                           # w_p^A, w_p^B
             self.head_a = nn.Linear(d, num_items_a)                                # W^A
             self.head_b = nn.Linear(d, num_items_b)                                # W^B
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.relations: Optional[RelationGraph] = None
 
     def set_graphs(self, graphs: TransitionGraphs) -> None:

@@ -68,6 +68,7 @@ from torch import nn
 
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
+from fedlib.models.dropout import Dropout
 
 __all__ = ["PiNetConfig", "PiNet", "ParallelSequenceModel", "SharedAccountFilter", "masked_gru", "parallel_targets",
            "candidate_scores", "parallel_loss"]
@@ -222,7 +223,7 @@ class ParallelSequenceModel(nn.Module):
             self.build_transfer(n)
             self.head_a = nn.Linear(2 * n, num_items_a)                               # [h^A; x^{B→A}]
             self.head_b = nn.Linear(2 * n, num_items_b)                               # [h^B; x^{A→B}]
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     def build_transfer(self, dim: int) -> None:
         """Create the cross-domain units (called inside the seeded construction)."""

@@ -58,6 +58,7 @@ from torch import nn
 from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
                                    head_cross_entropy)
 from fedlib.methods.fedcsr_baselines import gather_domain_scores
+from fedlib.models.dropout import Dropout
 
 __all__ = ["TiSASRecConfig", "relation_matrix", "TimeIntervalAttention", "TiSASRec"]
 
@@ -109,9 +110,9 @@ class TimeIntervalAttention(nn.Module):
         self.rel_v = nn.Embedding(time_span + 1, dim)                       # R^V
         self.attn_norm = nn.LayerNorm(dim, eps=1e-8)
         self.ffn_norm = nn.LayerNorm(dim, eps=1e-8)
-        self.ffn = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), nn.Dropout(dropout), nn.Linear(dim, dim),
-                                 nn.Dropout(dropout))
-        self.drop = nn.Dropout(dropout)
+        self.ffn = nn.Sequential(nn.Linear(dim, dim), nn.ReLU(), Dropout(dropout), nn.Linear(dim, dim),
+                                 Dropout(dropout))
+        self.drop = Dropout(dropout)
         self.scale = math.sqrt(dim)
 
     def attention(self, h: torch.Tensor, positions: torch.Tensor, rel: torch.Tensor):
@@ -156,7 +157,7 @@ class TiSASRec(nn.Module):
             self.last_norm = nn.LayerNorm(d, eps=1e-8)
             self.head_a = nn.Linear(d, num_items_a)                          # W^A
             self.head_b = nn.Linear(d, num_items_b)                          # W^B
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
 
     def hidden(self, inputs: SequenceInputs, times: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Features ``h_i`` (B, L, n), zero at padding; ``times`` (B, L) real stamps, default ``pos_cross``."""
