@@ -266,6 +266,30 @@ def test_causal_encoder_does_not_look_ahead():
     assert not torch.allclose(h1[0][:, 4:], h2[0][:, 4:])
 
 
+@pytest.mark.parametrize("heads", [1, 2])
+def test_packed_encoder_equals_the_padded_reference(heads):
+    """forward (real tokens only) = forward_reference (nn.MultiheadAttention on every position):
+    values and every gradient, in float64 with dropout off; rows with no real token included."""
+    torch.manual_seed(0)
+    enc = M.CausalSelfAttention(8, 6, 2, heads, 0.3).double().eval()
+    positions = torch.tensor([[0, 0, 1, 2, 3, 4], [0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6],
+                              [0, 1, 0, 2, 0, 3], [0, 0, 0, 0, 0, 1]])
+    x = torch.randn(5, 6, 8, dtype=torch.float64, requires_grad=True)
+    params = [x] + list(enc.parameters())
+    packed = enc(x, positions)
+    reference = enc.forward_reference(x, positions)
+    assert torch.allclose(packed, reference, atol=1e-12)
+    assert torch.all(packed[positions == 0] == 0)
+    grads_packed = torch.autograd.grad((packed ** 2).sum(), params)
+    grads_reference = torch.autograd.grad((reference ** 2).sum(), params)
+    for name, a, b in zip(["x"] + [n for n, _ in enc.named_parameters()], grads_packed, grads_reference):
+        assert torch.allclose(a, b, atol=1e-10), name
+    # train mode: dropout acts on the real tokens, padding stays zero
+    enc.train()
+    out = enc(x, positions)
+    assert torch.all(out[positions == 0] == 0) and not torch.allclose(out, packed)
+
+
 def test_aligned_single_domain_encoding_equals_the_compacted_sequence():
     _, _, model = _tiny()
     model.eval()
