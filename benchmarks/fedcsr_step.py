@@ -13,13 +13,19 @@ the largest platform, with the frozen global model for MCL, at the paper profile
 * ``rows, one read``: the model's default. Each item table and each head is gathered once per
   forward (:func:`~fedlib.methods.fedcsr.propagate_rows`, :func:`~fedlib.methods.fedcsr.sampled_head_losses`):
   every index into a parameter costs its backward a zero-filled gradient of the whole table;
+* the sequence encoders' layout: ``packed`` (the model's default: per-token layers on the real
+  tokens only, :class:`~fedlib.methods.fedcsr.CausalSelfAttention`), ``padded`` (every layer on
+  all B·L positions, ``nn.MultiheadAttention``: ``forward_reference``) and ``padded, torch
+  dropout`` (also ``nn.Dropout``'s ``bernoulli_`` masks instead of :mod:`fedlib.models.dropout`);
 * each with ``torch.optim.Adam`` as it comes or the fused Adam the trainer uses
   (:func:`fedlib.engine.optim.adam`);
 * with the sampled softmax over the target plus ``--negatives`` shared uniform negatives (the
   paper-profile grid's stated reduction) and, for the default path, the full softmax over a
   domain's items (Eqs. 16-17, heads evaluated at target positions only).
 
-All variants compute the same loss up to the order of float sums (the last losses are printed).
+Variants with the same encoder layout compute the same loss up to the order of float sums (the
+last losses are printed); the layouts draw their dropout masks on different shapes, so their
+losses differ by the draws (their equality with dropout off is a test of the model).
 Prints a table, then one JSON line (the last line). The median step over ``--steps`` timed steps
 (after one warm-up step) is reported, robust to other processes sharing the cores.
 
@@ -90,6 +96,26 @@ def _heads_separate_reads(head, terms, negatives=None):
     return losses
 
 
+#: encoder layout -> (padded forward?, torch's nn.Dropout?)
+ENCODERS = {"packed": (False, False), "padded": (True, False), "padded, torch dropout": (True, True)}
+
+
+@contextlib.contextmanager
+def _encoder(name: str):
+    """Build and run the model with the encoder layout ``name`` (restored on exit)."""
+    padded, torch_dropout = ENCODERS[name]
+    encoder_class = model_module.CausalSelfAttention
+    saved = encoder_class.forward, model_module.Dropout
+    if padded:
+        encoder_class.forward = encoder_class.forward_reference
+    if torch_dropout:
+        model_module.Dropout = torch.nn.Dropout
+    try:
+        yield
+    finally:
+        encoder_class.forward, model_module.Dropout = saved
+
+
 @contextlib.contextmanager
 def _graph_layer(name: str):
     """Swap the model module's row functions for the variant ``name`` (restored on exit)."""
@@ -108,12 +134,13 @@ def _graph_layer(name: str):
 
 
 def time_steps(split, graphs, *, dim: int, negatives: Optional[int], graph_layer: str = "rows, one read",
-               fused: bool = True, steps: int, batch_size: int = 256, seed: int = 0) -> Dict[str, float]:
+               fused: bool = True, encoder: str = "packed", steps: int, batch_size: int = 256, seed: int = 0
+               ) -> Dict[str, float]:
     """Median seconds per step and the last loss of one variant (see the module docstring)."""
     platform = int(np.argmax([len(rows) for rows in split.platforms]))
     rows = np.asarray(split.platforms[platform])
     na, nb = split.num_items_a, split.num_items_b
-    with _graph_layer(graph_layer):
+    with _graph_layer(graph_layer), _encoder(encoder):
         torch.manual_seed(seed)
         model = model_module.FedCSRModel(na, nb, model_module.FedCSRConfig(dim=dim, sampled_negatives=negatives),
                                          graphs[platform])
@@ -136,13 +163,15 @@ def time_steps(split, graphs, *, dim: int, negatives: Optional[int], graph_layer
     return {"s_per_step": statistics.median(seconds), "last_loss": loss}
 
 
-#: (key, graph layer, fused Adam?, sampled softmax?) of every timed variant, slowest first
+#: (key, graph layer, fused Adam?, sampled softmax?, encoder layout) of every timed variant, slowest first
 VARIANTS = (
-    ("full_graph_sampled", "full graph", False, True),
-    ("separate_reads_sampled", "rows, separate reads", False, True),
-    ("one_read_sampled", "rows, one read", False, True),
-    ("default_sampled", "rows, one read", True, True),
-    ("default_full_softmax", "rows, one read", True, False),
+    ("full_graph_sampled", "full graph", False, True, "padded, torch dropout"),
+    ("separate_reads_sampled", "rows, separate reads", False, True, "padded, torch dropout"),
+    ("one_read_sampled", "rows, one read", False, True, "padded, torch dropout"),
+    ("padded_torch_dropout_sampled", "rows, one read", True, True, "padded, torch dropout"),
+    ("padded_sampled", "rows, one read", True, True, "padded"),
+    ("default_sampled", "rows, one read", True, True, "packed"),
+    ("default_full_softmax", "rows, one read", True, False, "packed"),
 )
 
 
@@ -164,22 +193,24 @@ def main(argv=None) -> dict:
     result = {"dataset": args.dataset, "dim": args.dim, "steps": args.steps, "threads": args.threads,
               "items_a": split.num_items_a, "items_b": split.num_items_b}
     rows = []
-    for key, graph_layer, fused, sampled in VARIANTS:
+    for key, graph_layer, fused, sampled, encoder in VARIANTS:
         negatives = args.negatives if sampled else None
         timing = time_steps(split, graphs, dim=args.dim, negatives=negatives, graph_layer=graph_layer, fused=fused,
-                            steps=args.steps)
+                            encoder=encoder, steps=args.steps)
         result[f"{key}_s_per_step"] = timing["s_per_step"]
         result[f"{key}_last_loss"] = timing["last_loss"]
-        rows.append((graph_layer, "fused" if fused else "default", f"sampled ({negatives})" if negatives else
-                     "full softmax", timing["s_per_step"], timing["last_loss"]))
+        rows.append((graph_layer, encoder, "fused" if fused else "default", f"sampled ({negatives})" if negatives
+                     else "full softmax", timing["s_per_step"], timing["last_loss"]))
     result["speedup_over_full_graph"] = result["full_graph_sampled_s_per_step"] / result["default_sampled_s_per_step"]
     result["speedup_over_separate_reads"] = (result["separate_reads_sampled_s_per_step"]
                                              / result["default_sampled_s_per_step"])
+    result["speedup_over_padded_torch_dropout"] = (result["padded_torch_dropout_sampled_s_per_step"]
+                                                   / result["default_sampled_s_per_step"])
     if not args.json_only:
         print(f"FedCSR step on {args.dataset} (largest platform), n = {args.dim}, batch 256, {args.threads} thread(s)")
-        print(f"{'graph layer and reads':<22} {'Adam':<8} {'loss':<16} {'s/step':>8} {'last loss':>10}")
-        for graph_layer, optimiser, loss, seconds, last in rows:
-            print(f"{graph_layer:<22} {optimiser:<8} {loss:<16} {seconds:8.3f} {last:10.4f}")
+        print(f"{'graph layer and reads':<22} {'encoder':<22} {'Adam':<8} {'loss':<16} {'s/step':>8} {'last loss':>10}")
+        for graph_layer, encoder, optimiser, loss, seconds, last in rows:
+            print(f"{graph_layer:<22} {encoder:<22} {optimiser:<8} {loss:<16} {seconds:8.3f} {last:10.4f}")
     print(json.dumps(result))
     return result
 
