@@ -142,7 +142,42 @@ class CoNet(nn.Module):
         """Logits ``h_d · a^L_d`` of candidate ``items`` (..., C) of ``domain`` (local ids).
 
         ``u`` (..., 2n) user part, ``context`` (...,) the other tower's item (local id of the other domain).
+
+        The first layer is split by its input blocks. Of ``W_A [u; e] + H [u; e']`` only the
+        candidate's blocks change along C, so the user and context blocks are computed once per
+        row and each candidate pays ``2·n·h_1`` multiply-adds instead of ``4·3n·h_1``; when the
+        candidates outnumber the domain's items (full ranking) the candidate blocks are taken
+        from the projected item table. Same function as :meth:`towers_reference` (tested).
         """
+        n, table = self.config.dim, (self.item_a if domain == 0 else self.item_b)
+        other = self.item_b if domain == 0 else self.item_a
+        first = self.units[0]
+        own, cross = (first.lin_a, first.lin_b) if domain == 0 else (first.lin_b, first.lin_a)
+        h = first.cross.weight                                                   # (h_1, 3n)
+        ctx = other(context)                                                     # (..., n)
+        # per row: the candidate's tower reads [u; ·] through W_own and the other tower's input
+        # [u; ctx] through H; the other tower reads [u; ctx] through W_other and [u; ·] through H
+        row_own = F.linear(u, own.weight[:, :2 * n] + h[:, :2 * n], own.bias) + F.linear(ctx, h[:, 2 * n:])  # (..., h_1)
+        row_other = F.linear(u, cross.weight[:, :2 * n] + h[:, :2 * n], cross.bias) + F.linear(ctx, cross.weight[:, 2 * n:])
+        blocks = torch.cat([own.weight[:, 2 * n:], h[:, 2 * n:]], dim=0)         # (2·h_1, n): W_own^e, H^e
+        if items.numel() > table.num_embeddings:                                 # project the table once
+            per_item = F.linear(table.weight, blocks)                            # (|V_d| + 1, 2·h_1)
+            cand = F.embedding(items, per_item, padding_idx=table.padding_idx)  # (..., C, 2·h_1)
+        else:
+            cand = F.linear(table(items), blocks)                                # (..., C, 2·h_1)
+        c_own, c_other = cand.split(h.shape[0], dim=-1)                          # 2 × (..., C, h_1)
+        a_t = self.drop(F.relu(row_own.unsqueeze(-2) + c_own))                   # (..., C, h_1)
+        a_o = self.drop(F.relu(row_other.unsqueeze(-2) + c_other))               # (..., C, h_1)
+        a_a, a_b = (a_t, a_o) if domain == 0 else (a_o, a_t)
+        for unit in self.units[1:]:
+            a_a, a_b = unit(a_a, a_b)                                            # 2 × (..., C, h_l)
+            a_a, a_b = self.drop(a_a), self.drop(a_b)
+        out = self.out_a(a_a) if domain == 0 else self.out_b(a_b)                # (..., C, 1)
+        return out.squeeze(-1)                                                   # (..., C)
+
+    def towers_reference(self, u: torch.Tensor, items: torch.Tensor, context: torch.Tensor, domain: int
+                         ) -> torch.Tensor:
+        """:meth:`towers` as Eqs. 1–4 read: both towers on the concatenated inputs of every candidate."""
         C = items.shape[-1]
         u_c = u.unsqueeze(-2).expand(*items.shape, u.shape[-1])                # (..., C, 2n)
         if domain == 0:
