@@ -44,7 +44,8 @@ Figure 6 varies the hidden size of the SCL transformation ``t`` (``n → f·n �
 Rounds. The paper (App. A.2) trains up to 100 rounds of 3 local epochs on all 10 platforms
 with patience 20. Here every method runs at most :data:`ROUNDS` = 20 rounds of 3 local epochs
 with patience :data:`PATIENCE` = 5 on the mean validation MRR (a stated reduction: one round
-of FedCSR at n = 64 is ~2.5 CPU-minutes on Food-Kitchen). No method gets other defaults
+of FedCSR at n = 64 on Food-Kitchen is 171 training steps of ~0.3 s each on one idle core, see
+``benchmarks/fedcsr_step.py``, plus two evaluations). No method gets other defaults
 (:data:`DEFAULT_ROUNDS` is empty).
 
 Softmax. Eqs. 16-17 are softmaxes over ~30k items per domain; every model whose loss is such
