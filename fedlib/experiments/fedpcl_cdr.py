@@ -129,8 +129,8 @@ LEARNING_RATES = (1e-3, 1e-2)
 #: Only :func:`selected_from_records` fills it: once a baseline's two tuning runs are recorded
 #: at the paper profile, copy its result here (``X.selected_from_records(read_runs("fedpcl_cdr",
 #: "paper"))``); a test checks every entry against the recorded runs, so no value can be typed in.
-#: Empty until then: every baseline runs at BASELINE_DEFAULT_LR.
-SELECTED_LR: Dict[str, float] = {}
+#: A baseline not in it runs at BASELINE_DEFAULT_LR.
+SELECTED_LR: Dict[str, float] = {"NeuMF": 1e-3, "LightGCN": 1e-2}
 BASELINE_DEFAULT_LR = 1e-3  # until a baseline's tuning runs are recorded
 #: methods whose round is not one pass over every domain's data: FedNCF samples 10 % of the
 #: users per round and evaluates every 10 rounds (its own default), so it gets more rounds
