@@ -420,13 +420,9 @@ class CausalSelfAttention(nn.Module):
 
     def forward_reference(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` in the plain padded form (``nn.MultiheadAttention`` on all B·L positions)."""
-        B, L, _ = x.shape
         real = (positions > 0).unsqueeze(-1).to(x.dtype)                  # (B, L, 1)
         h = self.drop(x + self.pos(positions)) * real                      # (B, L, n)
-        eye = torch.eye(L, dtype=torch.bool, device=x.device)             # (L, L)
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()  # (L, L)
-        allowed = causal & ((positions > 0).unsqueeze(1) | eye)            # (B, L, L): keys ≤ query, real (or itself)
-        blocked = (~allowed).repeat_interleave(self.num_heads, dim=0)      # (B·heads, L, L)
+        blocked = (~self._allowed(positions)).repeat_interleave(self.num_heads, dim=0)  # (B·heads, L, L)
         for norm, attn, fnorm, ffn in zip(self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             q = norm(h)                                                    # (B, L, n)
             a, _ = attn(q, h, h, attn_mask=blocked, need_weights=False)    # (B, L, n)
