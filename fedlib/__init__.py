@@ -15,6 +15,8 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from fedlib.paths import project_root  # noqa: E402
-from fedlib.device import default_device  # noqa: E402
+from fedlib.device import default_device, keep_freed_memory  # noqa: E402
+
+KEEPS_FREED_MEMORY = keep_freed_memory()  # glibc: reuse freed tensor memory (see fedlib.device)
 
 __all__ = ["__version__", "project_root", "default_device"]
