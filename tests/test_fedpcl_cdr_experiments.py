@@ -39,7 +39,10 @@ def test_parts_cover_every_table_and_share_cells():
     shared = {X.config_hash(c) for c in table2} & {X.config_hash(c) for c in ablation}
     assert len(shared) == len(available)  # the full FedPCL-CDR row of each task
     assert {c["overlap_ratio"] for c in X.grid_cells("overlap")} == set(X.OVERLAP_RATIOS)
-    assert len(X.grid_cells("tuning")) == len(X.BASELINES) * len(X.LEARNING_RATES)
+    tuning = X.grid_cells("tuning")
+    for method in X.BASELINES:  # the starting grid, plus whatever the recorded runs widened it by
+        rates = {c["lr"] for c in tuning if c["method"] == method}
+        assert set(X.LEARNING_RATES) <= rates <= set(X.LR_LADDER)
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("table9")
 
@@ -57,30 +60,44 @@ def test_a_synthetic_cell_records_scores_selection_and_the_attack():
     assert [row["round"] for row in result["extra"]["curve"]] == [1, 2, 3]
 
 
-def test_learning_rates_are_selected_on_validation(tmp_path, monkeypatch):
+def _record_tuning(method, scores):
+    for lr, score in scores.items():
+        append_run("fedpcl_cdr", "paper", X.cell("Phone-Sport", method, lr=lr), 0,
+                   {"phone/valid/HR@10": score, "sport/valid/HR@10": score, "phone/test/HR@10": 0.9 - score}, 1.0)
+
+
+def _rates(method):
+    return [c["lr"] for c in X.tuning_cells(records=read_runs("fedpcl_cdr", "paper")) if c["method"] == method]
+
+
+def test_learning_rates_are_selected_on_validation_and_the_grid_widens_at_its_edges(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDLIB_PROJECT_ROOT", str(tmp_path))
-    for lr, score in ((1e-3, 0.30), (1e-2, 0.40)):
-        config = X.cell("Phone-Sport", "NeuMF", lr=lr)
-        append_run("fedpcl_cdr", "paper", config, 0, {"phone/valid/HR@10": score, "sport/valid/HR@10": score,
-                                                      "phone/test/HR@10": 0.9 - score}, 1.0)
+    assert _rates("NeuMF") == [1e-3, 1e-2]  # nothing recorded: the starting grid
+    _record_tuning("NeuMF", {1e-3: 0.30, 1e-2: 0.40})  # best at the top edge: try 3e-2 before choosing
+    assert _rates("NeuMF") == [1e-3, 1e-2, 3e-2]
+    assert X.selected_from_records(read_runs("fedpcl_cdr", "paper")) == {}
+    _record_tuning("NeuMF", {3e-2: 0.35})  # 1e-2 is now inside the tried range: chosen
+    assert _rates("NeuMF") == [1e-3, 1e-2, 3e-2]
     assert X.selected_from_records(read_runs("fedpcl_cdr", "paper")) == {"NeuMF": 1e-2}
+    _record_tuning("PriCDR", {1e-3: 0.5, 1e-2: 0.2, 3e-4: 0.6, 1e-4: 0.7})  # down to the ladder's end
+    assert _rates("PriCDR") == [1e-4, 3e-4, 1e-3, 1e-2]
+    assert X.selected_from_records(read_runs("fedpcl_cdr", "paper")) == {"NeuMF": 1e-2, "PriCDR": 1e-4}
+    _record_tuning("LightGCN", {1e-3: 0.5})  # a pending starting run: nothing widens, nothing is chosen
+    assert _rates("LightGCN") == [1e-3, 1e-2] and "LightGCN" not in X.selected_from_records(
+        read_runs("fedpcl_cdr", "paper"))
+    frame = X.tuning_frame(read_runs("fedpcl_cdr", "paper")).set_index(["method", "lr"])
+    assert frame.loc[("NeuMF", 1e-2), "chosen"] and not frame.loc[("NeuMF", 3e-2), "chosen"]
+    assert frame.loc[("NeuMF", 3e-2), "valid_HR@10"] == pytest.approx(0.35)
+    assert frame["chosen"].sum() == 2  # NeuMF and PriCDR; LightGCN's search is unfinished
+    assert frame.loc[("LightGCN", 1e-2), "valid_HR@10"] != frame.loc[("LightGCN", 1e-2), "valid_HR@10"]  # NaN
 
 
 def test_selected_learning_rates_match_the_recorded_tuning_runs():
-    """SELECTED_LR holds only what selected_from_records derives from complete tuning runs."""
+    """SELECTED_LR holds exactly what selected_from_records derives from finished searches."""
     records = read_runs(X.PAPER, "paper")
-    wanted = {config_hash(c): c for c in X.tuning_cells()}
-    done = {r.config_hash: r for r in records if r.config_hash in wanted}
-    derived = X.selected_from_records(list(done.values()))
-    complete = {m for m in X.BASELINES
-                if sum(1 for h in done if wanted[h]["method"] == m) == len(X.LEARNING_RATES)}
-    untuned = sorted(set(X.SELECTED_LR) - complete)
-    assert not untuned, f"SELECTED_LR has {untuned} without all {len(X.LEARNING_RATES)} tuning runs recorded"
-    if not complete:
-        pytest.skip("no baseline's tuning runs are complete yet")
-    for method in complete:
-        assert X.SELECTED_LR.get(method) == derived[method], \
-            f"SELECTED_LR[{method!r}] disagrees with the recorded tuning runs ({derived[method]})"
+    derived = X.selected_from_records(records)
+    assert X.SELECTED_LR == derived, (f"SELECTED_LR {X.SELECTED_LR} disagrees with the recorded tuning runs {derived}: "
+                                      "copy X.selected_from_records(read_runs('fedpcl_cdr', 'paper'))")
 
 
 def test_the_code_audit_cell_selects_on_test():

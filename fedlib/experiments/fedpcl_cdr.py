@@ -51,6 +51,7 @@ batch 256, one sampled negative per positive, one local epoch per round, at most
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -70,7 +71,8 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "VERSION", "TASKS", "SUBSTITUTE_TASKS", "METHODS", "BASELINES", "EPSILONS", "ALPHAS", "CLUSTER_COUNTS",
     "OVERLAP_RATIOS", "LIST_LENGTHS", "cell", "method_cell", "method_label", "task_files", "available_tasks",
-    "needs_download", "load_split", "load_task", "run_cell", "grid_cells", "run_grid", "run_cells",
+    "needs_download", "load_split", "load_task", "run_cell", "grid_cells", "run_grid", "run_cells", "LEARNING_RATES",
+    "LR_LADDER", "SELECTED_LR", "tuning_cells", "selected_from_records", "tuning_frame",
 ]
 
 PAPER = "fedpcl_cdr"
@@ -122,16 +124,19 @@ METHODS = BASELINES + ("FedPCL-CDR",)
 #: test score; 20 full epochs with patience 5 (on validation) covers that budget with room.
 ROUNDS = 20
 PATIENCE = 5
-#: the baselines' learning-rate grid (the paper: "hyperparameters carefully tuned"); the
-#: ``tuning`` part runs each baseline at each value on Phone-Sport (seed 0) and
+#: the baselines' starting learning-rate grid (the paper: "hyperparameters carefully tuned");
+#: the ``tuning`` part runs each baseline at each value on Phone-Sport (seed 0) and
 #: :data:`SELECTED_LR` fixes the one with the best mean validation HR@10
 LEARNING_RATES = (1e-3, 1e-2)
-#: Only :func:`selected_from_records` fills it: once a baseline's two tuning runs are recorded
-#: at the paper profile, copy its result here (``X.selected_from_records(read_runs("fedpcl_cdr",
-#: "paper"))``); a test checks every entry against the recorded runs, so no value can be typed in.
-#: A baseline not in it runs at BASELINE_DEFAULT_LR.
-SELECTED_LR: Dict[str, float] = {"NeuMF": 1e-3, "LightGCN": 1e-2, "FedNCF": 1e-2, "GA-DTCDR": 1e-3, "GA-MTCDR-P": 1e-3,
-                                 "NMCDR": 1e-3, "CL-DTCDR": 1e-2, "PriCDR": 1e-3, "P2FCDR": 1e-2, "P2DTR": 1e-2}
+#: where the grid may widen: when a baseline's best rate is the largest (smallest) it was
+#: tried at, :func:`tuning_cells` adds the next rate of this ladder (half a decade) beyond it
+LR_LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+#: Only :func:`selected_from_records` fills it: once all of a baseline's tuning runs are recorded
+#: at the paper profile (``tuning_cells()`` has none pending for it), copy its result here
+#: (``X.selected_from_records(read_runs("fedpcl_cdr", "paper"))``); a test checks every entry
+#: against the recorded runs, so no value can be typed in. A baseline not in it runs at
+#: BASELINE_DEFAULT_LR.
+SELECTED_LR: Dict[str, float] = {}
 BASELINE_DEFAULT_LR = 1e-3  # until a baseline's tuning runs are recorded
 #: methods whose round is not one pass over every domain's data: FedNCF samples 10 % of the
 #: users per round and evaluates every 10 rounds (its own default), so it gets more rounds
@@ -376,26 +381,92 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
 # ======================================================================================
 # The grid
 # ======================================================================================
-def tuning_cells(task: str = "Phone-Sport", **kwargs) -> List[Dict[str, Any]]:
-    """Every baseline at every learning rate of :data:`LEARNING_RATES` (selection on validation)."""
-    return [cell(task, m, lr=lr, **kwargs) for m in BASELINES for lr in LEARNING_RATES]
+def tuning_cells(task: str = "Phone-Sport", records: Optional[Iterable] = None, **kwargs) -> List[Dict[str, Any]]:
+    """The learning-rate search of every baseline on ``task`` (selection on mean validation HR@10).
+
+    Each baseline starts at :data:`LEARNING_RATES`. Once all its runs so far are recorded, a
+    best rate at the edge of what was tried (the largest or the smallest) adds the next rate
+    of :data:`LR_LADDER` beyond that edge, so the chosen rate is never an untested edge of the
+    grid (unless it is the ladder's end). ``records``: the paper-profile runs (default: read
+    from ``results/fedpcl_cdr/runs.jsonl``).
+    """
+    if records is None:
+        from fedlib.reporting.results import read_runs
+
+        records = read_runs(PAPER, "paper")
+    scores = _validation_scores(records)
+    cells = []
+    for method in BASELINES:
+        rates = list(LEARNING_RATES)
+        while True:
+            tried = [cell(task, method, lr=lr, **kwargs) for lr in rates]
+            if any(config_hash(c) not in scores for c in tried):
+                break  # some run of this baseline is still pending: widen only once all are in
+            best = max(rates, key=lambda lr: scores[config_hash(cell(task, method, lr=lr, **kwargs))])
+            step = _ladder_step(best, rates)
+            if step is None:
+                break
+            rates.append(step)
+        cells += [cell(task, method, lr=lr, **kwargs) for lr in sorted(rates)]
+    return cells
+
+
+def _ladder_step(best: float, rates: Sequence[float]) -> Optional[float]:
+    """The :data:`LR_LADDER` rate beyond ``best`` when it is an edge of ``rates``; else ``None``."""
+    index = min(range(len(LR_LADDER)), key=lambda i: abs(math.log(LR_LADDER[i] / best)))
+    if best >= max(rates) and index + 1 < len(LR_LADDER):
+        return LR_LADDER[index + 1]
+    if best <= min(rates) and index > 0:
+        return LR_LADDER[index - 1]
+    return None
+
+
+def _validation_scores(records) -> Dict[str, float]:
+    """``{config hash: mean over domains of validation HR@10}`` of the latest record of each run."""
+    from fedlib.reporting.results import latest_records
+
+    scores = {}
+    for key, record in latest_records(records).items():
+        domains = [k.split("/")[0] for k in record.metrics if k.endswith("/valid/HR@10") and k.count("/") == 2]
+        if domains:
+            scores[key] = sum(record.metrics[f"{d}/valid/HR@10"] for d in domains) / len(domains)
+    return scores
 
 
 def selected_from_records(records, task: str = "Phone-Sport") -> Dict[str, float]:
-    """Re-derive :data:`SELECTED_LR` from recorded tuning runs: ``{baseline: best lr}``."""
+    """Re-derive :data:`SELECTED_LR` from recorded tuning runs: ``{baseline: best lr}``, for the
+    baselines whose search (:func:`tuning_cells`) has no run pending."""
+    records = list(records)
+    scores = _validation_scores(records)
+    by_method: Dict[str, List[Dict[str, Any]]] = {}
+    for config in tuning_cells(task, records):
+        by_method.setdefault(config["method"], []).append(config)
+    chosen = {}
+    for method, configs in by_method.items():
+        if all(config_hash(c) in scores for c in configs):
+            chosen[method] = max(configs, key=lambda c: scores[config_hash(c)])["lr"]
+    return chosen
+
+
+def tuning_frame(records, task: str = "Phone-Sport") -> pd.DataFrame:
+    """The learning-rate search as a table: one row per baseline and rate of :func:`tuning_cells`.
+
+    Columns: ``method``, ``lr``, ``valid_HR@10`` (mean over the domains, a fraction; NaN while
+    pending), ``seconds`` (wall time of the run), ``chosen`` (the rate
+    :func:`selected_from_records` picks; False everywhere for an unfinished search).
+    """
     from fedlib.reporting.results import latest_records
 
-    wanted = {config_hash(c): c for c in tuning_cells(task)}
-    best: Dict[str, tuple] = {}
-    for key, record in latest_records(records).items():
-        config = wanted.get(key)
-        if config is None:
-            continue
-        domains = [k.split("/")[0] for k in record.metrics if k.endswith("/valid/HR@10") and k.count("/") == 2]
-        score = sum(record.metrics[f"{d}/valid/HR@10"] for d in domains) / max(len(domains), 1)
-        if config["method"] not in best or score > best[config["method"]][0]:
-            best[config["method"]] = (score, config["lr"])
-    return {method: lr for method, (_, lr) in best.items()}
+    records = list(records)
+    scores, latest = _validation_scores(records), latest_records(records)
+    chosen = selected_from_records(records, task)
+    rows = []
+    for config in tuning_cells(task, records):
+        key = config_hash(config)
+        seconds = latest[key].metrics.get("seconds", float("nan")) if key in latest else float("nan")
+        rows.append({"method": config["method"], "lr": config["lr"], "valid_HR@10": scores.get(key, float("nan")),
+                     "seconds": seconds, "chosen": chosen.get(config["method"]) == config["lr"]})
+    return pd.DataFrame(rows, columns=["method", "lr", "valid_HR@10", "seconds", "chosen"])
 
 
 def table2_cells(tasks: Optional[Sequence[str]] = None, **kwargs) -> List[Dict[str, Any]]:
