@@ -40,10 +40,11 @@ def keep_freed_memory(environ=os.environ) -> bool:
     A training step here allocates and frees tensors of a few MB (a graph layer of 25k nodes
     × 64 floats is 6.6 MB). By default glibc serves many such blocks with ``mmap`` and unmaps
     them on ``free``, so the next step page-faults all of that memory in again: zero-filling
-    and first writes then cost more than the arithmetic. With :data:`ALLOCATOR_SETTINGS`, one
-    torch CSR product on FedPCL-CDR's Sport graph takes 2.0 ms instead of 12 ms (one thread), and
-    a FedPCL-CDR local epoch about a quarter less (``benchmarks/allocator.py``). Numbers do not
-    change: only where the memory comes from.
+    and first writes then cost more than the arithmetic. With :data:`ALLOCATOR_SETTINGS`, a
+    FedPCL-CDR local epoch on Phone-Sport's Phone graph takes 3.87 s instead of 4.50 s and one
+    CSR product 1.40 ms instead of 1.91 ms (one thread, idle machine, ``benchmarks/allocator.py``).
+    Numbers do not change, only where the memory comes from (the benchmark checks the trained
+    parameters bit for bit).
 
     Does nothing (returns ``False``) off glibc, or when ``FEDLIB_KEEP_FREED_MEMORY=0``.
     Returns ``True`` when every setting was accepted.
