@@ -136,8 +136,8 @@ LR_LADDER = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 #: (``X.selected_from_records(read_runs("fedpcl_cdr", "paper"))``); a test checks every entry
 #: against the recorded runs, so no value can be typed in. A baseline not in it runs at
 #: BASELINE_DEFAULT_LR.
-SELECTED_LR: Dict[str, float] = {"NeuMF": 1e-3, "LightGCN": 1e-2, "FedNCF": 1e-2, "GA-DTCDR": 1e-3, "CL-DTCDR": 1e-2,
-                                 "PriCDR": 1e-3, "P2FCDR": 1e-2, "P2DTR": 1e-2}
+SELECTED_LR: Dict[str, float] = {"NeuMF": 1e-3, "LightGCN": 1e-2, "FedNCF": 1e-2, "GA-DTCDR": 1e-3, "GA-MTCDR-P": 3e-4,
+                                 "NMCDR": 1e-4, "CL-DTCDR": 1e-2, "PriCDR": 1e-3, "P2FCDR": 1e-2, "P2DTR": 1e-2}
 BASELINE_DEFAULT_LR = 1e-3  # until a baseline's tuning runs are recorded
 #: methods whose round is not one pass over every domain's data: FedNCF samples 10 % of the
 #: users per round and evaluates every 10 rounds (its own default), so it gets more rounds
