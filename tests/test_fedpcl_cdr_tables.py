@@ -65,8 +65,14 @@ def test_tables_write_and_pass_the_consistency_check(root):
     for variant in ("w/o LDP", "w/o CL"):
         record(X.cell("Phone-Sport", "FedPCL-CDR", variant=variant), scores(0.52))
     record(X.cell("Phone-Sport", "FedPCL-CDR", overlap_ratio=0.3), scores(0.4))
+    record(X.cell("Phone-Sport", "NeuMF"), scores(0.55))  # a baseline: Table 2 derives its Imp rows
     tables = T.write_tables("quick", tasks=("Phone-Sport",))
     assert check_results_dir(root / "results" / "fedpcl_cdr" / "quick") == []
+    t2 = tables["table2_main"]
+    imp = t2[(t2["stat"] == "Imp (vs best baseline)") & t2["value_ours"].notna()]
+    assert len(imp) == 4 and (imp["value_ours"] < 0).all()  # FedPCL-CDR below NeuMF in both domains
+    fedpcl_id, neumf_id = X.config_hash(X.cell("Phone-Sport", "FedPCL-CDR")), X.config_hash(X.cell("Phone-Sport", "NeuMF"))
+    assert (imp["run_ids"] == fedpcl_id).all() and imp["note"].str.contains(neumf_id).all()
     t1 = tables["table1_dataset_stats"]
     users = t1[(t1["domain"] == "Phone") & (t1["metric"] == "# Users")].iloc[0]
     assert users["value_ours"] == 4998 and users["value_paper"] == 5730
