@@ -52,11 +52,11 @@ def keep_freed_memory(environ=os.environ) -> bool:
     if environ.get("FEDLIB_KEEP_FREED_MEMORY", "1").strip() == "0" or not sys.platform.startswith("linux"):
         return False
     try:
-        mallopt = ctypes.CDLL(None).mallopt
-        gnu_get_libc_version = ctypes.CDLL(None).gnu_get_libc_version  # glibc only (musl has no such call)
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # glibc only: musl has mallopt but no such call (AttributeError)
+        mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    del gnu_get_libc_version
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     accepted = [mallopt(_M_MMAP_THRESHOLD, ALLOCATOR_SETTINGS["mmap_threshold"]),
                 mallopt(_M_TRIM_THRESHOLD, ALLOCATOR_SETTINGS["trim_threshold"]),

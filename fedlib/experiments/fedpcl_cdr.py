@@ -400,11 +400,10 @@ def tuning_cells(task: str = "Phone-Sport", records: Optional[Iterable] = None, 
     for method in BASELINES:
         rates = list(LEARNING_RATES)
         while True:
-            tried = [cell(task, method, lr=lr, **kwargs) for lr in rates]
-            if any(config_hash(c) not in scores for c in tried):
+            keys = {lr: config_hash(cell(task, method, lr=lr, **kwargs)) for lr in rates}
+            if any(key not in scores for key in keys.values()):
                 break  # some run of this baseline is still pending: widen only once all are in
-            best = max(rates, key=lambda lr: scores[config_hash(cell(task, method, lr=lr, **kwargs))])
-            step = _ladder_step(best, rates)
+            step = _ladder_step(max(rates, key=lambda lr: scores[keys[lr]]), rates)
             if step is None:
                 break
             rates.append(step)
