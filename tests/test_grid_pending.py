@@ -50,6 +50,25 @@ def test_pending_cost_follows_the_same_cell_with_other_seeds(project):
     assert report.loc["B", "pending_h"] == pytest.approx(40.0 / 3600)  # no run of that cell: the label's median
 
 
+def test_pending_cost_scales_with_the_dataset(project):
+    """A label timed on a small task only is priced on a large one by how much dearer other labels ran there."""
+    def on(method, task, seed=0):
+        return {**_cell(method, seed), "task": task}
+
+    append_run(PAPER, "paper", on("A", "small"), 0, {"x": 1.0}, 100.0)
+    append_run(PAPER, "paper", on("A", "large"), 0, {"x": 1.0}, 900.0)   # A: 9x dearer on the large task
+    append_run(PAPER, "paper", on("B", "small"), 0, {"x": 1.0}, 10.0)
+    append_run(PAPER, "paper", on("B", "small", 1), 1, {"x": 1.0}, 30.0)
+    append_run(PAPER, "paper", {**on("C", "small", 5), "rounds": 7}, 5, {"x": 1.0}, 50.0)  # another cell
+    cells = [on("B", "large"), on("C", "small"), on("C", "unseen")]
+    report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
+    # factor of "large": median over labels run there of (median there / label median) = 900 / 500 = 1.8
+    assert report.loc["B", "pending_h"] == pytest.approx(20.0 * 1.8 / 3600)
+    # C on "small": no run of that very cell (other params), but C's own runs on "small": 50 s;
+    # C on a task nobody has run yet: C's median unscaled
+    assert report.loc["C", "pending_h"] == pytest.approx((50.0 + 50.0) / 3600)
+
+
 def test_command_line_pending_trains_nothing(project, capsys):
     append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0)
     ran = []

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import pandas as pd
 
@@ -206,16 +206,35 @@ def pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) 
     return [c for c in unique_cells(cells) if config_hash(c) not in known]
 
 
+#: Config keys that name a cell's dataset (the first one present is used by :func:`pending_report`).
+DATASET_KEYS = ("task", "dataset")
+
+
+def _dataset_of(config: Mapping[str, Any]) -> Optional[str]:
+    """The cell's dataset (or task) name, or ``None`` when its config has none of :data:`DATASET_KEYS`."""
+    for key in DATASET_KEYS:
+        if config.get(key) is not None:
+            return str(config[key])
+    return None
+
+
 def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
                    label: Optional[Callable[[Mapping[str, Any]], str]] = None) -> pd.DataFrame:
     """What is left of a grid: one row per row label, with pending / recorded counts and a cost guess.
 
     Columns: ``label``, ``recorded``, ``pending``, ``median_s`` (median recorded wall time of
     that label's runs at ``profile``, over the whole runs file, so other datasets and seeds of
-    the label count too; NaN if it has none) and ``pending_h`` (hours: each pending cell costs
-    the median of the recorded runs of the same cell with other seeds, else its label's
-    median; a guess, since wall time depends on what shares the cores). One label can mix
-    cells of very different cost (a backbone, a dataset), hence the per-cell guess.
+    the label count too; NaN if it has none) and ``pending_h`` (hours; a guess, since wall
+    time depends on what shares the cores). Each pending cell is priced by the first of:
+
+    1. the median of the recorded runs of the same cell with other seeds;
+    2. the median of the label's recorded runs on the cell's dataset (``task`` or ``dataset``);
+    3. the label's median times the dataset's **size factor**: over the labels recorded both
+       on that dataset and overall, the median of (label's median on the dataset / label's
+       median). A label timed only on a small dataset is not a guess for a large one;
+    4. the label's median, when no label has been run on that dataset yet.
+
+    One label can mix cells of very different cost (a backbone, a dataset), hence the per-cell guess.
     """
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
@@ -223,18 +242,40 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
     def seedless(config: Mapping[str, Any]) -> str:
         return config_hash({k: v for k, v in config.items() if k != "seed"})
 
+    def median(values: Sequence[float]) -> float:
+        return float(pd.Series(values, dtype=float).median())
+
     label = label or (lambda c: str(c.get("method", "cell")))
     known = latest_records(read_runs(paper, profile))
     seconds: Dict[str, List[float]] = {}
+    on_dataset: Dict[Tuple[str, Optional[str]], List[float]] = {}
     same_cell: Dict[str, List[float]] = {}
     for record in known.values():
         try:
             wall = float(record.wall_time_s)
-            seconds.setdefault(label(record.config), []).append(wall)
+            row_label = label(record.config)
         except (KeyError, TypeError):  # statistics records and other kinds of run have no row label
             continue
+        seconds.setdefault(row_label, []).append(wall)
+        on_dataset.setdefault((row_label, _dataset_of(record.config)), []).append(wall)
         same_cell.setdefault(seedless(record.config), []).append(wall)
-    label_median = {k: float(pd.Series(v).median()) for k, v in seconds.items()}
+    label_median = {k: median(v) for k, v in seconds.items()}
+    ratios: Dict[Optional[str], List[float]] = {}
+    for (row_label, dataset), walls in on_dataset.items():
+        if label_median[row_label] > 0:
+            ratios.setdefault(dataset, []).append(median(walls) / label_median[row_label])
+    size_factor = {dataset: median(r) for dataset, r in ratios.items()}
+
+    def guess(c: Mapping[str, Any]) -> float:
+        others = same_cell.get(seedless(c))
+        if others:
+            return median(others)
+        dataset = _dataset_of(c)
+        walls = on_dataset.get((label(c), dataset))
+        if walls:
+            return median(walls)
+        return label_median.get(label(c), float("nan")) * size_factor.get(dataset, 1.0)
+
     rows: Dict[str, Dict[str, Any]] = {}
     for c in unique_cells(cells):
         row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0, "pending_s": 0.0})
@@ -242,8 +283,7 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
             row["recorded"] += 1
             continue
         row["pending"] += 1
-        others = same_cell.get(seedless(c))
-        row["pending_s"] += float(pd.Series(others).median()) if others else label_median.get(label(c), float("nan"))
+        row["pending_s"] += guess(c)
     frame = pd.DataFrame(list(rows.values()), columns=["label", "recorded", "pending", "pending_s"])
     frame["median_s"] = [label_median.get(k, float("nan")) for k in frame["label"]]
     frame["pending_h"] = frame.pop("pending_s") / 3600.0
@@ -330,7 +370,8 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         with pd.option_context("display.width", 160, "display.max_rows", None):
             print(report.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"{int(report['pending'].sum())} of {len(unique_cells(cells))} cells pending; about "
-              f"{report['pending_h'].sum():.1f} h of one-thread wall time from the recorded runs of each cell's other seeds "
+              f"{report['pending_h'].sum():.1f} h of one-thread wall time, priced from the recorded runs of each cell's other "
+              "seeds, else of its label on its dataset, else of its label scaled by the dataset's size factor "
               f"(labels without a recorded run: {int(report['median_s'].isna().sum())})")
         return pending_cells(paper, args.profile, cells)
     if args.reverse:
