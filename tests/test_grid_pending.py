@@ -62,8 +62,8 @@ def test_pending_cost_scales_with_the_dataset(project):
     append_run(PAPER, "paper", {**on("C", "small", 5), "rounds": 7}, 5, {"x": 1.0}, 50.0)  # another cell
     cells = [on("B", "large"), on("C", "small"), on("C", "unseen")]
     report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
-    # factor of "large": median over labels run there of (median there / label median) = 900 / 500 = 1.8
-    assert report.loc["B", "pending_h"] == pytest.approx(20.0 * 1.8 / 3600)
+    # "large" ran 9x dearer than "small" for A, the one label run on both: B's 20 s on "small" x 9
+    assert report.loc["B", "pending_h"] == pytest.approx(20.0 * 9.0 / 3600)
     # C on "small": no run of that very cell (other params), but C's own runs on "small": 50 s;
     # C on a task nobody has run yet: C's median unscaled
     assert report.loc["C", "pending_h"] == pytest.approx((50.0 + 50.0) / 3600)

@@ -229,10 +229,11 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
 
     1. the median of the recorded runs of the same cell with other seeds;
     2. the median of the label's recorded runs on the cell's dataset (``task`` or ``dataset``);
-    3. the label's median times the dataset's **size factor**: over the labels recorded both
-       on that dataset and overall, the median of (label's median on the dataset / label's
-       median). A label timed only on a small dataset is not a guess for a large one;
-    4. the label's median, when no label has been run on that dataset yet.
+    3. the label's runs on other datasets, each scaled by how much dearer that dataset is:
+       the median, over labels run on both, of (their median on the cell's dataset / their
+       median on the other one). A label timed only on a small dataset is not a guess for a
+       large one;
+    4. the label's median, when no label has been run on both datasets.
 
     One label can mix cells of very different cost (a backbone, a dataset), hence the per-cell guess.
     """
@@ -260,21 +261,24 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
         on_dataset.setdefault((row_label, _dataset_of(record.config)), []).append(wall)
         same_cell.setdefault(seedless(record.config), []).append(wall)
     label_median = {k: median(v) for k, v in seconds.items()}
-    ratios: Dict[Optional[str], List[float]] = {}
-    for (row_label, dataset), walls in on_dataset.items():
-        if label_median[row_label] > 0:
-            ratios.setdefault(dataset, []).append(median(walls) / label_median[row_label])
-    size_factor = {dataset: median(r) for dataset, r in ratios.items()}
+    pair_median = {key: median(walls) for key, walls in on_dataset.items()}  # (label, dataset) -> s
+
+    def dataset_ratio(target: Optional[str], source: Optional[str]) -> Optional[float]:
+        """How many times dearer ``target`` ran than ``source``, over the labels run on both."""
+        ratios = [wall / pair_median[(row_label, source)] for (row_label, dataset), wall in pair_median.items()
+                  if dataset == target and pair_median.get((row_label, source), 0.0) > 0]
+        return median(ratios) if ratios else None
 
     def guess(c: Mapping[str, Any]) -> float:
         others = same_cell.get(seedless(c))
         if others:
             return median(others)
-        dataset = _dataset_of(c)
-        walls = on_dataset.get((label(c), dataset))
-        if walls:
-            return median(walls)
-        return label_median.get(label(c), float("nan")) * size_factor.get(dataset, 1.0)
+        row_label, dataset = label(c), _dataset_of(c)
+        if (row_label, dataset) in pair_median:
+            return pair_median[(row_label, dataset)]
+        scaled = [wall * ratio for (other_label, source), wall in pair_median.items()
+                  if other_label == row_label and (ratio := dataset_ratio(dataset, source)) is not None]
+        return median(scaled) if scaled else label_median.get(row_label, float("nan"))
 
     rows: Dict[str, Dict[str, Any]] = {}
     for c in unique_cells(cells):
@@ -371,7 +375,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
             print(report.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"{int(report['pending'].sum())} of {len(unique_cells(cells))} cells pending; about "
               f"{report['pending_h'].sum():.1f} h of one-thread wall time, priced from the recorded runs of each cell's other "
-              "seeds, else of its label on its dataset, else of its label scaled by the dataset's size factor "
+              "seeds, else of its label on its dataset, else of its label on other datasets scaled by their relative cost "
               f"(labels without a recorded run: {int(report['median_s'].isna().sum())})")
         return pending_cells(paper, args.profile, cells)
     if args.reverse:
