@@ -1,7 +1,11 @@
 """Peak resident memory of a run: the measurement, and that the grids record it."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,22 +24,70 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
+def in_fresh_process(code: str, project_root: Path) -> dict:
+    """Run ``code`` in a new interpreter and return the JSON it prints last.
+
+    Why not in this process: a block's peak counts memory the process already holds. After
+    earlier tests have freed hundreds of MB inside the heap, ``malloc`` serves a new tensor
+    from those already-resident pages, so allocating it does not raise RSS at all and every
+    block reports the same peak. Only a fresh process makes "a bigger tensor, a bigger peak"
+    a property of the code rather than of the test order.
+    """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "FEDLIB_PROJECT_ROOT": str(project_root),
+                                            "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(not LINUX, reason="the per-block peak (VmHWM) is Linux only")
-def test_peak_is_positive_and_grows_with_a_large_tensor_allocated_inside_the_block():
-    with grid.PeakRSS() as idle:
-        pass
+def test_peak_is_positive_and_grows_with_a_large_tensor_allocated_inside_the_block(tmp_path):
     megabytes = 256
-    with grid.PeakRSS() as busy:
-        block = torch.ones(megabytes * 2**20 // 4, dtype=torch.float32)  # every page written: resident
-        del block
-    assert idle.mb is not None and idle.mb > 0
-    assert idle.source == busy.source == "VmHWM"  # the peak was reset: it is the block's own
+    peaks = in_fresh_process(f"""
+        import json, torch
+        from fedlib.experiments import grid
+        with grid.PeakRSS() as idle:
+            pass
+        with grid.PeakRSS() as busy:
+            block = torch.ones({megabytes} * 2**20 // 4, dtype=torch.float32)  # every page written: resident
+            del block
+        with grid.PeakRSS() as after:
+            pass
+        print(json.dumps({{name: [p.mb, p.source] for name, p in
+                          (("idle", idle), ("busy", busy), ("after", after))}}))
+    """, tmp_path)
+    (idle, idle_source), (busy, busy_source), (after, _) = peaks["idle"], peaks["busy"], peaks["after"]
+    assert idle is not None and idle > 0
+    assert idle_source == busy_source == "VmHWM"  # the peak was reset: it is the block's own
     # freed before the block ends, so only a per-block peak can see it; allow for allocator slack
-    assert busy.mb - idle.mb > 0.8 * megabytes
+    assert busy - idle > 0.8 * megabytes
     # the next block starts from the current RSS again, not from the earlier peak
-    with grid.PeakRSS() as after:
-        pass
-    assert after.mb < busy.mb - 0.5 * megabytes
+    assert after < busy - 0.5 * megabytes
+
+
+@pytest.mark.skipif(not LINUX, reason="the per-block peak (VmHWM) is Linux only")
+def test_a_tensor_reusing_memory_the_process_already_holds_does_not_raise_the_peak(tmp_path):
+    """Why a peak is the process's RSS, not a tensor's size: with the project's allocator
+    settings, freed heap memory is served again from pages that are already resident."""
+    peaks = in_fresh_process("""
+        import json, torch, fedlib
+        from fedlib.experiments import grid
+        holes = [torch.ones(16 * 2**20 // 4) for _ in range(20)]  # 320 MB of heap blocks, below mmap's threshold
+        pinned = torch.ones(16 * 2**20 // 4)  # keeps the heap's top in use, so the freed blocks are not trimmed
+        del holes
+        with grid.PeakRSS() as idle:
+            pass
+        with grid.PeakRSS() as reused:
+            block = torch.ones(128 * 2**20 // 4)
+            del block
+        print(json.dumps({"keeps": fedlib.KEEPS_FREED_MEMORY, "idle": [idle.mb, idle.source],
+                          "reused": [reused.mb, reused.source]}))
+    """, tmp_path)
+    if not peaks["keeps"]:
+        pytest.skip("the allocator settings were not applied (not glibc)")
+    (idle, idle_source), (reused, reused_source) = peaks["idle"], peaks["reused"]
+    assert idle_source == reused_source == "VmHWM"
+    assert reused - idle < 64  # far less than the 128 MB tensor: its pages were resident already
 
 
 def test_without_the_proc_files_it_falls_back_to_the_process_wide_maximum(monkeypatch, tmp_path):
@@ -62,21 +114,31 @@ def test_nothing_measurable_gives_none(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(not LINUX, reason="the per-block peak (VmHWM) is Linux only")
 def test_live_and_recorded_grids_write_each_runs_peak_memory(project):
-    megabytes = {"small": 8, "large": 192}
+    peaks = in_fresh_process("""
+        import json, os
+        from pathlib import Path
+        import torch
+        from fedlib.experiments import grid
+        from fedlib.reporting import read_runs
 
-    def train(config, progress=None):
-        block = torch.ones(megabytes[config["size"]] * 2**20 // 4)
-        for _ in range(config["rounds"]):
-            if progress is not None:
-                progress()
-        return {"metrics": {"total": float(block[:10].sum())}, "extra": {}}
+        megabytes = {"small": 8, "large": 192}
 
-    cells = [{"size": size, "rounds": 2, "seed": 0} for size in ("large", "small")]
-    grid.run_cells("fedrkg", cells, "quick", train, label=lambda c: c["size"])
-    live = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "quick")}
-    grid.run_recorded_grid("fedrkg", cells, train, "paper", cache_dir=project / "cache", progress=False)
-    recorded = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "paper")}
-    for peaks in (live, recorded):
-        assert set(peaks) == {"small", "large"} and all(v is not None and v > 0 for v in peaks.values())
+        def train(config, progress=None):
+            block = torch.ones(megabytes[config["size"]] * 2**20 // 4)
+            for _ in range(config["rounds"]):
+                if progress is not None:
+                    progress()
+            return {"metrics": {"total": float(block[:10].sum())}, "extra": {}}
+
+        cells = [{"size": size, "rounds": 2, "seed": 0} for size in ("large", "small")]
+        grid.run_cells("fedrkg", cells, "quick", train, label=lambda c: c["size"])
+        live = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "quick")}
+        grid.run_recorded_grid("fedrkg", cells, train, "paper", cache_dir=Path(os.environ["FEDLIB_PROJECT_ROOT"]) / "cache", progress=False)
+        recorded = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "paper")}
+        print(json.dumps({"live": live, "recorded": recorded}))
+    """, project)
+    for peaks_of_grid in (peaks["live"], peaks["recorded"]):
+        assert set(peaks_of_grid) == {"small", "large"}
+        assert all(v is not None and v > 0 for v in peaks_of_grid.values())
         # the small run comes after the large one: its peak is its own, not the process's
-        assert peaks["large"] - peaks["small"] > 0.5 * (megabytes["large"] - megabytes["small"])
+        assert peaks_of_grid["large"] - peaks_of_grid["small"] > 0.5 * (192 - 8)

@@ -45,7 +45,9 @@ class PeakRSS:
 
     * ``"VmHWM"`` (Linux): the peak is reset to the current RSS before the block by writing
       ``5`` to ``/proc/self/clear_refs``, and ``VmHWM`` of ``/proc/self/status`` is read after
-      it: the peak *of this block* (it includes what the process held before the block);
+      it: the peak *of this block* (it includes what the process held before the block, and a
+      tensor served from heap memory an earlier block freed adds nothing: those pages are
+      resident already, see :func:`fedlib.device.keep_freed_memory`);
     * ``"ru_maxrss"`` (when the reset or the read fails, e.g. not Linux):
       ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the peak of the *whole process so far*,
       so a run after a bigger one reports the bigger one's peak (an upper bound, not the run's own);
