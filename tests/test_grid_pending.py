@@ -69,6 +69,24 @@ def test_pending_cost_scales_with_the_dataset(project):
     assert report.loc["C", "pending_h"] == pytest.approx((50.0 + 50.0) / 3600)
 
 
+def test_pending_cost_follows_the_nearest_configs_of_the_label(project):
+    """A label's runs on a dataset mix a stale config version and a dear width: a pending cell
+    of the current version at the usual width is priced by the run nearest its own config."""
+    def on(task, seed=0, **settings):
+        return {**_cell("A", seed), "task": task, "version": 2, "dim": 64, **settings}
+
+    append_run(PAPER, "paper", on("small", version=1), 0, {"x": 1.0}, 5000.0)   # an earlier version
+    append_run(PAPER, "paper", on("small"), 0, {"x": 1.0}, 1300.0)
+    append_run(PAPER, "paper", on("small", dim=256), 0, {"x": 1.0}, 6400.0)     # a width sweep's cell
+    append_run(PAPER, "paper", {**on("small"), "method": "B"}, 0, {"x": 1.0}, 100.0)
+    append_run(PAPER, "paper", {**on("large"), "method": "B"}, 0, {"x": 1.0}, 200.0)  # "large": 2x dearer
+    cells = [on("small", alpha=0.5), on("large"), on("large", dim=256)]
+    report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
+    # small, other alpha: one setting from the 1,300 s run, two from the others (not their median 5,000 s);
+    # large: the nearest run on "small" x 2; the dear width x 2
+    assert report.loc["A", "pending_h"] == pytest.approx((1300.0 + 2 * 1300.0 + 2 * 6400.0) / 3600)
+
+
 def test_command_line_pending_trains_nothing(project, capsys):
     append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0)
     ran = []

@@ -230,14 +230,16 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
     time depends on what shares the cores). Each pending cell is priced by the first of:
 
     1. the median of the recorded runs of the same cell with other seeds;
-    2. the median of the label's recorded runs on the cell's dataset (``task`` or ``dataset``);
-    3. the label's runs on other datasets, each scaled by how much dearer that dataset is:
-       the median, over labels run on both, of (their median on the cell's dataset / their
+    2. the median of the label's recorded runs on the cell's dataset (``task`` or ``dataset``)
+       whose configs are nearest the cell's (fewest differing settings, seed and dataset aside);
+    3. the label's nearest runs on other datasets, each scaled by how much dearer that dataset
+       is: the median, over labels run on both, of (their median on the cell's dataset / their
        median on the other one). A label timed only on a small dataset is not a guess for a
        large one;
     4. the label's median, when no label has been run on both datasets.
 
-    One label can mix cells of very different cost (a backbone, a dataset), hence the per-cell guess.
+    One label can mix cells of very different cost (a backbone, a width, a dataset, a run of an
+    earlier config ``version``), hence the per-cell guess from the nearest configs.
     """
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
@@ -248,10 +250,20 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
     def median(values: Sequence[float]) -> float:
         return float(pd.Series(values, dtype=float).median())
 
+    def nearest_median(c: Mapping[str, Any], runs: Sequence[Tuple[Mapping[str, Any], float]]) -> float:
+        """Median wall time of the ``runs`` whose configs differ from ``c`` in the fewest settings."""
+        ignored = {"seed", *DATASET_KEYS}
+
+        def distance(config: Mapping[str, Any]) -> int:
+            return sum(config.get(k) != c.get(k) for k in (set(config) | set(c)) - ignored)
+
+        closest = min(distance(config) for config, _ in runs)
+        return median([wall for config, wall in runs if distance(config) == closest])
+
     label = label or (lambda c: str(c.get("method", "cell")))
     known = latest_records(read_runs(paper, profile))
     seconds: Dict[str, List[float]] = {}
-    on_dataset: Dict[Tuple[str, Optional[str]], List[float]] = {}
+    on_dataset: Dict[Tuple[str, Optional[str]], List[Tuple[Mapping[str, Any], float]]] = {}  # (config, s)
     same_cell: Dict[str, List[float]] = {}
     for record in known.values():
         try:
@@ -260,10 +272,10 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
         except (KeyError, TypeError):  # statistics records and other kinds of run have no row label
             continue
         seconds.setdefault(row_label, []).append(wall)
-        on_dataset.setdefault((row_label, _dataset_of(record.config)), []).append(wall)
+        on_dataset.setdefault((row_label, _dataset_of(record.config)), []).append((record.config, wall))
         same_cell.setdefault(seedless(record.config), []).append(wall)
     label_median = {k: median(v) for k, v in seconds.items()}
-    pair_median = {key: median(walls) for key, walls in on_dataset.items()}  # (label, dataset) -> s
+    pair_median = {key: median([wall for _, wall in runs]) for key, runs in on_dataset.items()}  # (label, dataset) -> s
 
     def dataset_ratio(target: Optional[str], source: Optional[str]) -> Optional[float]:
         """How many times dearer ``target`` ran than ``source``, over the labels run on both."""
@@ -276,9 +288,9 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
         if others:
             return median(others)
         row_label, dataset = label(c), _dataset_of(c)
-        if (row_label, dataset) in pair_median:
-            return pair_median[(row_label, dataset)]
-        scaled = [wall * ratio for (other_label, source), wall in pair_median.items()
+        if (row_label, dataset) in on_dataset:
+            return nearest_median(c, on_dataset[(row_label, dataset)])
+        scaled = [nearest_median(c, runs) * ratio for (other_label, source), runs in on_dataset.items()
                   if other_label == row_label and (ratio := dataset_ratio(dataset, source)) is not None]
         return median(scaled) if scaled else label_median.get(row_label, float("nan"))
 
