@@ -10,13 +10,28 @@ Writes are atomic: the file is written to a temporary name in the same directory
 flushed to disk and renamed over the previous checkpoint (``os.replace``), so a run killed
 at any moment leaves either the old or the new checkpoint, never a torn one.
 Checkpoints live under a directory passed in (default ``checkpoints/``, git-ignored).
+
+Besides the state, a checkpoint carries:
+
+* the **attachments**: objects outside the state that a run's result depends on (e.g. a
+  selection recorder that keeps the test metrics of the best evaluation), each with
+  ``state_dict()`` / ``load_state_dict(d)`` (tensors, numbers, strings, lists, dicts only);
+* the **wall time** spent on the run up to the save (``elapsed_s``), so a run resumed over
+  several sessions reports the time of the rounds it kept (:attr:`Checkpointer.earlier_seconds`);
+  the rounds a killed session ran after its last save are not counted (they are run again);
+* the rounds at which it was **resumed** (:attr:`Checkpointer.resumed_at`).
+
+A save can be scheduled every ``every`` rounds, every ``every_seconds`` of wall time (for
+runs whose rounds differ in cost by orders of magnitude between datasets), or both.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import tempfile
+import time
 from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -29,33 +44,66 @@ _STATE_FIELDS = ("round_index", "global_state", "private_state", "history", "bes
 
 
 class Checkpointer:
-    """Save a run's state every ``every`` rounds to ``directory/<name>.pt``.
+    """Save a run's state to ``directory/<name>.pt`` every ``every`` rounds and/or ``every_seconds``.
 
     Args:
         directory: where checkpoints go (created if missing).
         name: file stem, e.g. a hash of the full configuration.
-        every: save when the number of completed rounds is a multiple of this.
+        every: save when the number of completed rounds is a multiple of this (``None``: no
+            round schedule).
+        every_seconds: save when this much wall time has passed since the last save (or since
+            this object was made / loaded a checkpoint); ``None``: no time schedule.
+
+    Attributes:
+        earlier_seconds: wall time (s) the run had spent when the loaded checkpoint was saved
+            (0 for a fresh run).
+        resumed_at: the rounds (completed-round counts) at which the run was resumed, oldest first.
     """
 
-    def __init__(self, directory="checkpoints", name: str = "run", every: int = 10):
-        if every < 1:
+    def __init__(self, directory="checkpoints", name: str = "run", every: Optional[int] = 10,
+                 every_seconds: Optional[float] = None):
+        if every is None and every_seconds is None:
+            raise ValueError("give every (rounds) or every_seconds (wall time), or both")
+        if every is not None and every < 1:
             raise ValueError("every must be >= 1")
-        self.directory, self.name, self.every = Path(directory), str(name), int(every)
+        if every_seconds is not None and not every_seconds > 0:
+            raise ValueError(f"every_seconds must be > 0, got {every_seconds}")
+        self.directory, self.name = Path(directory), str(name)
+        self.every = None if every is None else int(every)
+        self.every_seconds = None if every_seconds is None else float(every_seconds)
+        self.attachments: Dict[str, Any] = {}
+        self.earlier_seconds = 0.0
+        self.resumed_at: List[int] = []
+        self._started = self._last_save = time.perf_counter()
 
     @property
     def path(self) -> Path:
         return self.directory / f"{self.name}.pt"
 
+    def attach(self, name: str, obj) -> None:
+        """Save ``obj.state_dict()`` with every checkpoint and restore it in :meth:`load`."""
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"attachment {name!r} ({type(obj).__name__}) needs state_dict() and load_state_dict()")
+        self.attachments[name] = obj
+
+    def elapsed_seconds(self) -> float:
+        """Wall time spent on the run so far: earlier sessions (up to their last save) plus this one."""
+        return self.earlier_seconds + (time.perf_counter() - self._started)
+
     def maybe_save(self, state, config) -> bool:
-        """Save if ``state.round_index`` is on the schedule (or the run has just stopped)."""
-        if state.round_index % self.every == 0 or state.stopped_early or state.round_index >= config.rounds:
+        """Save if ``state.round_index`` or the clock is on the schedule (or the run has just stopped)."""
+        on_rounds = self.every is not None and state.round_index % self.every == 0
+        on_clock = self.every_seconds is not None and time.perf_counter() - self._last_save >= self.every_seconds
+        if on_rounds or on_clock or state.stopped_early or state.round_index >= config.rounds:
             self.save(state, config)
             return True
         return False
 
     def save(self, state, config) -> None:
         payload = {"format": _FORMAT, "config": dataclasses.asdict(config),
-                   "state": {name: getattr(state, name) for name in _STATE_FIELDS}}
+                   "state": {name: getattr(state, name) for name in _STATE_FIELDS},
+                   "attachments": {name: obj.state_dict() for name, obj in self.attachments.items()},
+                   "elapsed_s": self.elapsed_seconds(), "resumed_at": list(self.resumed_at)}
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
         try:
@@ -68,12 +116,15 @@ class Checkpointer:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+        self._last_save = time.perf_counter()
 
     def load(self, config=None, device=None):
         """The saved :class:`TrainState`, or ``None`` when there is no checkpoint.
 
-        Raises ``ValueError`` when ``config`` differs from the saved one in anything but
-        ``rounds`` (a run may be extended, not changed).
+        Restores the attachments, :attr:`earlier_seconds` and :attr:`resumed_at` (which gains
+        the loaded round). Raises ``ValueError`` when ``config`` differs from the saved one in
+        anything but ``rounds`` (a run may be extended, not changed), or when the checkpoint
+        lacks an attachment this object has (it was written by a run that did not save it).
         """
         from fedlib.engine.loop import TrainState
 
@@ -90,7 +141,23 @@ class Checkpointer:
             if saved != current:
                 diff = {k: (saved.get(k), current.get(k)) for k in set(saved) | set(current) if saved.get(k) != current.get(k)}
                 raise ValueError(f"{self.path} was written with a different configuration: {diff}")
+        saved_attachments = payload.get("attachments", {})
+        missing = sorted(set(self.attachments) - set(saved_attachments))
+        if missing:
+            raise ValueError(f"{self.path} holds no state for the attachments {missing}; delete it to start the run afresh")
+        for name, obj in self.attachments.items():
+            obj.load_state_dict(saved_attachments[name])
         state = TrainState(**payload["state"])
+        self.earlier_seconds = float(payload.get("elapsed_s", 0.0))
+        self.resumed_at = [*payload.get("resumed_at", []), int(state.round_index)]
+        self._last_save = time.perf_counter()
         if config is not None and state.round_index < config.rounds and not state.stopped_early:
             state.test_metrics = None  # an extended run is tested again when it ends
         return state
+
+    def delete(self) -> None:
+        """Remove the checkpoint file (e.g. once the run's result is recorded)."""
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass

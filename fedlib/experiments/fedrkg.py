@@ -56,7 +56,7 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "VERSION", "DATASETS", "OFFLINE_DATASETS", "METHODS", "CENTRALISED", "GUIDANCE_MODES", "SAMPLERS",
     "KS", "SELECTION_METRIC", "cell", "paper_rounds", "paper_beta", "load_split", "make_sampler",
-    "SelectionRecorder", "run_cell", "guidance_rounds", "ldp_epsilon", "config_hash",
+    "SelectionRecorder", "run_cell", "checkpointable", "guidance_rounds", "ldp_epsilon", "config_hash",
 ]
 
 PAPER = "fedrkg"
@@ -310,10 +310,26 @@ class SelectionRecorder:
             self.best_per_user = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in per_user.items()}
         return valid
 
+    def state_dict(self) -> Dict[str, Any]:
+        """What a checkpoint keeps of the recorder (tensors and plain values, for ``weights_only`` loads)."""
+        return {"curve": [dict(row) for row in self.curve], "best": self.best, "diverged": self.diverged,
+                "best_users": None if self.best_users is None else torch.as_tensor(self.best_users),
+                "best_per_user": {k: torch.from_numpy(v) for k, v in self.best_per_user.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.curve = [dict(row) for row in state["curve"]]
+        self.best, self.diverged = state["best"], bool(state["diverged"])
+        self.best_users = None if state["best_users"] is None else state["best_users"].numpy()
+        self.best_per_user = {k: v.numpy() for k, v in state["best_per_user"].items()}
+
     def test_metrics(self) -> Dict[str, float]:
         if self.best is None:
             return {}
         return {k.split("/", 1)[1]: v for k, v in self.curve[self.best].items() if k.startswith("test/")}
+
+
+#: ``TrainState.extra`` key: the round whose loss or scores were not finite (the run stopped there)
+DIVERGED_KEY = "diverged_at_round"
 
 
 class _CentralModel:
@@ -494,13 +510,29 @@ def _run_centralised(config, split, sampler, recorder, device):
     return history
 
 
-def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[dict], None]] = None
-             ) -> Dict[str, Any]:
+def checkpointable(config: Mapping[str, Any]) -> bool:
+    """Whether :func:`run_cell` can save and resume ``config`` mid-run.
+
+    Federated cells can. Not: the centralised baselines (minutes per cell), and the probe and
+    trace cells, whose measurements accumulate outside the training state.
+    """
+    return config["method"] not in CENTRALISED and config["probe_round"] is None and config["trace_every"] == 0
+
+
+def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[dict], None]] = None,
+             checkpointer=None) -> Dict[str, Any]:
     """Train one cell; ``{"metrics": {...}, "extra": {...}}`` (see the module docstring).
 
     ``progress(record)`` is called after every round (e.g. a tqdm update).
+    ``checkpointer``: a :class:`~fedlib.engine.Checkpointer` named after the cell (one file per
+    cell); a :func:`checkpointable` cell resumes from it and saves to it on its schedule, so
+    a killed run continues at its last save with the identical result. ``metrics["seconds"]``
+    then counts the earlier sessions' time up to that save, and ``extra["resumed_at"]`` lists
+    the rounds it was resumed at. Other cells ignore it.
     """
     device = torch.device(device) if device is not None else default_device()
+    if checkpointer is not None and not checkpointable(config):
+        checkpointer = None
     started = time.perf_counter()
     split = load_split(config["dataset"])
     sampler = make_sampler(split, config["sampler"])
@@ -513,7 +545,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     else:
         fed_config = federated_config(config)
         method, executor = make_federated(config, split, sampler, fed_config)
-        hooks, diverged_round = [], []
+        hooks = []
         if config["probe_round"] is not None:
             method, probe = _with_guidance_probe(method, config, split, evaluator)
             extra["probe"] = probe
@@ -529,19 +561,23 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         def on_round_end(state, record):
             loss = record.get("train_loss")
             if recorder.diverged or (loss is not None and not math.isfinite(loss)):
-                # A NaN/inf loss or NaN scores: the parameters are lost; stop (recorded below).
-                diverged_round.append(int(record["round"]))
+                # A NaN/inf loss or NaN scores: the parameters are lost; stop (recorded below;
+                # kept in the state so that a checkpoint of the stopped run carries it).
+                state.extra.setdefault(DIVERGED_KEY, int(record["round"]))
                 state.stopped_early = True
                 return
             for hook in hooks:
                 hook(state, record)
 
+        if checkpointer is not None:
+            checkpointer.attach("selection", recorder)
         state = run_federated(method, split.train, fed_config, executor=executor, sampler=sampler,
-                              evaluator=recorder, device=device, keep_best_state=False, on_round_end=on_round_end)
+                              evaluator=recorder, device=device, keep_best_state=False, on_round_end=on_round_end,
+                              checkpointer=checkpointer)
         history = state.history
         rounds_run = state.round_index
-        if diverged_round:
-            extra["diverged_at_round"] = diverged_round[0]
+        if DIVERGED_KEY in state.extra:
+            extra["diverged_at_round"] = state.extra[DIVERGED_KEY]
         if trace is not None:
             extra["trace"] = trace.frame().to_dict(orient="list")
         from fedlib.methods.fedrkg import LOG_KEY
@@ -560,7 +596,9 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     metrics = {**recorder.test_metrics(), "best_round": best_round, "rounds_run": int(rounds_run),
                "valid/" + SELECTION_METRIC: (recorder.curve[recorder.best][f"valid/{SELECTION_METRIC}"]
                                              if recorder.best is not None else float("nan")),
-               "seconds": time.perf_counter() - started}
+               "seconds": time.perf_counter() - started + (checkpointer.earlier_seconds if checkpointer else 0.0)}
+    if checkpointer is not None and checkpointer.resumed_at:
+        extra["resumed_at"] = list(checkpointer.resumed_at)
     if config["ldp"] is not None:
         metrics["ldp_epsilon"] = ldp_epsilon(config, split)
         metrics["ldp_delta"] = 1.0 / split.num_users
@@ -812,15 +850,23 @@ def _compact(result: Mapping[str, Any]) -> Dict[str, Any]:
     return {"metrics": dict(result["metrics"]), "extra": extra}
 
 
+#: wall time between two checkpoints of a grid cell (s): a LastFM-2K FedRKG checkpoint holds
+#: 1,269 personal 12,322 × 32 item tables (~2 GB), too much to write every few rounds
+CHECKPOINT_EVERY_S = 900.0
+
+
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir: Path = Path(".cache/fedrkg"),
              worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
     """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
 
     A fresh clone resumes from the committed ``results/fedrkg[/profile]/runs.jsonl``: recorded
-    cells are restored into the cache and not trained again.
+    cells are restored into the cache and not trained again. A cell in training saves its
+    state every :data:`CHECKPOINT_EVERY_S` seconds (:func:`checkpointable` cells) under
+    ``cache_dir/<profile>/checkpoints/``; a killed worker's cell continues there when a worker
+    next takes it (a LastFM-2K cell can outlast a working session).
     """
     return grid.run_recorded_grid(PAPER, cells, _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells",
@@ -834,8 +880,8 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str
     return grid.run_cells(PAPER, cells, profile, _train, method_label, description)
 
 
-def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
-    return _compact(run_cell(config, progress=progress))
+def _train(config: Mapping[str, Any], progress=None, checkpointer=None) -> Dict[str, Any]:
+    return _compact(run_cell(config, progress=progress, checkpointer=checkpointer))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

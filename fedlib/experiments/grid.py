@@ -101,12 +101,23 @@ class PeakRSS:
 
 
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
-                      cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
+                      cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True,
+                      checkpoint_every_s: Optional[float] = None) -> pd.DataFrame:
     """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl.
 
     Each record carries the commit checked out when this worker started, not when the cell
     ended: a long-running worker keeps the code it imported, whatever is committed meanwhile.
+
+    ``checkpoint_every_s``: also save each cell's training state every this many seconds of
+    wall time, to ``<cache_dir>/<profile>/checkpoints/<config_hash>.pt``, and resume a cell
+    from there (a cell longer than a working session then finishes over several). ``train``
+    must then accept ``checkpointer=`` (a :class:`~fedlib.engine.Checkpointer`, which it may
+    ignore for cells it cannot resume). The recorded wall time adds the earlier sessions'
+    time up to their last save; the checkpoint is deleted once the cell is recorded. A
+    checkpoint holds no code version: after a change that alters a cell's numbers, bump the
+    paper's config ``version`` (which renames every checkpoint) or delete the folder.
     """
+    from fedlib.engine import Checkpointer
     from fedlib.reporting import ResultCache, append_run
     from fedlib.reporting.cache import restore_cache_from_records
     from fedlib.reporting.results import current_commit
@@ -119,16 +130,26 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     restore_cache_from_records(cache, paper, profile)
 
     peaks: Dict[str, Optional[float]] = {}  # run id -> peak RSS (MiB) of its training, until it is recorded
+    checkpointers: Dict[str, Checkpointer] = {}  # run id -> its checkpointer, until it is recorded
 
     def measured(config):
+        keywords = {}
+        if checkpoint_every_s is not None:
+            keywords["checkpointer"] = checkpointers[config_hash(config)] = Checkpointer(
+                Path(cache_dir) / profile / "checkpoints", name=config_hash(config), every=None,
+                every_seconds=checkpoint_every_s)
         with PeakRSS() as peak:
-            result = train(config, None)
+            result = train(config, None, **keywords)
         peaks[config_hash(config)] = peak.mb
         return result
 
     def record(config, result, wall):
-        append_run(paper, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"],
+        checkpointer = checkpointers.pop(config_hash(config), None)
+        earlier = checkpointer.earlier_seconds if checkpointer is not None else 0.0
+        append_run(paper, profile, config, config["seed"], result["metrics"], wall + earlier, extra=result["extra"],
                    peak_rss_mb=peaks.pop(config_hash(config), None), commit=started_at)
+        if checkpointer is not None:
+            checkpointer.delete()
 
     return cache.run_grid(mine, measured, progress=progress, on_new_result=record,
                           description=f"{paper} {profile} worker {worker}/{workers}")
