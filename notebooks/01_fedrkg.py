@@ -324,6 +324,11 @@ print(pd.DataFrame([{"method": k, **{p: v for p, v in params.items()}} for k, pa
 # `paper`-profile runs (each finished cell is appended to `results/fedrkg/runs.jsonl`; a
 # command run again trains only what is missing). Every part takes `--workers 2 --worker k`
 # to split its cells over two processes, and `--pending` lists what is left without training.
+# A federated cell also saves its training state every 15 minutes under
+# `.cache/fedrkg/paper/checkpoints/`: a LastFM-2K cell (3,000 rounds) that a killed worker left
+# unfinished continues from there when the command is run again, with the result an
+# uninterrupted run gives (`tests/test_fedrkg_checkpoint.py`); its recorded wall time adds the
+# earlier sessions' time up to their last save.
 #
 # ```sh
 # # Table 1 with the paper's five seeds on FilmTrust and Amazon-Video (both samplers)
