@@ -42,7 +42,7 @@ def test_cells_validate_their_arguments():
 
 def test_cell_defaults_follow_the_paper_and_the_stated_sizes():
     main = X.cell("Food-Kitchen")
-    assert main["dim"] == X.MAIN_DIM == 256 and main["rounds"] == X.ROUNDS == 20 and main["patience"] == 5
+    assert main["dim"] == X.MAIN_DIM == 256 and main["rounds"] == X.ROUNDS == 20 and main["patience"] == X.PATIENCE == 20
     assert main["sampled_negatives"] == X.SAMPLED_NEGATIVES and X.cell("synthetic")["sampled_negatives"] is None
     assert X.cell("Food-Kitchen", sampled_negatives=None)["sampled_negatives"] is None
     with pytest.raises(ValueError, match="sampled_negatives"):
@@ -62,7 +62,7 @@ def test_variants_map_to_flags_of_the_one_implementation():
     assert len(hashes) == len(X.VARIANTS)
     model, train = X.fedcsr_configs(X.cell("Food-Kitchen", variant="w/o SCL & MCL", dim=16))
     assert (model.use_mcl, model.use_scl, model.use_unified, model.use_single) == (False, False, True, True)
-    assert model.dim == 16 and train.rounds == 20 and train.patience == 5 and model.sampled_negatives == 1000
+    assert model.dim == 16 and train.rounds == 20 and train.patience == 20 and model.sampled_negatives == 1000
     model, _ = X.fedcsr_configs(X.cell("Food-Kitchen", variant="w/o unified"))
     assert not model.use_unified and model.use_single and model.use_mcl
     _, train = X.fedcsr_configs(X.cell("Food-Kitchen", variant="code: central graph"))

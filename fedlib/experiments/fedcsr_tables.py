@@ -25,7 +25,7 @@ baselines' size, :data:`~fedlib.experiments.fedcsr.SMALL_DIM`); Tables 2, 6–8 
 carry a key column ``dim`` (our n) so that both FedCSR rows sit next to the paper's one
 FedCSR value (the n = 64 row has ``repeats_paper_value`` true, so the README status counts
 the paper cell once). Baselines (n = 64, FedProx μ = 0.01), ablations, α, Table 9 and the
-audit run at n = 64; their notes say so. Rounds: at most 20 with patience 5 (paper: 100 / 20).
+audit run at n = 64; their notes say so. Rounds: at most 20 with the paper's patience 20 (paper: 100 rounds).
 These are the grid's sizes (:func:`fedlib.experiments.fedcsr.table2_cells` and the other
 parts). A ``dim`` in the profile's keywords (``cell_kwargs``, or a method's ``method_kwargs``)
 replaces them: every row of that method is then read at that one size (quick and smoke
