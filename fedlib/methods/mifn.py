@@ -181,6 +181,11 @@ class MIFN(nn.Module):
                            negatives: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """``G̃^d(i)`` (module docstring): the generator probability of global ids ``items`` (B, L', C)
         with the normaliser estimated from shared negatives (local ids ``((S_A,), (S_B,))``) → (B, L', C)."""
+        return self.log_sampled_generation(o, items, negatives).exp()
+
+    def log_sampled_generation(self, o: torch.Tensor, items: torch.Tensor,
+                               negatives: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """``log G̃^d(i)`` of :meth:`sampled_generation`, computed in log space → (B, L', C)."""
         na, gen = self.num_items_a, None
         for d, (head, neg, offset, size) in enumerate(((self.head_a, negatives[0], 0, na),
                                                        (self.head_b, negatives[1], na, self.num_items_b))):
@@ -191,7 +196,7 @@ class MIFN(nn.Module):
             scale = math.log(size / neg.numel())                                  # log(|V^d| / S)
             l_neg = l_neg.unsqueeze(2).masked_fill(same, float("-inf")) + scale  # (B, L', C, S)
             log_z = torch.logsumexp(torch.cat([l_item.unsqueeze(-1), l_neg], dim=-1), dim=-1)  # (B, L', C) log Ẑ
-            g = (l_item - log_z).exp()                                            # (B, L', C)
+            g = l_item - log_z                                                    # (B, L', C) log G̃
             gen = g if gen is None else torch.where(items >= na, g, gen)
         return gen
 
@@ -210,14 +215,14 @@ class MIFN(nn.Module):
         # switch: log P(d(i))
         s = self.switch(o)                                                        # (B, L', 1)
         log_dom = torch.where(is_b, F.logsigmoid(s), F.logsigmoid(-s))            # (B, L', C)
-        # generation mode G^d(i)
+        # generation mode log G^d(i)
         if negatives is None:
-            gen_a = self.head_a(o).softmax(-1)                                    # (B, L', |V^A|)
-            gen_b = self.head_b(o).softmax(-1)                                    # (B, L', |V^B|)
-            gen = torch.where(is_b, gen_b.gather(2, (items - na).clamp(min=0, max=self.num_items_b - 1)),
-                              gen_a.gather(2, items.clamp(max=na - 1)))           # (B, L', C)
+            gen_a = self.head_a(o).log_softmax(-1)                                # (B, L', |V^A|)
+            gen_b = self.head_b(o).log_softmax(-1)                                # (B, L', |V^B|)
+            log_gen = torch.where(is_b, gen_b.gather(2, (items - na).clamp(min=0, max=self.num_items_b - 1)),
+                                  gen_a.gather(2, items.clamp(max=na - 1)))       # (B, L', C)
         else:
-            gen = self.sampled_generation(o, items, negatives)                    # (B, L', C) G̃^d(i)
+            log_gen = self.log_sampled_generation(o, items, negatives)            # (B, L', C) log G̃^d(i)
         # pointer mode π(i) / Z^d over history items and their relations
         x = inputs.cross                                                          # (B, L)
         B, Lq, C = items.shape
@@ -226,13 +231,19 @@ class MIFN(nn.Module):
         pi = (rel.lookup(rows, cols).to(o.dtype) * alpha.unsqueeze(2)).sum(-1)    # (B, L', C)
         z = alpha @ rel.mass.to(o.device, o.dtype)[x]                             # (B, L', 2)
         z_i = torch.where(is_b, z[..., 1:], z[..., :1])                           # (B, L', C)
-        q = torch.sigmoid(self.p_gen(o))                                          # (B, L', 2)
-        q_i = torch.where(is_b, q[..., 1:], q[..., :1])                           # (B, L', C)
-        has_ptr = z_i > 0
-        q_i = torch.where(has_ptr, q_i, torch.ones_like(q_i))
-        ptr = torch.where(has_ptr, pi / z_i.clamp(min=1e-12), torch.zeros_like(pi))
-        p_in_domain = q_i * gen + (1 - q_i) * ptr                                 # (B, L', C) P(i | d)
-        return log_dom + torch.log(p_in_domain.clamp(min=1e-12))                  # (B, L', C)
+        logit_q = self.p_gen(o)                                                   # (B, L', 2)
+        logit_q = torch.where(is_b, logit_q[..., 1:], logit_q[..., :1])           # (B, L', C)
+        # P(i | d) = q G + (1 − q) π / Z, in log space: a probability far below float32's range
+        # (a rare item's G under a 30k-item softmax) keeps its order instead of being clamped to a
+        # floor that every such candidate shares, which would tie them and rank the GT first
+        # under the protocol's optimistic tie rule. Log space also keeps its gradient.
+        in_support = (pi > 0) & (z_i > 0)                                         # (B, L', C)
+        log_ptr = torch.where(in_support, torch.log(torch.where(in_support, pi, torch.ones_like(pi)))
+                              - torch.log(torch.where(in_support, z_i, torch.ones_like(z_i))),
+                              torch.full_like(pi, float("-inf")))                 # (B, L', C) log π / Z
+        mixed = torch.logaddexp(F.logsigmoid(logit_q) + log_gen, F.logsigmoid(-logit_q) + log_ptr)
+        log_in_domain = torch.where(z_i > 0, mixed, log_gen)                      # q := 1 without pointer mass
+        return log_dom + log_in_domain                                            # (B, L', C)
 
     # ------------------------------------------------------------------ interface
     def loss(self, batch: SequenceBatch, negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
