@@ -366,6 +366,52 @@ def test_guide_on_fedncf_trains_gates_then_commits_eq9_on_the_tables_only():
     assert record["mode"] == "adaptive" and math.isfinite(record["gate_loss_last_epoch"])
 
 
+def test_generic_gate_training_evaluates_one_mini_batch_per_step(monkeypatch):
+    """A step evaluates the model on the columns of its mini-batch only, not the padded epoch.
+
+    The busiest client sets the padded width B (13k examples on LastFM-2K); evaluating all B
+    columns at each of its B / batch steps made a guidance round quadratic in B.
+    """
+    model = guided_backbone("FedNCF", 6, 7, 3, hidden=(4,), init="torch_default")
+    global_state, private, p_g, gate_w, gate_b = _gate_case(model)
+    users, items, labels, mask, steps = _random_examples([5, 1, 3, 0, 2], 7, width=13, batch=4)
+    widths = []
+    logits = type(model).logits
+
+    def recording_logits(self, params, example_rows):
+        widths.append(example_rows.shape[1])
+        return logits(self, params, example_rows)
+
+    monkeypatch.setattr(type(model), "logits", recording_logits)
+    kwargs = dict(beta=0.7, lr=0.3, epochs=2, steps=steps, clip_norm=0.5)
+    result = train_gates_on_model(model, global_state, private, p_g, gate_w, gate_b, users, items, labels, mask,
+                                  **kwargs)
+    assert widths and max(widths) == 4 < items.shape[1]  # batch_size columns, never the padded 13
+    monkeypatch.undo()
+    sequential = train_gates_on_model_sequential(model, global_state, private, p_g, gate_w, gate_b, users, items,
+                                                 labels, mask, **kwargs)
+    torch.testing.assert_close(result.weight, sequential.weight, rtol=0, atol=1e-10)
+
+
+def test_guide_groups_generic_clients_by_example_count():
+    """``guide`` trains the generic path in chunks of similar counts: same gates as one chunk."""
+    model = guided_backbone("PFedRec", 5, 7, 3, hidden=(3,))
+    global_state, private = _perturbed_state(model)
+    users, items, labels, mask, steps = _random_examples([0, 1, 2, 3, 4], 7, width=11, batch=3)
+    examples = GateExamples(users, items, labels, mask, steps)
+    gates = []
+    for chunk in (2, 64):
+        kg = KnowledgeGuidance(beta=0.9, interval=1, gate_lr=0.5, gate_epochs=3, gate_clip_norm=1.0, gate_tol=None,
+                               chunk_size=chunk)
+        extra, state = {}, {k: v.clone() for k, v in private.items()}
+        kg.guide(state, extra, participants=[0, 1, 2, 3, 4], examples=examples, round_index=1, model=model,
+                 global_state=global_state)
+        gates.append((extra[GATE_WEIGHT_KEY], extra[GATE_BIAS_KEY], state[PERSONAL_TABLE]))
+    for small, whole in zip(*gates):
+        torch.testing.assert_close(small, whole, rtol=0, atol=1e-12)
+    assert gates[0][0].abs().sum() > 0  # the gates trained
+
+
 # -- inside the engine -------------------------------------------------------------------------------------
 def _guided_run(name, executor):
     train, valid, test = _toy_split()

@@ -943,14 +943,20 @@ def train_gates_on_model(model: FederatedModel, global_state: Dict[str, torch.Te
     key_client = keys // num_items
 
     def batch_gradients(weight, bias, in_batch, count):
+        # Only the columns holding this mini-batch are evaluated: a step reads batch_size
+        # columns of each client, not the (C, B) padded matrix (B is the busiest client's
+        # epoch, 13k examples on LastFM-2K, which made every step cost C·B model evaluations).
+        used = in_batch.any(0).nonzero()
+        cols = slice(int(used.min()), int(used.max()) + 1) if used.numel() else slice(0, 0)
         with torch.enable_grad():
             gate = [weight.detach().requires_grad_(True), bias.detach().requires_grad_(True)]
             # Frozen parameters become leaves only when the clip needs their gradients.
-            row_leaf = rows.detach().requires_grad_(clip)
+            row_leaf = rows[:, cols].detach().requires_grad_(clip)
             dense = {name: tensor.detach().requires_grad_(clip) for name, tensor in frozen.items()}
-            logits = fused_model_logits(model, dense, row_leaf, global_rows, gate[0], gate[1], beta)  # (C, B)
-            per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (C, B)
-            client_loss = (per_example * in_batch).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
+            logits = fused_model_logits(model, dense, row_leaf, global_rows[:, cols], gate[0], gate[1],
+                                        beta)  # (C, b) b = columns of this step
+            per_example = F.binary_cross_entropy_with_logits(logits, labels[:, cols], reduction="none")  # (C, b)
+            client_loss = (per_example * in_batch[:, cols]).sum(1) / count.clamp(min=1.0)  # (C,) 0 without a batch
             wrt = gate + ([row_leaf] + list(dense.values()) if clip else [])
             grads = torch.autograd.grad(client_loss.sum(), wrt, allow_unused=True)
         grads = [torch.zeros_like(leaf) if grad is None else grad for leaf, grad in zip(wrt, grads)]
@@ -958,7 +964,7 @@ def train_gates_on_model(model: FederatedModel, global_state: Dict[str, torch.Te
         if clip:
             # The code's clip_grad_norm_ over every parameter of the client model (see train_gates).
             row_grad = torch.zeros(keys.numel(), dim, dtype=dtype, device=device)
-            row_grad.index_add_(0, key_index.reshape(-1), grads[2].reshape(-1, dim))
+            row_grad.index_add_(0, key_index[:, cols].reshape(-1), grads[2].reshape(-1, dim))
             squared = torch.zeros(num_clients, dtype=dtype, device=device)
             squared.index_add_(0, key_client, row_grad.pow(2).sum(1))
             squared = squared + grad_w.pow(2).sum(1) + grad_b.pow(2)
@@ -1223,9 +1229,8 @@ class KnowledgeGuidance:
                     store(examples.users, _train_gates_bucketed(tables, p_g, private_state["head_w"],
                                                                 private_state["head_b"], weight, bias, examples,
                                                                 chunk, **options))
-                else:
-                    for start in range(0, examples.users.numel(), chunk):
-                        part = examples.subset(slice(start, start + chunk))
+                else:  # the same grouping, so a chunk is not padded to the busiest client's epoch
+                    for _, part in _buckets_by_count(examples, chunk):
                         store(part.users, train_gates_on_model(
                             model, global_state if global_state is not None else {}, private_state, p_g, weight,
                             bias, part.users, part.items, part.labels, part.mask, steps=part.steps, **options))
