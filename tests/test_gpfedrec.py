@@ -14,7 +14,7 @@ from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, Sequent
                            make_round_plan, round_generator, run_federated)
 from fedlib.methods.continual import PlanAugmentingExecutor
 from fedlib.methods.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_LOG_KEY, GRAPH_STATS_KEY,
-                                     GPFedRecLoss, GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
+                                     GPFedRecExecutor, GPFedRecLoss, GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
                                      first_occurrence, gpfedrec_method,
                                      graph_personalise, graph_personalise_reference, graph_regulariser,
                                      message_passing, neighbour_weights, user_similarity)
@@ -302,6 +302,63 @@ def test_executors_agree_and_server_personalises(reg_rows):
     targets = b.private_state["target_item_emb"]
     assert not torch.equal(targets[0], targets[1])  # personalised per user
     torch.testing.assert_close(b.extra[BROADCAST_KEY], targets.mean(0))  # q_g = mean of the r_u
+
+
+def _run_with(executor, rounds=4, batch_size=BATCH, reg=1.0, lr_decay=1.0, threshold_scale=1.0, **method_kwargs):
+    train = toy_train()
+    model = GPFedRecModel(NUM_USERS, NUM_ITEMS, dim=4, hidden=(8, 4), init_std=0.3)
+    method = gpfedrec_method(model, lr=0.05, lr_eta=2.0, reg=reg, threshold_scale=threshold_scale, chunk_size=5,
+                             lr_decay=lr_decay, **method_kwargs)
+    config = FederatedConfig(rounds=rounds, seed=2, batch_size=batch_size, dtype="float64")
+    return run_federated(method, train, config, executor=executor, device="cpu")
+
+
+@pytest.mark.parametrize("batch_size, reg, lr_decay, threshold_scale, chunk",
+                         [(BATCH, 1.0, 1.0, 1.0, 128), (3, 1.0, 0.9, 1.0, 4), (2, 3.0, 1.0, 1.2, 1), (3, 0.0, 1.0, 1.0, 5)])
+def test_closed_form_executor_equals_the_context_row_reference(batch_size, reg, lr_decay, threshold_scale, chunk):
+    """Whole-table pull + batch-row autograd = every item as a context row, step by step.
+
+    Small batches give clients several local steps of different counts (a shrinking prefix of
+    active clients); ``threshold_scale`` 1.2 makes the graph incomplete, so ``r_u`` differs per
+    user and the pull is not toward one table.
+    """
+    options = dict(rounds=4, batch_size=batch_size, reg=reg, lr_decay=lr_decay, threshold_scale=threshold_scale)
+    reference = _run_with(PlanAugmentingExecutor(BatchedExecutor(chunk_size=6)), **options)
+    fast = _run_with(GPFedRecExecutor(chunk_size=chunk), **options)
+    sequential = _run_with(PlanAugmentingExecutor(SequentialExecutor()), **options)
+    for name in reference.private_state:
+        torch.testing.assert_close(fast.private_state[name], reference.private_state[name], atol=1e-10, rtol=0,
+                                   msg=name)
+        torch.testing.assert_close(fast.private_state[name], sequential.private_state[name], atol=1e-10, rtol=0,
+                                   msg=name)
+    np.testing.assert_allclose([r["train_loss"] for r in fast.history], [r["train_loss"] for r in reference.history],
+                               atol=1e-10)
+    # the comparison is not vacuous: several steps, tables that moved and differ per user
+    positives = np.bincount(toy_train().users)
+    positives = positives[positives > 0]
+    assert batch_size == BATCH or (positives.max() > batch_size and positives.min() != positives.max())
+    table = fast.private_state["item_emb"]
+    assert not torch.equal(table[0], table[1])
+    if threshold_scale > 1:
+        assert not fast.extra[GRAPH_STATS_KEY]["complete"]
+
+
+def test_closed_form_executor_falls_back_where_it_does_not_apply():
+    """A step clip is outside the closed form: the reference path runs, with its own result."""
+    assert not GPFedRecExecutor.applies(gpfedrec_method(GPFedRecModel(3, 4, 2), grad_clip_norm=0.5))
+    assert not GPFedRecExecutor.applies(gpfedrec_method(GPFedRecModel(3, 4, 2), reg_rows="batch"))
+    assert GPFedRecExecutor.applies(gpfedrec_method(GPFedRecModel(3, 4, 2)))
+    clipped = _run_with(GPFedRecExecutor(), rounds=2, grad_clip_norm=0.05)
+    reference = _run_with(PlanAugmentingExecutor(BatchedExecutor(chunk_size=6)), rounds=2, grad_clip_norm=0.05)
+    plain = _run_with(GPFedRecExecutor(), rounds=2)
+    torch.testing.assert_close(clipped.private_state["item_emb"], reference.private_state["item_emb"], atol=1e-10,
+                               rtol=0)
+    assert not torch.allclose(clipped.private_state["item_emb"], plain.private_state["item_emb"], atol=1e-6)
+
+
+def test_closed_form_executor_refuses_a_bad_chunk_size():
+    with pytest.raises(ValueError, match="chunk_size"):
+        GPFedRecExecutor(chunk_size=0)
 
 
 @pytest.mark.parametrize("executor", ["sequential", "batched"])

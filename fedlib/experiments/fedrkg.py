@@ -379,11 +379,11 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         from fedlib.models import PFedRec
         method = pfedrec_method(PFedRec(num_users, num_items, dim), lr=p["lr"], lr_eta=p["lr_eta"], **kwargs)
     elif name == "GPFedRec":
-        from fedlib.methods.gpfedrec import GPFedRecModel, gpfedrec_method
+        from fedlib.methods.gpfedrec import GPFedRecExecutor, GPFedRecModel, gpfedrec_method
         model = GPFedRecModel(num_users, num_items, dim, hidden=tuple(p["hidden"]))
         method = gpfedrec_method(model, lr=p["lr"], lr_eta=p["lr_eta"], reg=p["reg"],
                                  threshold_scale=p["threshold_scale"], similarity=p["similarity"], **kwargs)
-        executor = PlanAugmentingExecutor(BatchedExecutor())
+        executor = GPFedRecExecutor()  # the whole-table regulariser in closed form (falls back under LDP)
     elif name == "CoFedRec":
         from fedlib.methods.cofedrec import CoFedRecModel, cofedrec_method
         method = cofedrec_method(CoFedRecModel(num_users, num_items, dim), split.train, fed_config, lr=p["lr"],
