@@ -114,11 +114,28 @@ def test_every_method_runs_on_the_synthetic_task(method):
     for d in domains:   # full ranking (every item of the domain, 30 here) is harder than 1 + 20 candidates
         assert 0 < metrics[f"full/{d}/test/MRR"] <= 1 and metrics[f"full/{d}/test/HR@10"] <= 1
     assert sum(metrics[f"full/{d}/test/MRR"] for d in domains) < sum(metrics[f"{d}/test/MRR"] for d in domains)
+    for d in domains:   # float scores of a trained model: no ties, so counting them against the GT changes nothing
+        for m in METRICS:
+            assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/{m}"] == pytest.approx(metrics[f"{d}/test/{m}"], abs=1e-9)
     if method == "Individual":
         assert metrics["bytes_per_round"] == 0
         assert math.isfinite(metrics["platform1/A/test/MRR"])
     else:
         assert metrics["bytes_per_round"] > 0
+
+
+def test_ties_against_the_ground_truth_expose_a_model_that_scores_everything_alike(monkeypatch):
+    """A model that gives every candidate one score ranks first under the reported (optimistic)
+    rule, and at the bottom once ties count against it: the recorded pair shows the difference."""
+    def flat_scores(self, inputs, candidates, gt_domain):
+        return torch.zeros(candidates.shape, dtype=torch.float32, device=candidates.device)  # (B, C) all tied
+
+    monkeypatch.setattr(FedCSRModel, "score", flat_scores)
+    metrics = X.run_cell(X.cell("synthetic", "FedCSR", **TINY))["metrics"]
+    for d in ("A", "B"):
+        assert metrics[f"{d}/test/MRR"] == 1.0 and metrics[f"{d}/test/HR@1"] == 1.0
+        assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/MRR"] == pytest.approx(1 / (1 + X.SYNTHETIC_NEGATIVES))
+        assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/HR@10"] == 0.0
 
 
 @pytest.mark.parametrize("variant", [v for v in X.VARIANTS if v != "FedCSR"])
