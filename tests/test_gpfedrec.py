@@ -315,16 +315,27 @@ def _run_with(executor, rounds=4, batch_size=BATCH, reg=1.0, lr_decay=1.0, thres
 
 @pytest.mark.parametrize("batch_size, reg, lr_decay, threshold_scale, chunk",
                          [(BATCH, 1.0, 1.0, 1.0, 128), (3, 1.0, 0.9, 1.0, 4), (2, 3.0, 1.0, 1.2, 1), (3, 0.0, 1.0, 1.0, 5)])
-def test_closed_form_executor_equals_the_context_row_reference(batch_size, reg, lr_decay, threshold_scale, chunk):
+def test_closed_form_executor_equals_the_context_row_reference(batch_size, reg, lr_decay, threshold_scale, chunk,
+                                                                monkeypatch):
     """Whole-table pull + batch-row autograd = every item as a context row, step by step.
 
     Small batches give clients several local steps of different counts (a shrinking prefix of
     active clients); ``threshold_scale`` 1.2 makes the graph incomplete, so ``r_u`` differs per
-    user and the pull is not toward one table.
+    user and the pull is not toward one table. Round 0 (and a complete graph) starts every
+    client at ``q_u = r_u``: those clients take the touched-rows path.
     """
+    paths = []
+    chunk_fn = GPFedRecExecutor._chunk
+
+    def recording(*args):
+        paths.append(args[-1])  # whole_table
+        return chunk_fn(*args)
+
+    monkeypatch.setattr(GPFedRecExecutor, "_chunk", staticmethod(recording))
     options = dict(rounds=4, batch_size=batch_size, reg=reg, lr_decay=lr_decay, threshold_scale=threshold_scale)
     reference = _run_with(PlanAugmentingExecutor(BatchedExecutor(chunk_size=6)), **options)
     fast = _run_with(GPFedRecExecutor(chunk_size=chunk), **options)
+    assert False in paths and (threshold_scale <= 1 or True in paths)
     sequential = _run_with(PlanAugmentingExecutor(SequentialExecutor()), **options)
     for name in reference.private_state:
         torch.testing.assert_close(fast.private_state[name], reference.private_state[name], atol=1e-10, rtol=0,

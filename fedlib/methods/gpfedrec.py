@@ -831,6 +831,11 @@ class GPFedRecExecutor:
     at the pre-step values (the same update; the float sums are ordered differently, tests
     compare the two paths). The MLP, head and user vector see only the BCE, as before.
 
+    A client that starts the round with ``q_u = r_u`` (every client while the graph is
+    complete) has a zero pull on every row its steps never touch, so it works on the rows it
+    touches in the round only, as :meth:`GPFedRecLoss.prepare_round` does for the reference
+    path; the other clients work on the whole table.
+
     Anything the closed form does not cover (clipping, gradient or upload noise, Adam, other
     update groups, a trained target table, per-client upload inspection,
     ``reg_rows="batch"``) runs the reference path.
@@ -871,14 +876,17 @@ class GPFedRecExecutor:
         table = private_state[model.table]  # (U, I, d)
         losses = torch.zeros(plan.num_clients, dtype=table.dtype, device=table.device)
         rates = {name: method.lr(name, plan.round_index) for name in method.steps[0]}
-        for start in range(0, plan.num_clients, self.chunk_size):
-            positions = np.arange(start, min(start + self.chunk_size, plan.num_clients))
-            self._chunk(model, loss, private_state, plan, positions, rates, losses)
+        equal = rows_equal(table, private_state[model.target], plan.clients).cpu().numpy()  # (C,) q_u = r_u
+        for whole_table, group in ((True, np.flatnonzero(~equal)), (False, np.flatnonzero(equal))):
+            for start in range(0, group.size, self.chunk_size):
+                self._chunk(model, loss, private_state, plan, group[start:start + self.chunk_size], rates, losses,
+                            whole_table)
         return LocalUpdateResult({}, losses, None)
 
     @staticmethod
     def _chunk(model: GPFedRecModel, loss: GPFedRecLoss, private_state, plan: RoundPlan, positions: np.ndarray,
-               rates: Mapping[str, float], losses: torch.Tensor) -> None:
+               rates: Mapping[str, float], losses: torch.Tensor, whole_table: bool = True) -> None:
+        """One chunk's local steps; ``whole_table=False`` for clients that start with ``q_u = r_u``."""
         table, target = private_state[model.table], private_state[model.target]
         device, dtype = table.device, table.dtype
         num_items, dim = table.shape[1], table.shape[2]
@@ -886,12 +894,31 @@ class GPFedRecExecutor:
         order = positions[np.argsort(-plan.num_steps[positions], kind="stable")]
         sub = plan.subset(order)
         users = torch.as_tensor(sub.clients, dtype=torch.int64, device=device)
-        q = table[users]  # (C, I, d) the local copies (a gather: a copy)
-        r = target[users]  # (C, I, d) the personalised tables, constants
-        dense = {name: private_state[name][users] for name in rates if name != model.table}  # (C, ...)
-        pull = rates.get(model.table, 0.0) * 2.0 * loss.reg / (num_items * dim)  # η c
         counts = np.diff(sub.example_indptr)
         ex_client = np.repeat(np.arange(sub.num_clients), counts)  # (E,)
+        # Row slots of each client's local copy: its whole table, or the rows its round touches
+        # (slot_items (C, R), padded with item 0 where slot_valid is False; ex_slot (E,)).
+        if whole_table:
+            slot_items = torch.arange(num_items, device=device).expand(sub.num_clients, num_items)
+            slot_valid = None
+            ex_slot = sub.items
+        else:
+            keys, ex_key = np.unique(ex_client * num_items + sub.items, return_inverse=True)
+            key_client = keys // num_items
+            first_key = np.searchsorted(key_client, np.arange(sub.num_clients))  # (C,)
+            key_slot = np.arange(keys.size) - first_key[key_client]
+            width = int(key_slot.max(initial=-1)) + 1
+            slot_items = torch.zeros(sub.num_clients, width, dtype=torch.int64, device=device)
+            slot_valid = torch.zeros(sub.num_clients, width, dtype=torch.bool, device=device)
+            at = (torch.as_tensor(key_client, device=device), torch.as_tensor(key_slot, device=device))
+            slot_items[at] = torch.as_tensor(keys % num_items, device=device)
+            slot_valid[at] = True
+            ex_slot = key_slot[ex_key.reshape(-1)]
+        user_rows = users[:, None].expand_as(slot_items)  # (C, R)
+        q = table[user_rows, slot_items]  # (C, R, d) the local copies (a gather: a copy)
+        r = target[user_rows, slot_items]  # (C, R, d) the personalised rows, constants
+        dense = {name: private_state[name][users] for name in rates if name != model.table}  # (C, ...)
+        pull = rates.get(model.table, 0.0) * 2.0 * loss.reg / (num_items * dim)  # η c
         num_steps = int(sub.num_steps.max(initial=0))
         steps_per_client = torch.as_tensor(sub.num_steps, dtype=dtype, device=device)  # (C,)
         chunk_losses = torch.zeros(sub.num_clients, dtype=dtype, device=device)
@@ -901,15 +928,15 @@ class GPFedRecExecutor:
             client = ex_client[take]
             width = int(np.bincount(client, minlength=active).max(initial=0))
             column = np.arange(take.size) - np.searchsorted(client, client)  # position within the client's batch
-            items = torch.zeros(active, width, dtype=torch.int64, device=device)
+            slots = torch.zeros(active, width, dtype=torch.int64, device=device)  # (C_s, B_s) into q's rows
             labels = torch.zeros(active, width, dtype=dtype, device=device)
             mask = torch.zeros(active, width, dtype=dtype, device=device)
             at = (torch.as_tensor(client, device=device), torch.as_tensor(column, device=device))
-            items[at] = torch.as_tensor(sub.items[take], device=device)
+            slots[at] = torch.as_tensor(ex_slot[take], device=device)
             labels[at] = torch.as_tensor(sub.labels[take], dtype=dtype, device=device)
             mask[at] = 1.0
             clients = torch.arange(active, device=device)[:, None].expand(active, width)  # (C_s, B_s)
-            rows = q[clients, items].detach().requires_grad_(model.table in rates)  # (C_s, B_s, d)
+            rows = q[clients, slots].detach().requires_grad_(model.table in rates)  # (C_s, B_s, d)
             leaves = {name: tensor[:active].detach().requires_grad_(True) for name, tensor in dense.items()}
             logits = model._forward(leaves, rows)  # (C_s, B_s)
             per_example = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
@@ -917,16 +944,19 @@ class GPFedRecExecutor:
             wrt = list(leaves.values()) + ([rows] if rows.requires_grad else [])
             grads = torch.autograd.grad(bce.sum(), wrt)
             with torch.no_grad():
-                gap = q[:active] - r[:active]  # (C_s, I, d) at the pre-step values
+                gap = q[:active] - r[:active]  # (C_s, R, d) at the pre-step values (0 on untouched rows)
                 client_loss = bce + loss.reg * torch.linalg.vector_norm(gap, dim=(1, 2)).pow(2) / (num_items * dim)
                 chunk_losses[:active] += client_loss / steps_per_client[:active]
                 for (name, tensor), grad in zip(leaves.items(), grads):
                     dense[name][:active] -= rates[name] * grad
                 if rows.requires_grad:
                     q[:active].sub_(gap, alpha=pull)
-                    q.index_put_((clients, items), grads[-1] * -rates[model.table], accumulate=True)
+                    q.index_put_((clients, slots), grads[-1] * -rates[model.table], accumulate=True)
         with torch.no_grad():
-            table[users] = q
+            if slot_valid is None:
+                table[users] = q
+            else:
+                table[user_rows[slot_valid], slot_items[slot_valid]] = q[slot_valid]
             for name, tensor in dense.items():
                 private_state[name][users] = tensor
             losses[torch.as_tensor(order, device=device)] = chunk_losses
