@@ -58,6 +58,8 @@ How it maps onto the engine (gaps and workarounds):
   :class:`~fedlib.methods.continual.PlanAugmentingExecutor`, so the regulariser is exactly
   the code's ``MSE`` over the whole table. Cost: every client touches all ``I`` rows in every
   step (what the code does too); use ``BatchedExecutor(chunk_size=...)`` to bound memory.
+  :class:`GPFedRecExecutor` gives the same updates with the regulariser in closed form (one
+  elementwise pull per step, autograd on the batch rows only); the FedRKG grid runs it.
   ``reg_rows="batch"`` regularises only the distinct rows of the batch (the same gradient on
   those rows, none elsewhere): cheaper, but rows a client never trains on stay at ``q_g``.
 * **Client sampling.** The code indexes its arrays by user id and only runs with every user
