@@ -522,10 +522,12 @@ def tie_check(records):
     return pd.DataFrame(rows)
 
 
-ties = tie_check(read_runs(PAPER, profile))
-print(ties.round(3).to_string(index=False) if len(ties) else f"no run at profile {profile!r} has the tie check yet")
-if len(ties):
-    fnb.record("largest_tie_gap_points", float(ties["gap"].abs().max()))
+for shown in dict.fromkeys(["paper", profile]):  # the recorded grid first, then this run's profile
+    ties = tie_check(read_runs(PAPER, shown))
+    print(f"profile {shown!r}:")
+    print(ties.round(3).to_string(index=False) if len(ties) else "  no run has the tie check yet")
+    if shown == profile and len(ties):
+        fnb.record("largest_tie_gap_points", float(ties["gap"].abs().max()))
 
 # %% [markdown]
 # ### Tables 3-4: SCL and MCL
