@@ -889,6 +889,8 @@ class GPFedRecExecutor:
     def _chunk(model: GPFedRecModel, loss: GPFedRecLoss, private_state, plan: RoundPlan, positions: np.ndarray,
                rates: Mapping[str, float], losses: torch.Tensor, whole_table: bool = True) -> None:
         """One chunk's local steps; ``whole_table=False`` for clients that start with ``q_u = r_u``."""
+        from fedlib.engine.executors import _padded_batch  # the engine's (C_s, B_s) padding of one step
+
         table, target = private_state[model.table], private_state[model.target]
         device, dtype = table.device, table.dtype
         num_items, dim = table.shape[1], table.shape[2]
@@ -927,16 +929,12 @@ class GPFedRecExecutor:
         for step in range(num_steps):
             active = int((sub.num_steps > step).sum())
             take = np.flatnonzero(sub.steps == step)  # sorted by client, then planned order
-            client = ex_client[take]
-            width = int(np.bincount(client, minlength=active).max(initial=0))
-            column = np.arange(take.size) - np.searchsorted(client, client)  # position within the client's batch
-            slots = torch.zeros(active, width, dtype=torch.int64, device=device)  # (C_s, B_s) into q's rows
-            labels = torch.zeros(active, width, dtype=dtype, device=device)
-            mask = torch.zeros(active, width, dtype=dtype, device=device)
-            at = (torch.as_tensor(client, device=device), torch.as_tensor(column, device=device))
-            slots[at] = torch.as_tensor(ex_slot[take], device=device)
-            labels[at] = torch.as_tensor(sub.labels[take], dtype=dtype, device=device)
-            mask[at] = 1.0
+            batch = _padded_batch(torch.as_tensor(ex_client[take], device=device),
+                                  torch.as_tensor(ex_slot[take], device=device),
+                                  torch.as_tensor(sub.items[take], device=device),
+                                  torch.as_tensor(sub.labels[take], dtype=dtype, device=device), active, users, dtype)
+            slots, labels, mask = batch.rows, batch.labels, batch.mask  # (C_s, B_s); rows index q's slots
+            width = slots.shape[1]
             clients = torch.arange(active, device=device)[:, None].expand(active, width)  # (C_s, B_s)
             rows = q[clients, slots].detach().requires_grad_(model.table in rates)  # (C_s, B_s, d)
             leaves = {name: tensor[:active].detach().requires_grad_(True) for name, tensor in dense.items()}
