@@ -867,10 +867,10 @@ fnb.record("lastfm_r10", lastfm_rows)
 # * **On LastFM-2K the leak lifts FedRKG only.** Under the leaky sampler the shared-table
 #   methods stay within 0.8 points of the paper (MF 4.57, CoFedRec 4.33, NeuMF 3.62, FedMF 3.47,
 #   FedNCF 3.23, PFedRec 2.92), and their validation peaks within 10-310 rounds (epochs for MF
-#   and NeuMF). FedDAE stays at 2.68 under both samplers (paper 25.74). FedRAP diverges (NaN loss) at round 127
-#   (correct) and 125 (leaky) with the code's item-table lr 200 and the unbounded independence
-#   term, so its table cells are the best evaluation before that (paper 20.17). Neither
-#   dual-knowledge number of the paper is reproduced under either sampler.
+#   and NeuMF). FedDAE stays at 2.68 under both samplers (paper 25.74). FedRAP diverges (NaN
+#   loss) at round 127 (correct) and 125 (leaky) with the code's item-table lr 200 and the
+#   unbounded independence term, so its table cells are the best evaluation before that
+#   (paper 20.17). Neither dual-knowledge number of the paper is reproduced under either sampler.
 # * **Stronger guidance is what helps.** The guidance-strength sweep (§6) moves FedRKG
 #   towards a shared table. Every-round guidance (β 0.9, seed 0) lands on FedMF's accuracy
 #   (31.0). β 0.5 every 10 rounds lands above it over three seeds: 34.2 (33.3 / 35.0 / 34.3),
