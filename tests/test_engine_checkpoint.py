@@ -1,6 +1,7 @@
 """Checkpoints: atomic saves, and a run killed with SIGKILL resumes to the identical result."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -8,6 +9,7 @@ import sys
 import textwrap
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -125,3 +127,34 @@ def test_save_is_atomic_and_load_checks_the_config(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert ck.load(config).round_index == 3
     assert sorted(os.listdir(tmp_path)) == ["x.pt"]
+
+
+def test_snapshots_of_other_round_loops_round_trip_and_are_not_confused_with_train_states(tmp_path):
+    config = {"rounds": 10, "model": {"dim": 8}, "train": {"lr": 1e-3}}
+    saver = Checkpointer(tmp_path, name="loop", every=2)
+    assert not saver.due(1) and saver.due(2) and saver.due(3, finished=True)
+    rng = np.random.default_rng(7)
+    snapshot = {"round_index": 4, "weights": {"w": torch.arange(3.0)}, "numpy_rng": rng.bit_generator.state,
+                "history": [{"round": 1, "loss": 0.5}], "best": None}
+    saver.save_snapshot(snapshot, config)
+    expected_next = rng.integers(0, 1 << 40, size=3)
+
+    loader = Checkpointer(tmp_path, name="loop", every=2)
+    loaded = loader.load_snapshot({**config, "rounds": 20})          # a run may be extended
+    assert loader.resumed_at == [4] and loaded["history"] == snapshot["history"]
+    assert torch.equal(loaded["weights"]["w"], torch.arange(3.0))
+    again = np.random.default_rng(0)
+    again.bit_generator.state = loaded["numpy_rng"]                   # 128-bit PCG64 state survives weights_only
+    assert again.integers(0, 1 << 40, size=3).tolist() == expected_next.tolist()
+    with pytest.raises(ValueError, match="different configuration"):
+        loader.load_snapshot({**config, "train": {"lr": 1e-2}})
+    with pytest.raises(ValueError, match="round_index"):
+        saver.save_snapshot({"weights": {}}, config)
+    with pytest.raises(ValueError, match="not a TrainState"):
+        loader.load(FederatedConfig(rounds=10))
+    assert Checkpointer(tmp_path, name="none").load_snapshot(config) is None
+
+    Checkpointer(tmp_path, name="state").save(TrainState(round_index=1, global_state={}, private_state={}),
+                                              FederatedConfig(rounds=10))
+    with pytest.raises(ValueError, match="not a snapshot"):
+        Checkpointer(tmp_path, name="state").load_snapshot(dataclasses.asdict(FederatedConfig(rounds=10)))

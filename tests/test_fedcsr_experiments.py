@@ -171,3 +171,47 @@ def test_command_line_filters_cells_and_adds_seeds(monkeypatch):
     assert sorted(c["seed"] for c in cells) == [0, 0, 1, 1]
     with pytest.raises(SystemExit):
         X.main(["table2", "--datasets", "Phone-Sport"])              # not a FedCSR scenario
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("method", ["FedCSR", "Individual", "Centralized"])
+def test_a_killed_cell_resumes_to_the_uninterrupted_result(tmp_path, method):
+    """Killed in round 3 after the round-2 snapshot, a fresh run_cell continues to the same record."""
+    import json
+
+    from fedlib.engine import Checkpointer
+
+    config = X.cell("synthetic", method, **{**TINY, "rounds": 4, "patience": 4})
+    assert X.checkpointable(config)
+    full = X.run_cell(config)
+
+    def kill_in_round_3(round_number):
+        if round_number == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        X.run_cell(config, progress=kill_in_round_3, checkpointer=Checkpointer(tmp_path, name="cell", every=2))
+    again = Checkpointer(tmp_path, name="cell", every=2)
+    resumed = X.run_cell(config, checkpointer=again)
+    assert resumed["extra"].pop("resumed_at") == [2]
+    assert resumed["metrics"]["seconds"] >= again.earlier_seconds > 0
+
+    def comparable(result):
+        metrics = {k: v for k, v in result["metrics"].items() if k != "seconds"}
+        curve = [{k: v for k, v in row.items() if k != "seconds"} for row in result["extra"]["curve"]]
+        return json.loads(json.dumps({"metrics": metrics, "extra": {**result["extra"], "curve": curve}}))
+
+    assert comparable(resumed) == comparable(full)
+
+
+def test_baseline_cells_run_without_checkpoints(tmp_path):
+    from fedlib.engine import Checkpointer
+
+    config = X.cell("synthetic", "TiSASRec", **TINY)
+    assert not X.checkpointable(config)
+    checkpointer = Checkpointer(tmp_path, name="baseline", every=1)
+    X.run_cell(config, checkpointer=checkpointer)
+    assert not checkpointer.path.exists() and checkpointer.resumed_at == []

@@ -198,3 +198,52 @@ def test_cuda_request_without_cuda_is_a_value_error(split):
         pytest.skip("CUDA present")
     with pytest.raises(ValueError, match="CUDA"):
         T.train_fedcsr(split, CFG, T.FedCSRTrainConfig(rounds=1, device="cuda"))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+class _Killed(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("mode", ["federated", "shared_optimizer", "individual"])
+def test_a_run_killed_after_a_snapshot_resumes_to_the_uninterrupted_numbers(split, tmp_path, mode):
+    """Kill at round 3 (snapshot at round 2), resume: the same history, selection and weights as one run."""
+    from fedlib.engine import Checkpointer
+
+    cfg = FedCSRConfig(dim=16, maxlen=8, dropout=0.2)            # dropout: the torch generator matters too
+    tc = T.FedCSRTrainConfig(rounds=4, local_epochs=1, batch_size=32, seed=5, patience=10,
+                             shared_optimizer=mode == "shared_optimizer")
+    individual = mode == "individual"
+    whole = T.train_fedcsr(split, cfg, tc, individual=individual)
+
+    def kill_at_round_3(row):
+        if row["round"] == 3:
+            raise _Killed
+
+    first = Checkpointer(tmp_path, name="cell", every=2)
+    with pytest.raises(_Killed):
+        T.train_fedcsr(split, cfg, tc, individual=individual, progress=kill_at_round_3, checkpointer=first)
+    second = Checkpointer(tmp_path, name="cell", every=2)
+    resumed = T.train_fedcsr(split, cfg, tc, individual=individual, checkpointer=second)
+    assert second.resumed_at == [2] and second.earlier_seconds > 0
+    assert [row["round"] for row in resumed.history] == [1, 2, 3, 4]
+    assert _strip(resumed.history) == _strip(whole.history)
+    assert resumed.selected == whole.selected and resumed.selected_round == whole.selected_round
+    assert resumed.test_selected == whole.test_selected and resumed.per_platform == whole.per_platform
+    for a, b in zip(resumed.models, whole.models):
+        for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+            assert torch.equal(x, y), name
+
+
+def test_a_finished_snapshot_is_not_trained_again_and_a_changed_setting_is_refused(split, tmp_path):
+    from fedlib.engine import Checkpointer
+
+    done = T.train_fedcsr(split, CFG, TC, checkpointer=Checkpointer(tmp_path, name="cell", every=None,
+                                                                    every_seconds=3600.0))
+    again = T.train_fedcsr(split, CFG, TC, checkpointer=Checkpointer(tmp_path, name="cell", every=1))
+    assert _strip(again.history) == _strip(done.history) and again.selected == done.selected
+    with pytest.raises(ValueError, match="different configuration.*lr"):
+        T.train_fedcsr(split, CFG, T.FedCSRTrainConfig(rounds=2, local_epochs=1, batch_size=32, seed=3, lr=5e-3),
+                       checkpointer=Checkpointer(tmp_path, name="cell", every=1))
+    with pytest.raises(ValueError, match="different configuration"):
+        T.train_individual(split, CFG, TC, checkpointer=Checkpointer(tmp_path, name="cell", every=1))

@@ -23,6 +23,12 @@ Besides the state, a checkpoint carries:
 
 A save can be scheduled every ``every`` rounds, every ``every_seconds`` of wall time (for
 runs whose rounds differ in cost by orders of magnitude between datasets), or both.
+
+Round loops of their own (not :func:`~fedlib.engine.loop.run_federated`) save a **snapshot**
+instead: a dict of their own state (tensors, numbers, strings, lists, dicts) with
+:meth:`Checkpointer.save_snapshot` / :meth:`Checkpointer.load_snapshot`, on the same schedule
+(:meth:`Checkpointer.due`) and with the same atomic write, configuration check and wall-time
+bookkeeping. Such a loop stores its random generators' states in the snapshot.
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
@@ -90,18 +96,45 @@ class Checkpointer:
         """Wall time spent on the run so far: earlier sessions (up to their last save) plus this one."""
         return self.earlier_seconds + (time.perf_counter() - self._started)
 
+    def due(self, round_index: int, finished: bool = False) -> bool:
+        """Whether a save is on the schedule after ``round_index`` completed rounds (always when ``finished``)."""
+        on_rounds = self.every is not None and round_index % self.every == 0
+        on_clock = self.every_seconds is not None and time.perf_counter() - self._last_save >= self.every_seconds
+        return bool(on_rounds or on_clock or finished)
+
     def maybe_save(self, state, config) -> bool:
         """Save if ``state.round_index`` or the clock is on the schedule (or the run has just stopped)."""
-        on_rounds = self.every is not None and state.round_index % self.every == 0
-        on_clock = self.every_seconds is not None and time.perf_counter() - self._last_save >= self.every_seconds
-        if on_rounds or on_clock or state.stopped_early or state.round_index >= config.rounds:
+        if self.due(state.round_index, state.stopped_early or state.round_index >= config.rounds):
             self.save(state, config)
             return True
         return False
 
     def save(self, state, config) -> None:
-        payload = {"format": _FORMAT, "config": dataclasses.asdict(config),
-                   "state": {name: getattr(state, name) for name in _STATE_FIELDS},
+        self._write({"state": {name: getattr(state, name) for name in _STATE_FIELDS}}, dataclasses.asdict(config))
+
+    def save_snapshot(self, snapshot: Dict[str, Any], config: Mapping[str, Any]) -> None:
+        """Save a round loop's own ``snapshot`` (plain values and tensors) made under ``config``.
+
+        ``snapshot`` must hold ``round_index`` (the completed rounds; :attr:`resumed_at` records
+        it). ``config``: a flat or nested dict of plain values naming everything the run's numbers
+        depend on; :meth:`load_snapshot` refuses a snapshot made under another one (``rounds``
+        aside). The snapshot is written atomically with the wall time spent so far.
+        """
+        if "round_index" not in snapshot:
+            raise ValueError("a snapshot must hold 'round_index' (the number of completed rounds)")
+        self._write({"snapshot": snapshot}, dict(config))
+
+    def load_snapshot(self, config: Mapping[str, Any], device=None) -> Optional[Dict[str, Any]]:
+        """The saved snapshot, or ``None`` when there is none; restores the wall-time bookkeeping.
+
+        Raises ``ValueError`` when the file holds a :class:`TrainState` checkpoint instead, or
+        was made under a ``config`` that differs in anything but ``rounds``.
+        """
+        payload = self._read(dict(config), device, body="snapshot")
+        return None if payload is None else payload["snapshot"]
+
+    def _write(self, body: Dict[str, Any], config: Dict[str, Any]) -> None:
+        payload = {"format": _FORMAT, "config": config, **body,
                    "attachments": {name: obj.state_dict() for name, obj in self.attachments.items()},
                    "elapsed_s": self.elapsed_seconds(), "resumed_at": list(self.resumed_at)}
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -128,14 +161,30 @@ class Checkpointer:
         """
         from fedlib.engine.loop import TrainState
 
+        payload = self._read(None if config is None else dataclasses.asdict(config), device, body="state")
+        if payload is None:
+            return None
+        state = TrainState(**payload["state"])
+        if config is not None and state.round_index < config.rounds and not state.stopped_early:
+            state.test_metrics = None  # an extended run is tested again when it ends
+        return state
+
+    def _read(self, config: Optional[Dict[str, Any]], device, body: str) -> Optional[Dict[str, Any]]:
+        """The checked payload (attachments restored, bookkeeping updated), or ``None`` without a file.
+
+        ``body``: ``"state"`` (a :class:`TrainState`) or ``"snapshot"``, the kind the caller reads.
+        """
         if not self.path.exists():
             return None
         payload = torch.load(self.path, map_location=device or "cpu", weights_only=True)
         if payload.get("format") != _FORMAT:
             raise ValueError(f"{self.path}: unknown checkpoint format {payload.get('format')}")
+        if body not in payload:
+            held = "a round-loop TrainState checkpoint" if "state" in payload else "a snapshot of another round loop"
+            raise ValueError(f"{self.path} holds {held}, not a {'TrainState' if body == 'state' else 'snapshot'}; "
+                             "delete it to start the run afresh")
         if config is not None:
-            saved = dict(payload["config"])
-            current = dataclasses.asdict(config)
+            saved, current = dict(payload["config"]), dict(config)
             saved.pop("rounds", None)
             current.pop("rounds", None)
             if saved != current:
@@ -147,13 +196,10 @@ class Checkpointer:
             raise ValueError(f"{self.path} holds no state for the attachments {missing}; delete it to start the run afresh")
         for name, obj in self.attachments.items():
             obj.load_state_dict(saved_attachments[name])
-        state = TrainState(**payload["state"])
         self.earlier_seconds = float(payload.get("elapsed_s", 0.0))
-        self.resumed_at = [*payload.get("resumed_at", []), int(state.round_index)]
+        self.resumed_at = [*payload.get("resumed_at", []), int(payload[body]["round_index"])]
         self._last_save = time.perf_counter()
-        if config is not None and state.round_index < config.rounds and not state.stopped_early:
-            state.test_metrics = None  # an extended run is tested again when it ends
-        return state
+        return payload
 
     def delete(self) -> None:
         """Remove the checkpoint file (e.g. once the run's result is recorded)."""

@@ -90,7 +90,7 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "VERSION", "DATASETS", "METHODS", "BASELINES", "VARIANTS", "ALPHAS", "HIDDEN_FACTORS", "SMALL_DIM",
     "MAIN_DIM", "ROUNDS", "PATIENCE", "SAMPLED_NEGATIVES", "TIES_AGAINST_PREFIX", "PARTS", "cell", "method_cell",
-    "method_label", "dataset_label", "load_split",
+    "method_label", "dataset_label", "load_split", "checkpointable", "CHECKPOINT_EVERY_S",
     "fedcsr_configs", "run_cell", "grid_cells", "unique_cells", "run_grid", "run_cells", "main", "config_hash",
 ]
 
@@ -308,9 +308,24 @@ def _flat(block: Mapping[str, Mapping[str, float]], prefix: str = "") -> Dict[st
     return {f"{prefix}{domain}/{key}": float(value) for domain, values in block.items() for key, value in values.items()}
 
 
-def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[int], None]] = None
-             ) -> Dict[str, Any]:
-    """Train one cell: ``{"metrics": {...}, "extra": {"curve": [...], ...}}`` (module docstring)."""
+def checkpointable(config: Mapping[str, Any]) -> bool:
+    """Whether :func:`run_cell` can save and resume ``config`` mid-run: FedCSR's own loop can
+    (FedCSR, Individual, Centralized; an n = 256 cell takes about 2 h), the baselines cannot."""
+    return config["method"] in ("FedCSR", "Individual", "Centralized")
+
+
+def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[int], None]] = None,
+             checkpointer=None) -> Dict[str, Any]:
+    """Train one cell: ``{"metrics": {...}, "extra": {"curve": [...], ...}}`` (module docstring).
+
+    ``checkpointer``: a :class:`~fedlib.engine.Checkpointer` named after the cell; a
+    :func:`checkpointable` cell resumes from its snapshot and saves on its schedule, so a killed
+    run continues at its last save with the numbers of an uninterrupted one.
+    ``metrics["seconds"]`` then counts the earlier sessions' time up to that save, and
+    ``extra["resumed_at"]`` lists the rounds it was resumed at. Other cells ignore it.
+    """
+    if checkpointer is not None and not checkpointable(config):
+        checkpointer = None
     started = time.perf_counter()
     split = load_split(config["dataset"], config["num_negatives"], config["seed"])
     method = config["method"]
@@ -319,7 +334,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         trained_on = centralized_split(split) if method == "Centralized" else split
         on_round = (lambda row: progress(row["round"])) if progress else None
         result = train_fedcsr(trained_on, model_config, train_config, individual=method == "Individual",
-                              progress=on_round)
+                              progress=on_round, checkpointer=checkpointer)
         per_platform = result.per_platform if method == "Individual" else []
         models = result.models
         full = evaluate_sequences(models[0], trained_on, "test", result.graphs,
@@ -349,12 +364,13 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     metrics.update(selected_round=int(result.selected_round), test_selected_round=int(result.test_selected_round),
                    rounds_run=len(history),
                    bytes_per_round=float(history[0]["bytes_up"] + history[0]["bytes_down"]) if history else 0.0,
-                   seconds=time.perf_counter() - started)
+                   seconds=time.perf_counter() - started + (checkpointer.earlier_seconds if checkpointer else 0.0))
     curve = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history]
-    return {"metrics": metrics,
-            "extra": {"curve": curve, "domains": list(split.extra.get("domain_names", ("A", "B"))),
-                      "substitute_split": bool(split.extra.get("substitute_train", False)),
-                      "notes": list(split.notes)}}
+    extra = {"curve": curve, "domains": list(split.extra.get("domain_names", ("A", "B"))),
+             "substitute_split": bool(split.extra.get("substitute_train", False)), "notes": list(split.notes)}
+    if checkpointer is not None and checkpointer.resumed_at:
+        extra["resumed_at"] = list(checkpointer.resumed_at)
+    return {"metrics": metrics, "extra": extra}
 
 
 # ======================================================================================
@@ -400,6 +416,8 @@ def audit_cells(dataset: str = "Food-Kitchen", **kwargs) -> List[Dict[str, Any]]
 
 
 PARTS = ("table2", "ablation", "alpha", "hidden", "individual", "audit")
+#: Wall-time seconds between two snapshots of a checkpointable cell in the resumable grid.
+CHECKPOINT_EVERY_S = 900.0
 _MAKERS = {"table2": table2_cells, "ablation": ablation_cells, "alpha": alpha_cells, "hidden": hidden_cells,
            "individual": individual_cells, "audit": audit_cells}
 
@@ -414,9 +432,14 @@ def grid_cells(part: str, **kwargs) -> List[Dict[str, Any]]:
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
              cache_dir: Path = Path(".cache/fedcsr"), worker: int = 0, workers: int = 1,
              progress: bool = True) -> pd.DataFrame:
-    """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl."""
+    """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
+
+    A :func:`checkpointable` cell saves a snapshot every :data:`CHECKPOINT_EVERY_S` seconds (and
+    when it stops) under ``cache_dir/<profile>/checkpoints/``; a killed worker's cell continues
+    there when a worker next takes it (an n = 256 cell can outlast a working session).
+    """
     return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:
@@ -424,8 +447,8 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str
     return grid.run_cells(PAPER, cells, profile, _train, method_label, description)
 
 
-def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
-    return run_cell(config, progress=progress)
+def _train(config: Mapping[str, Any], progress=None, checkpointer=None) -> Dict[str, Any]:
+    return run_cell(config, progress=progress, checkpointer=checkpointer)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

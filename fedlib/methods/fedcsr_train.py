@@ -73,6 +73,7 @@ batches in a fixed order without shuffling (the last partial batch wrapped aroun
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -414,11 +415,16 @@ def _mean_mrr(block: Dict[str, Dict[str, float]], role: str) -> float:
 
 def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
                  train_config: FedCSRTrainConfig = FedCSRTrainConfig(), *, individual: bool = False,
-                 verbose: bool = False, progress: Optional[Callable[[Dict[str, float]], None]] = None
-                 ) -> FedCSRResult:
+                 verbose: bool = False, progress: Optional[Callable[[Dict[str, float]], None]] = None,
+                 checkpointer=None) -> FedCSRResult:
     """FedCSR's federated round loop (module docstring); ``individual=True`` trains each platform alone.
 
     ``progress`` is called with each round's history row (e.g. to advance a progress bar).
+    ``checkpointer``: a :class:`~fedlib.engine.Checkpointer`. The run resumes from its snapshot
+    when there is one, and saves one at the end of each round its schedule picks and when it
+    stops. A snapshot holds the models, the optimiser states that outlive a round (the
+    shared Adam, the individual platforms' Adams), the selection state, the history and the
+    numpy and torch generator states, so a resumed run gives the numbers of an uninterrupted one.
 
     Raises:
         ValueError: no platform with training sequences, platform/valid/test platform counts
@@ -473,8 +479,32 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
     history: List[Dict[str, float]] = []
     best_score, best_round, best, best_pp, best_state = -math.inf, 0, {}, [], None
     best_test_score, best_test_round, best_test = -math.inf, 0, {}
-    waited, started = 0, time.perf_counter()
-    for rnd in range(1, tc.rounds + 1):
+    metrics, per_platform = {}, []                                              # of the latest round
+    waited, started, first_round, stopped = 0, time.perf_counter(), 1, False
+    run_key = _snapshot_config(config, tc, individual)
+    snapshot = checkpointer.load_snapshot(run_key) if checkpointer is not None else None
+    if snapshot is not None:
+        global_model.load_state_dict(snapshot["global"])
+        if individual:
+            for net, opt, net_state, opt_state in zip(models, optimizers, snapshot["models"], snapshot["optimizers"]):
+                net.load_state_dict(net_state)
+                opt.load_state_dict(opt_state)
+        if shared is not None and snapshot["shared_optimizer"] is not None:
+            shared.load_state_dict(snapshot["shared_optimizer"])
+        history, waited, stopped = snapshot["history"], snapshot["waited"], snapshot["stopped"]
+        best_score, best_round, best, best_pp, best_state = (snapshot[k] for k in (
+            "best_score", "best_round", "best", "best_per_platform", "best_state"))
+        best_test_score, best_test_round, best_test = (snapshot[k] for k in (
+            "best_test_score", "best_test_round", "best_test"))
+        metrics, per_platform = snapshot["last_metrics"], snapshot["last_per_platform"]
+        rng.bit_generator.state = snapshot["numpy_rng"]
+        torch.set_rng_state(snapshot["torch_rng"].cpu())
+        if device.type == "cuda" and snapshot.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(snapshot["cuda_rng"].cpu(), device)
+        first_round = int(snapshot["round_index"]) + 1
+    for rnd in range(first_round, tc.rounds + 1):
+        if stopped:
+            break
         t0 = time.perf_counter()
         losses, parts_acc, steps_total, uploads = {}, {}, 0, []
         if not individual:
@@ -533,8 +563,20 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
             best_state = [{n: v.detach().clone() for n, v in m.state_dict().items()} for m in src]
         else:
             waited += 1
-            if waited >= tc.patience:
-                break
+            stopped = waited >= tc.patience
+        if checkpointer is not None and checkpointer.due(rnd, stopped or rnd == tc.rounds):
+            checkpointer.save_snapshot({
+                "round_index": rnd, "global": global_model.state_dict(),
+                "models": [m.state_dict() for m in models] if individual else None,
+                "optimizers": [o.state_dict() for o in optimizers] if individual else None,
+                "shared_optimizer": shared.state_dict() if shared is not None else None,
+                "history": history, "waited": waited, "stopped": stopped,
+                "best_score": best_score, "best_round": best_round, "best": best, "best_per_platform": best_pp,
+                "best_state": best_state, "best_test_score": best_test_score, "best_test_round": best_test_round,
+                "best_test": best_test, "last_metrics": metrics, "last_per_platform": per_platform,
+                "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+            }, run_key)
     if best_state is None:                                   # every validation MRR was NaN (no valid rows)
         best_round, best, best_pp = history[-1]["round"], metrics, per_platform
         best_state = [{n: v.detach().clone() for n, v in m.state_dict().items()}
@@ -550,6 +592,12 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
         artifacts={"shared_optimizer": shared, "weights": counts, "model_bytes": model_bytes,
                    "active_platforms": active},
     )
+
+
+def _snapshot_config(config: FedCSRConfig, tc: FedCSRTrainConfig, individual: bool) -> Dict[str, Any]:
+    """What a snapshot must have been made under to be resumed: every setting but ``rounds`` (which may grow)."""
+    train = {k: v for k, v in dataclasses.asdict(tc).items() if k != "rounds"}
+    return {"rounds": tc.rounds, "model": dataclasses.asdict(config), "train": train, "individual": bool(individual)}
 
 
 def train_individual(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
