@@ -118,3 +118,34 @@ def test_records_carry_the_commit_the_worker_started_from(project, monkeypatch):
     grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
     records = read_runs(PAPER, "paper")
     assert len(records) == 2 and {r.commit for r in records} == {"aaaa111"}
+
+
+def test_pending_counts_the_cells_a_checkpoint_will_continue(project, capsys):
+    """A pending cell with a mid-run checkpoint is reported with the time its checkpoint holds."""
+    import torch
+
+    from fedlib.engine import Checkpointer, checkpoint_progress
+    from fedlib.reporting.results import config_hash
+
+    append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0)
+    cache = project / ".cache"
+    started = Checkpointer(cache / "paper" / "checkpoints", name=config_hash(_cell("A", 1)), every=1)
+    started.earlier_seconds = 1800.0
+    started.save_snapshot({"round_index": 2, "w": torch.zeros(3)}, {"rounds": 3})
+    assert checkpoint_progress(started.path)["round_index"] == 2
+
+    report = grid.pending_report(PAPER, "paper", [_cell("A", 1), _cell("B", 0)], label=lambda c: c["method"],
+                                 cache_dir=cache).set_index("label")
+    assert report.loc["A", "checkpointed"] == 1 and report.loc["A", "spent_h"] >= 0.5
+    assert report.loc["B", "checkpointed"] == 0 and report.loc["B", "spent_h"] == 0
+    assert "checkpointed" not in grid.pending_report(PAPER, "paper", [_cell("A", 1)]).columns  # no cache: no column
+
+    grid.grid_main(["main", "--seeds", "1", "--pending", "--cache-dir", str(cache)], paper=PAPER, title="T",
+                   parts=("main",), grid_cells=lambda part: [_cell("A", 0)], run_grid=None, label=lambda c: c["method"])
+    assert "1 of them continue from a checkpoint" in capsys.readouterr().out
+    (cache / "paper" / "checkpoints" / "junk.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="junk.pt is not a readable checkpoint"):
+        checkpoint_progress(cache / "paper" / "checkpoints" / "junk.pt")
+    torch.save({"format": 1, "elsewhere": {}}, cache / "paper" / "checkpoints" / "other.pt")
+    with pytest.raises(ValueError, match="other.pt is not a checkpoint"):
+        checkpoint_progress(cache / "paper" / "checkpoints" / "other.pt")

@@ -28,7 +28,7 @@ Gaussian noise) and its ε under user-level adjacency (Opacus' RDP accountant)::
 """
 from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
 from fedlib.engine.centralised import train_centralised
-from fedlib.engine.checkpoint import Checkpointer
+from fedlib.engine.checkpoint import Checkpointer, checkpoint_progress
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
@@ -47,7 +47,7 @@ from fedlib.engine.uploads import (
 
 __all__ = [
     "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
-    "train_centralised", "Checkpointer", "CommunicationLedger", "RankingEvaluator", "union_pairs",
+    "train_centralised", "Checkpointer", "checkpoint_progress", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
     "FederatedConfig", "TrainState", "init_train_state", "run_federated",
     "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "dp_epsilon", "bce_client_loss",

@@ -41,7 +41,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 
-__all__ = ["Checkpointer"]
+__all__ = ["Checkpointer", "checkpoint_progress"]
 
 _FORMAT = 1
 _STATE_FIELDS = ("round_index", "global_state", "private_state", "history", "best_round", "best_score",
@@ -207,3 +207,21 @@ class Checkpointer:
             self.path.unlink()
         except FileNotFoundError:
             pass
+
+
+def checkpoint_progress(path) -> Dict[str, Any]:
+    """How far the run saved at ``path`` got: ``{"round_index", "elapsed_s", "resumed_at"}``.
+
+    Reads the file memory-mapped, so a multi-GB checkpoint costs milliseconds (its tensors are
+    not read). Raises ``ValueError`` for a file that is not a checkpoint of this format.
+    """
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # a torn or foreign file: say which, not a pickle traceback
+        raise ValueError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); "
+                         "delete it to start its run afresh") from error
+    body = (payload.get("state") or payload.get("snapshot")) if isinstance(payload, dict) else None
+    if not isinstance(body, dict) or payload.get("format") != _FORMAT or "round_index" not in body:
+        raise ValueError(f"{path} is not a checkpoint of format {_FORMAT} (state or snapshot with a round_index)")
+    return {"round_index": int(body["round_index"]), "elapsed_s": float(payload.get("elapsed_s", 0.0)),
+            "resumed_at": list(payload.get("resumed_at", []))}

@@ -242,13 +242,19 @@ def _dataset_of(config: Mapping[str, Any]) -> Optional[str]:
 
 
 def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
-                   label: Optional[Callable[[Mapping[str, Any]], str]] = None) -> pd.DataFrame:
+                   label: Optional[Callable[[Mapping[str, Any]], str]] = None,
+                   cache_dir: Optional[Path] = None) -> pd.DataFrame:
     """What is left of a grid: one row per row label, with pending / recorded counts and a cost guess.
 
     Columns: ``label``, ``recorded``, ``pending``, ``median_s`` (median recorded wall time of
     that label's runs at ``profile``, over the whole runs file, so other datasets and seeds of
     the label count too; NaN if it has none) and ``pending_h`` (hours; a guess, since wall
-    time depends on what shares the cores). Each pending cell is priced by the first of:
+    time depends on what shares the cores). With ``cache_dir`` (the grid's), also
+    ``checkpointed`` (pending cells with a mid-run checkpoint in
+    ``<cache_dir>/<profile>/checkpoints/``, which continue from it) and ``spent_h`` (the
+    wall time those checkpoints hold). ``pending_h`` stays the whole cell's guess: how much of
+    it a checkpoint has done is unknown when the guess comes from other cells. Each pending
+    cell is priced by the first of:
 
     1. the median of the recorded runs of the same cell with other seeds;
     2. the median of the label's recorded runs on the cell's dataset (``task`` or ``dataset``)
@@ -315,17 +321,33 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
                   if other_label == row_label and (ratio := dataset_ratio(dataset, source)) is not None]
         return median(scaled) if scaled else label_median.get(row_label, float("nan"))
 
+    def progress_of(c: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
+        from fedlib.engine import checkpoint_progress
+
+        path = Path(cache_dir) / profile / "checkpoints" / f"{config_hash(c)}.pt" if cache_dir is not None else None
+        return checkpoint_progress(path) if path is not None and path.exists() else None
+
     rows: Dict[str, Dict[str, Any]] = {}
     for c in unique_cells(cells):
-        row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0, "pending_s": 0.0})
+        row = rows.setdefault(label(c), {"label": label(c), "recorded": 0, "pending": 0, "pending_s": 0.0,
+                                         "checkpointed": 0, "spent_s": 0.0})
         if config_hash(c) in known:
             row["recorded"] += 1
             continue
         row["pending"] += 1
         row["pending_s"] += guess(c)
-    frame = pd.DataFrame(list(rows.values()), columns=["label", "recorded", "pending", "pending_s"])
+        saved = progress_of(c)
+        if saved is not None:
+            row["checkpointed"] += 1
+            row["spent_s"] += saved["elapsed_s"]
+    frame = pd.DataFrame(list(rows.values()),
+                         columns=["label", "recorded", "pending", "pending_s", "checkpointed", "spent_s"])
     frame["median_s"] = [label_median.get(k, float("nan")) for k in frame["label"]]
     frame["pending_h"] = frame.pop("pending_s") / 3600.0
+    spent_h = frame.pop("spent_s") / 3600.0
+    checkpointed = frame.pop("checkpointed")
+    if cache_dir is not None:
+        frame["checkpointed"], frame["spent_h"] = checkpointed, spent_h
     return frame
 
 
@@ -405,13 +427,16 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
             cells = [c for c in cells if spec.value(c) in wanted or (spec.keep_missing and spec.value(c) is None)]
     cells = unique_cells({**c, "seed": seed} for seed in args.seeds for c in cells)
     if args.pending:
-        report = pending_report(paper, args.profile, cells, label)
+        report = pending_report(paper, args.profile, cells, label, cache_dir=Path(args.cache_dir))
         with pd.option_context("display.width", 160, "display.max_rows", None):
             print(report.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
         print(f"{int(report['pending'].sum())} of {len(unique_cells(cells))} cells pending; about "
               f"{report['pending_h'].sum():.1f} h of one-thread wall time, priced from the recorded runs of each cell's other "
               "seeds, else of its label on its dataset, else of its label on other datasets scaled by their relative cost "
               f"(labels without a recorded run: {int(report['median_s'].isna().sum())})")
+        if report["checkpointed"].sum():
+            print(f"{int(report['checkpointed'].sum())} of them continue from a checkpoint in {args.cache_dir} "
+                  f"({report['spent_h'].sum():.1f} h already spent on them)")
         return pending_cells(paper, args.profile, cells)
     if args.reverse:
         cells = cells[::-1]
