@@ -215,3 +215,10 @@ def test_baseline_cells_run_without_checkpoints(tmp_path):
     checkpointer = Checkpointer(tmp_path, name="baseline", every=1)
     X.run_cell(config, checkpointer=checkpointer)
     assert not checkpointer.path.exists() and checkpointer.resumed_at == []
+
+
+def test_the_paper_grid_checkpoints_its_cells(monkeypatch):
+    seen = {}
+    monkeypatch.setattr(X.grid, "run_recorded_grid", lambda *args, **kwargs: seen.update(kwargs))
+    X.run_grid([X.cell("synthetic", **TINY)], "paper", progress=False)
+    assert seen["checkpoint_every_s"] == X.CHECKPOINT_EVERY_S > 0
