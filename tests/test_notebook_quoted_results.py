@@ -72,3 +72,57 @@ def test_fedrkg_lastfm_leaky_bullet_quotes_the_recorded_r10():
         assert f"{method} {value:.2f}" in prose, (method, value)
     feddae = rows[rows.method == "FedDAE"].value_ours.iloc[0]
     assert f"FedDAE stays at {feddae:.2f}" in prose
+
+
+MOVIE_BOOK_ABLATION = [  # (words in the prose, table, method row); Movie-Book rows of Table 4 and Figure 2
+    ("FedCSR", "table4", "FedCSR (SCL + MCL)"),
+    ("w/o SCL", "table4", "MCL only (w/o SCL)"),
+    ("w/o MCL (the paper's \"SCL only\")", "table4", "SCL only (w/o MCL)"),
+    ("w/o SCL & MCL", "table4", "w/o SCL & MCL"),
+    ("without the single-domain heads", "figure2", "w/o single"),
+    ("without the unified head", "figure2", "w/o unified"),
+]
+
+
+@pytest.mark.parametrize("words, table, method", MOVIE_BOOK_ABLATION)
+def test_movie_book_ablation_paragraph_quotes_the_recorded_mrr(words, table, method):
+    movie, book = (_ours(table, method, d, dataset="Movie-Book") for d in ("Movie", "Book"))
+    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book ablation shows")
+    quoted = f"{words} {movie:.2f} / {book:.2f}"
+    assert quoted in prose, f"notebook 05 should quote {quoted!r} (the recorded values)"
+
+
+def test_movie_book_ablation_paragraph_quotes_the_recomputed_change():
+    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book ablation shows")
+    change = [_ours("table4", "FedCSR (SCL + MCL)", d, "Movie-Book") - _ours("table4", "w/o SCL & MCL", d, "Movie-Book")
+              for d in ("Movie", "Book")]
+    assert f"change Movie by {change[0]:.2f} and Book by {change[1]:.2f}" in prose
+
+
+def _audit(method: str, domain: str, stat: str = "valid-selected") -> float:
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "audit.csv")
+    row = frame[(frame.method == method) & (frame.domain == domain) & (frame.metric == "MRR") & (frame.stat == stat)]
+    assert len(row) == 1 and pd.notna(row.value_ours.iloc[0]), (method, domain, stat)
+    return float(row.value_ours.iloc[0])
+
+
+@pytest.mark.parametrize("words, method", [
+    ("FedCSR", "FedCSR"), ("(code: prediction only)", "code: prediction only"),
+    ("(code: shared Adam)", "code: shared Adam"), ("central graph)", "code: central graph"),
+    ("(code: all)", "code: all"),
+])
+def test_audit_paragraph_quotes_the_recorded_mrr(words, method):
+    prose = _paragraph("05_fedcsr", "What the recorded audit shows")
+    quoted = f"{words} {_audit(method, 'Food'):.2f} / {_audit(method, 'Kitchen'):.2f}"
+    assert quoted in prose, f"notebook 05 should quote {quoted!r} (the recorded values)"
+
+
+def test_audit_paragraph_quotes_the_recomputed_differences():
+    prose = _paragraph("05_fedcsr", "What the recorded audit shows")
+    lift = [_audit("code: all", d) - _audit("FedCSR", d) for d in ("Food", "Kitchen")]
+    assert f"+{lift[0]:.2f} / +{lift[1]:.2f} over the paper's method" in prose
+    gaps = pd.read_csv(ROOT / "results" / "fedcsr" / "audit.csv")
+    gaps = gaps[(gaps.metric == "MRR") & (gaps.stat == "gap (test − valid selected)")]
+    assert f"at most {gaps.value_ours.max():.2f} points" in prose
+    others = gaps[gaps.method != "code: prediction only"].value_ours.abs().max()
+    assert f"within {others:.2f} points" in prose
