@@ -126,3 +126,20 @@ def test_audit_paragraph_quotes_the_recomputed_differences():
     assert f"at most {gaps.value_ours.max():.2f} points" in prose
     others = gaps[gaps.method != "code: prediction only"].value_ours.abs().max()
     assert f"within {others:.2f} points" in prose
+
+
+def test_fedrkg_gpfedrec_lastfm_graph_sentence_quotes_the_recorded_graph_log():
+    from fedlib.reporting import read_runs
+
+    runs = [r for r in read_runs("fedrkg", "paper") if r.config.get("method") == "GPFedRec"
+            and r.config.get("dataset") == "LastFM-2K" and r.config.get("sampler") == "correct"]
+    assert runs, "no recorded GPFedRec LastFM-2K (correct) run"
+    log = runs[-1].extra["graph_log"]
+    prose = _paragraph("01_fedrkg", "is the exception: its graph is never complete")
+    assert not any(entry["complete"] for entry in log) and "its graph is never complete" in prose
+    first, last = log[0], log[-1]
+    assert f"{first['mean_neighbours']:,.0f} of 1,269 neighbours on average in round {first['round']}" in prose
+    assert f"{last['mean_neighbours']:,.0f} by round {last['round']}" in prose
+    full_from = min(entry["round"] for entry in log if entry["similarity_rows"] == 1269)
+    assert all(entry["similarity_rows"] == 1269 for entry in log if entry["round"] >= full_from)
+    assert f"From round {full_from} on" in prose
