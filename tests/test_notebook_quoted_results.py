@@ -143,3 +143,51 @@ def test_fedrkg_gpfedrec_lastfm_graph_sentence_quotes_the_recorded_graph_log():
     full_from = min(entry["round"] for entry in log if entry["similarity_rows"] == 1269)
     assert all(entry["similarity_rows"] == 1269 for entry in log if entry["round"] >= full_from)
     assert f"From round {full_from} on" in prose
+
+
+def _table2_mrr(method: str, domain: str, dim: int, dataset: str = "Movie-Book") -> float:
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
+    row = frame[(frame.dataset == dataset) & (frame.method == method) & (frame.domain == domain)
+                & (frame.dim == dim) & (frame.metric == "MRR")]
+    assert len(row) == 1 and pd.notna(row.value_ours.iloc[0]), (method, domain, dim)
+    return float(row.value_ours.iloc[0])
+
+
+def test_movie_book_table2_paragraph_quotes_the_recorded_rows():
+    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book rows show")
+    big, small = ([_table2_mrr("FedCSR", d, dim) for d in ("Movie", "Book")] for dim in (256, 64))
+    assert f"n = 256: {big[0]:.2f} / {big[1]:.2f}" in prose
+    assert f"At n = 64: {small[0]:.2f} / {small[1]:.2f}" in prose
+    assert f"adds {big[0] - small[0]:.2f} / {big[1] - small[1]:.2f} points" in prose
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
+    paper = {d: float(frame[(frame.dataset == "Movie-Book") & (frame.method == "FedCSR") & (frame.domain == d)
+                            & (frame.metric == "MRR")].value_paper.iloc[0]) for d in ("Movie", "Book")}
+    assert f"Movie stays {paper['Movie'] - big[0]:.2f} below" in prose
+    assert f"Book ends {big[1] - paper['Book']:.2f} above" in prose
+    # the baselines named as best at n = 64, with their recorded MRR
+    baselines = frame[(frame.dataset == "Movie-Book") & (frame.method != "FedCSR") & (frame.metric == "MRR")
+                      & (frame.dim == 64)]
+    movie_best = baselines[baselines.domain == "Movie"].sort_values("value_ours").iloc[-1]
+    assert movie_best.value_ours < small[0], "the prose says FedCSR at n = 64 is first on Movie"
+    assert f"{movie_best.method}, has {movie_best.value_ours:.2f}" in prose
+    book_top2 = baselines[baselines.domain == "Book"].sort_values("value_ours").iloc[-2:][::-1]
+    assert (book_top2.value_ours > small[1]).all(), "the prose says two baselines lead on Book"
+    for _, row in book_top2.iterrows():
+        assert f"{row.method} ({row.value_ours:.2f})" in prose
+
+
+def test_movie_book_table2_paragraph_quotes_the_recorded_run():
+    from fedlib.reporting import read_runs
+    runs = [r for r in read_runs("fedcsr", "paper") if r.config.get("method") == "FedCSR"
+            and r.config.get("variant") == "FedCSR" and r.config.get("dataset") == "Movie-Book"
+            and r.config.get("dim") == 256]
+    assert runs, "no recorded FedCSR Movie-Book run at n = 256"
+    run = runs[-1]
+    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book rows show")
+    a5 = pd.read_csv(ROOT / "results" / "fedcsr" / "appendixA5.csv")
+    a5 = a5[(a5.dataset == "Movie-Book") & (a5.method == "FedCSR") & (a5.dim == 256)]
+    selected = int(a5[a5.metric == "communication rounds to converge"].value_ours.iloc[0])
+    rounds_run = int(a5[a5.metric == "rounds run (early stopping)"].value_ours.iloc[0])
+    assert f"best validation round was {selected} of the {rounds_run} it ran" in prose
+    assert f"took {run.wall_time_s:,.0f} s" in prose
+    assert len(run.extra["resumed_at"]) == 2 and "resumed twice" in prose
