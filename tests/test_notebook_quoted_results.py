@@ -188,3 +188,49 @@ def test_movie_book_table2_paragraph_quotes_the_recorded_run():
     assert f"best validation round was {selected} of the {rounds_run} it ran" in prose
     assert f"took {run.wall_time_s:,.0f} s" in prose
     assert len(run.extra["resumed_at"]) == 2 and "resumed twice" in prose
+
+
+def _alpha_sweep() -> pd.DataFrame:
+    """Table 5's MRR rows, one per (α, domain), with the α as a float column."""
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "table5.csv")
+    frame = frame[frame.metric == "MRR"].copy()
+    frame["alpha"] = frame.setting.str.removeprefix("alpha=").astype(float)
+    return frame
+
+
+def test_alpha_sweep_paragraph_quotes_every_recorded_alpha():
+    prose = _paragraph("05_fedcsr", "What the recorded α sweep shows")
+    sweep = _alpha_sweep()
+    alphas = sorted(sweep.alpha.unique())
+    assert alphas == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
+    for alpha in alphas:
+        food, kitchen = (float(sweep[(sweep.alpha == alpha) & (sweep.domain == d)].value_ours.iloc[0])
+                         for d in ("Food", "Kitchen"))
+        assert f"α = {alpha:g}: {food:.2f} / {kitchen:.2f}" in prose
+
+
+def test_alpha_sweep_paragraph_states_the_recorded_peaks_spreads_and_gaps():
+    prose = _paragraph("05_fedcsr", "What the recorded α sweep shows")
+    sweep = _alpha_sweep()
+    reported = sweep[sweep.value_paper.notna()]
+    assert sorted(reported.alpha.unique()) == [0.1, 0.3, 0.5, 0.7], "the prose names the paper's four values"
+    by_domain = {d: reported[reported.domain == d].set_index("alpha").sort_index() for d in ("Food", "Kitchen")}
+    # the best α among all seven, per domain
+    best = {d: float(sweep[sweep.domain == d].sort_values("value_ours").alpha.iloc[-1]) for d in ("Food", "Kitchen")}
+    assert best["Food"] == 0.3 and "On Food, α = 0.3 is our best value too" in prose
+    assert f"On Kitchen our best value is α = {best['Kitchen']:g}, not 0.3" in prose
+    food, kitchen = by_domain["Food"], by_domain["Kitchen"]
+    spread = lambda column: float(column.max() - column.min())
+    assert f"over the paper's four values, {spread(food.value_ours):.2f} points" in prose
+    assert f"close to the paper's {spread(food.value_paper):.2f}" in prose
+    assert f"spread of {spread(kitchen.value_ours):.2f} points over the paper's four values " \
+           f"(the paper: {spread(kitchen.value_paper):.2f})" in prose
+    food_above = food.value_ours - food.value_paper
+    assert (food_above > 0).all()
+    assert f"Food sits {food_above.min():.2f} to {food_above.max():.2f} points above the paper" in prose
+    kitchen_below = kitchen.value_paper - kitchen.value_ours
+    assert f"stays {kitchen_below.min():.2f} to {kitchen_below.max():.2f} points below" in prose
+    assert round(kitchen_below.min() / spread(kitchen.value_ours)) == 4, "the prose says about four times"
+    assert food.value_ours[0.7] > food.value_ours[0.5], "the prose says 0.7 is not below 0.5 on Food"
+    neighbours = sweep[(sweep.domain == "Food") & sweep.alpha.isin([0.2, 0.4])].value_ours
+    assert neighbours.max() < min(food.value_ours[0.1], food.value_ours[0.7]), "the prose says the Food curve zigzags"
