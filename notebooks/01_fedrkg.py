@@ -863,8 +863,12 @@ fnb.record("lastfm_r10", lastfm_rows)
 # * **LastFM-2K (one seed) shows the same mechanism at its limit.** Under the leaky sampler our
 #   FedRKG reaches R@10 35.07, R@5 34.99 and N@5 34.15 (paper: 35.07, 34.89, 34.02) after all
 #   3,000 rounds. That is the share of users whose test item can be hit at all (35.07 %, the
-#   table above): every hittable test item is ranked first, flat in K. Under the correct sampler
-#   the same model scores 0.00. Under the correct sampler the methods with a shared item table
+#   table above): every hittable test item is ranked first, flat in K. Table 3's FedNCF with
+#   Adaptive Guidance ends at the same ceiling, R@10 35.07 (paper 28.84), its best validation
+#   round the last of the 3,000: with the leak, both guided backbones run so far (FedMF, FedNCF)
+#   converge to the share of hittable items, and the paper's gap between them says nothing
+#   about the backbones. Under the correct sampler FedRKG scores 0.00 and the guided FedNCF
+#   1.26 (the unguided FedNCF: 3.86). With that sampler the methods with a shared item table
 #   stay within 1.7 points of the paper's R@10 (MF, FedMF, FedNCF and PFedRec within 1.0), while
 #   the methods with per-user item tables (FedRAP, FedDAE, FedRKG) are 20 to 35 points below it:
 #   the paper's LastFM-2K ranking is the leak's ranking too.
