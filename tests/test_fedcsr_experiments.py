@@ -119,9 +119,22 @@ def test_every_method_runs_on_the_synthetic_task(method):
             assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/{m}"] == pytest.approx(metrics[f"{d}/test/{m}"], abs=1e-9)
     if method == "Individual":
         assert metrics["bytes_per_round"] == 0
-        assert math.isfinite(metrics["platform1/A/test/MRR"])
     else:
         assert metrics["bytes_per_round"] > 0
+    if method in ("FedCSR", "Individual"):  # Table 9 / Figure 4 compare them platform by platform
+        split = X.load_split("synthetic", X.cell("synthetic", method, **TINY)["num_negatives"], 0)
+        platforms = range(len(split.platforms))
+        assert len(platforms) > 1
+        for d in domains:
+            counts = [metrics[f"platform{k}/{d}/test/count"] for k in platforms]
+            per_platform = [metrics[f"platform{k}/{d}/test/MRR"] for k in platforms]
+            assert all(0 <= v <= 1 for v, c in zip(per_platform, counts) if c > 0)
+            assert all(math.isnan(v) for v, c in zip(per_platform, counts) if c == 0)  # no rows: no score
+            # the platforms' rows are the pooled test rows, so their count-weighted mean is the pooled score
+            pooled = sum(v * c for v, c in zip(per_platform, counts) if c > 0) / sum(counts)
+            assert pooled == pytest.approx(metrics[f"{d}/test/MRR"], abs=1e-9)
+    else:
+        assert not any(key.startswith("platform") for key in metrics)
 
 
 def test_ties_against_the_ground_truth_expose_a_model_that_scores_everything_alike(monkeypatch):
@@ -169,6 +182,11 @@ def test_command_line_filters_cells_and_adds_seeds(monkeypatch):
     assert {(c["method"], c["dim"], c["dataset"]) for c in cells} == {("FedCSR", 64, "Food-Kitchen"),
                                                                        ("TiSASRec", 64, "Food-Kitchen")}
     assert sorted(c["seed"] for c in cells) == [0, 0, 1, 1]
+    assert ran["rerun"] is False
+    X.main(["individual", "--methods", "FedCSR", "--rerun"])
+    assert ran["rerun"] is True and [c["method"] for c in ran["cells"]] == ["FedCSR"]
+    with pytest.raises(SystemExit):
+        X.main(["individual", "--rerun", "--pending"])               # one trains, the other does not
     with pytest.raises(SystemExit):
         X.main(["table2", "--datasets", "Phone-Sport"])              # not a FedCSR scenario
 

@@ -207,6 +207,36 @@ def test_ablation_alpha_and_individual_mapping(root):
     assert row(t9, domain="Food", setting=T.TABLE9_ALL_PLATFORMS, metric="MRR")["value_ours"] == pytest.approx(2.0)
 
 
+def test_table9_sets_fedcsr_beside_each_platform_when_its_run_recorded_them(root):
+    """The federated model on each platform's own test rows is a row of its own (paper: none),
+    and a third bar per platform in Figure 4; without such records neither appears."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record(X.cell("Food-Kitchen", "Individual", dim=64), scores(0.02, platforms=True))
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04))
+    before = T.table9(read_runs("fedcsr", "quick"), "quick")
+    assert not ((before["method"] == "FedCSR") & before["setting"].str.startswith("platform ")).any()
+    bars_before = len(T.figure_individual(before).axes[0].patches)
+
+    record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04, platforms=True))  # a rerun that records them
+    t9 = T.table9(read_runs("fedcsr", "quick"), "quick")
+    fed_p3 = row(t9, domain="Kitchen", method="FedCSR", setting="platform 3", metric="MRR")
+    assert fed_p3["value_ours"] == pytest.approx(100 * 0.05 * 3 / 10) and math.isnan(fed_p3["value_paper"])
+    assert fed_p3["run_metric"] == "platform2/Kitchen/test/MRR" and "own test rows" in fed_p3["note"]
+    alone_p3 = row(t9, domain="Kitchen", method="Individual training", setting="platform 3", metric="MRR")
+    assert alone_p3["value_ours"] == pytest.approx(100 * 0.03 * 3 / 10) and alone_p3["value_paper"] == 3.76
+    pooled = row(t9, domain="Food", method="FedCSR", setting="federated (all 10 platforms)", metric="MRR")
+    assert pooled["value_ours"] == pytest.approx(4.0) and pooled["value_paper"] == 9.15
+    fig = T.figure_individual(t9)
+    labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["ours", "paper", "FedCSR on this platform (ours)"]
+    assert len(fig.axes[0].patches) == bars_before // 2 * 3   # a third bar in every group
+    plt.close("all")
+
+
 def test_write_tables_pass_the_consistency_check(root):
     record(X.cell("Food-Kitchen", "FedCSR", dim=256), scores(0.05, full=True), curve())
     record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04, bytes_per_round=20.0 * 1024 ** 2), curve())
@@ -286,7 +316,8 @@ def test_no_runs_and_the_smoke_task(root):
     assert paper_fedcsr["dim"] == "8" and paper_fedcsr["repeats_paper_value"] == "False"
     assert smoke["table6_food_kitchen_full"]["value_ours"].isna().all()
     t9 = smoke["table9_individual_training"]
-    platform2 = row(t9, dataset="synthetic", domain="A", setting="platform 2", metric="MRR")
+    platform2 = row(t9, dataset="synthetic", domain="A", method="Individual training", setting="platform 2",
+                    metric="MRR")
     assert platform2["value_ours"] == pytest.approx(2.0)  # 100 · 0.1 · 2 / 10
     assert set(smoke["audit"]["dataset"]) == {"synthetic"} and set(smoke["audit"]["domain"]) == {"A", "B", ""}
     full = smoke["full_ranking"]

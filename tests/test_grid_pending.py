@@ -149,3 +149,30 @@ def test_pending_counts_the_cells_a_checkpoint_will_continue(project, capsys):
     torch.save({"format": 1, "elsewhere": {}}, cache / "paper" / "checkpoints" / "other.pt")
     with pytest.raises(ValueError, match="other.pt is not a checkpoint"):
         checkpoint_progress(cache / "paper" / "checkpoints" / "other.pt")
+
+
+def test_rerun_trains_recorded_cells_again_and_the_new_record_wins(project):
+    """``rerun``: the selected recorded cells train again; the others are still skipped."""
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    trained = []
+
+    def train(config, progress=None):
+        trained.append(config["method"])
+        return {"metrics": {"x": 10.0 * len(trained)}, "extra": {}}
+
+    cells = [_cell("A", 0), _cell("B", 0)]
+    grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
+    grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
+    assert trained == ["A", "B"]                                        # recorded: not trained again
+    grid.run_recorded_grid(PAPER, [_cell("A", 0)], train, "paper", cache_dir=project / "cache", progress=False,
+                           rerun=True)
+    assert trained == ["A", "B", "A"]
+    records = read_runs(PAPER, "paper")
+    assert [r.config["method"] for r in records] == ["A", "B", "A"]     # the first record of A is kept
+    latest = {r.config["method"]: r.metrics["x"] for r in latest_records(records).values()}
+    assert latest == {"A": 30.0, "B": 20.0}
+    # the cache now holds the rerun's result, so a plain grid (or a fresh clone) skips A again
+    frame = grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
+    assert trained == ["A", "B", "A"] and sorted(frame["metrics.x"]) == [20.0, 30.0]

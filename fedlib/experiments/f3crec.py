@@ -566,27 +566,28 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
     raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
 
 
-def restore_cache_from_records(cache, profile: str) -> int:
+def restore_cache_from_records(cache, profile: str, rerun=()) -> int:
     """Fill ``cache`` with every F3CRec run recorded at ``profile`` (see
     :func:`fedlib.reporting.cache.restore_cache_from_records`)."""
     from fedlib.reporting.cache import restore_cache_from_records as restore
 
-    return restore(cache, PAPER, profile)
+    return restore(cache, PAPER, profile, rerun=rerun)
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, worker: int = 0,
-             workers: int = 1, progress: bool = True) -> pd.DataFrame:
+             workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
     """Run every cell without a cached result (this worker's share), recording each run.
 
     Each finished cell is appended to ``results/f3crec[/profile]/runs.jsonl`` (with its per-user
     values in ``extra``) and cached under ``cache_dir/cells``; an interrupted grid resumes at the
     first unfinished cell. ``worker``/``workers`` split the cells round-robin between processes.
+    ``rerun``: train them again even when recorded (see :func:`fedlib.experiments.grid.run_recorded_grid`).
     """
     from fedlib.reporting import ResultCache, append_run
 
     cells = [c for i, c in enumerate(cells) if i % workers == worker]
     cache = ResultCache(Path(cache_dir) / "cells")
-    restore_cache_from_records(cache, profile)
+    restore_cache_from_records(cache, profile, rerun=cells if rerun else ())
 
     def record(config, result, wall):
         append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
@@ -643,6 +644,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--worker", type=int, default=0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--rerun", action="store_true",
+                        help="train the selected cells again even when recorded, appending a new record that the "
+                             "tables then read (e.g. to record metrics added since the cell ran)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     cells: List[Dict[str, Any]] = []
@@ -651,7 +655,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             cells += table2_cells(args.datasets, args.backbones, args.methods)
         else:
             cells += grid_cells(part, args.datasets)
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers,
+             rerun=args.rerun)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ trains it and returns
   read at the round with the best mean **test** MRR (``"test_selected/<domain>/test/MRR"``:
   the public code's rule, for the audit), ``selected_round``, ``test_selected_round``,
   ``rounds_run``, ``bytes_per_round`` (upload + download of all platforms), ``seconds``;
-  individual training adds ``"platform<k>/<domain>/test/MRR"`` (Table 9 / Figure 4); the
+  FedCSR and individual training add each platform's own test rows,
+  ``"platform<k>/<domain>/test/MRR"`` (Table 9 / Figure 4: the federated model, or platform
+  k's own model); the
   selected model's test scores ranked against every item of the domain
   (``"full/<domain>/test/MRR"``) and on the sampled candidates with ties counted against the
   ground truth (``"ties_against/<domain>/test/MRR"``: equal to the reported value unless ties
@@ -335,7 +337,9 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         on_round = (lambda row: progress(row["round"])) if progress else None
         result = train_fedcsr(trained_on, model_config, train_config, individual=method == "Individual",
                               progress=on_round, checkpointer=checkpointer)
-        per_platform = result.per_platform if method == "Individual" else []
+        # each platform's own test rows, scored by its own model (Individual) or by the one
+        # federated model (FedCSR): Table 9 / Figure 4 compare the two platform by platform
+        per_platform = result.per_platform if method in ("FedCSR", "Individual") else []
         models = result.models
         full = evaluate_sequences(models[0], trained_on, "test", result.graphs,
                                   models=models if len(models) > 1 else None, full_ranking=True)
@@ -431,7 +435,7 @@ def grid_cells(part: str, **kwargs) -> List[Dict[str, Any]]:
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
              cache_dir: Path = Path(".cache/fedcsr"), worker: int = 0, workers: int = 1,
-             progress: bool = True) -> pd.DataFrame:
+             progress: bool = True, rerun: bool = False) -> pd.DataFrame:
     """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
 
     A :func:`checkpointable` cell saves a snapshot every :data:`CHECKPOINT_EVERY_S` seconds (and
@@ -439,7 +443,8 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
     there when a worker next takes it (an n = 256 cell can outlast a working session).
     """
     return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S)
+                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S,
+                                  rerun=rerun)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:

@@ -523,8 +523,11 @@ def table9(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapp
     ``method = "Individual training", setting = "platform k"`` is the Individual run's
     ``platform<k-1>/<domain>/test/<M>`` (platform k's model on its own test rows);
     ``"FedCSR", "federated (all 10 platforms)"`` the FedCSR n = 64 run. Ours only: the
-    Individual run over all test rows (``"all platforms (each its own model)"``) and
-    ``"Centralized training"`` (the FedCSR model on all platforms' data pooled).
+    Individual run over all test rows (``"all platforms (each its own model)"``),
+    ``"Centralized training"`` (the FedCSR model on all platforms' data pooled) and, when the
+    FedCSR run recorded them, ``"FedCSR", "platform k"``: the one federated model on platform
+    k's own test rows, the same users as that platform's Individual row (the comparison the
+    paper's claim "FedCSR outperforms all individual platforms" needs).
     """
     def metric_cells(name: str) -> Optional[dict]:
         head, _, rest = name.partition("/")
@@ -547,6 +550,9 @@ def table9(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapp
     ours = _aggregate(records, pairs, metric_cells)
     if len(ours):
         ours.loc[ours["setting"] == TABLE9_ALL_PLATFORMS, "note"] += "; ours only: every platform's rows"
+        federated_per_platform = (ours["method"] == "FedCSR") & ours["setting"].str.startswith("platform ")
+        ours.loc[federated_per_platform, "note"] += ("; ours only: the federated model on this platform's own "
+                                                     "test rows (the users of its Individual row)")
     return _compare(ours, load_paper_table(PAPER, "table9_individual_training"), SETTING_KEYS, profile)
 
 
@@ -887,20 +893,35 @@ def _table9_label(setting: str) -> str:
 def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
                       metric: str = "MRR"):
     """Figure 4 from :func:`table9`: ``metric`` (percent) of each platform trained alone (p1–p10)
-    and of FedCSR, ours beside the paper's, one panel per domain. Returns ``None`` without ours."""
+    and of FedCSR, ours beside the paper's, one panel per domain; where the FedCSR run recorded
+    per-platform scores, a third bar per platform shows the federated model on that platform's
+    own test rows. Returns ``None`` without ours."""
     import matplotlib.pyplot as plt
 
     part = frame[frame["metric"] == metric] if len(frame) else frame
     if part.empty or part["value_ours"].isna().all():
         return None
+    # FedCSR's per-platform rows (when recorded) are a third bar beside each platform's own model
+    federated_on_platform = (part["method"] == "FedCSR") & part["setting"].str.startswith("platform ")
+    fedcsr_by_platform = part[federated_on_platform]
+    part = part[~federated_on_platform]
     domains = list(dict.fromkeys(part["domain"]))
     fig, axes = plt.subplots(1, len(domains), figsize=(5.5 * len(domains), 3.5), squeeze=False)
     for ax, domain in zip(axes[0], domains):
         rows = part[part["domain"] == domain]
         rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _table9_order(str(rows["setting"].iloc[i])))]
         groups = [_table9_label(s) for s in rows["setting"]]
-        _grouped_bars(ax, groups, {"ours": rows["value_ours"].tolist(), "paper": rows["value_paper"].tolist()},
-                      {"ours": rows["std_ours"].tolist(), "paper": [math.nan] * len(rows)})
+        series = {"ours": rows["value_ours"].tolist(), "paper": rows["value_paper"].tolist()}
+        errors = {"ours": rows["std_ours"].tolist(), "paper": [math.nan] * len(rows)}
+        federated = fedcsr_by_platform[fedcsr_by_platform["domain"] == domain].set_index("setting")
+        if len(federated):
+            series["FedCSR on this platform (ours)"] = [
+                federated["value_ours"].get(s, math.nan) if s.startswith("platform ") else math.nan
+                for s in rows["setting"]]
+            errors["FedCSR on this platform (ours)"] = [
+                federated["std_ours"].get(s, math.nan) if s.startswith("platform ") else math.nan
+                for s in rows["setting"]]
+        _grouped_bars(ax, groups, series, errors)
         ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
         ax.set_ylabel(f"test {metric} (%)")
     axes[0][0].legend(fontsize=8)

@@ -498,13 +498,13 @@ def grid_cells(part: str, dataset: str = "ML-100K", **kwargs) -> List[Dict[str, 
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir: Path = Path(".cache/fedkdrec"),
-             worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
+             worker: int = 0, workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
     """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
 
     A fresh clone resumes from the committed ``results/fedkdrec[/profile]/runs.jsonl``.
     """
     return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, rerun=rerun)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:

@@ -530,10 +530,10 @@ def grid_cells(part: str, **kwargs) -> List[Dict[str, Any]]:
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
              cache_dir: Path = Path(".cache/fedpcl_cdr"), worker: int = 0, workers: int = 1,
-             progress: bool = True) -> pd.DataFrame:
+             progress: bool = True, rerun: bool = False) -> pd.DataFrame:
     """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl."""
     return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress)
+                                  workers=workers, progress=progress, rerun=rerun)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:

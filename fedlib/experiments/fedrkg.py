@@ -856,7 +856,7 @@ CHECKPOINT_EVERY_S = 900.0
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir: Path = Path(".cache/fedrkg"),
-             worker: int = 0, workers: int = 1, progress: bool = True) -> pd.DataFrame:
+             worker: int = 0, workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
     """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
 
     A fresh clone resumes from the committed ``results/fedrkg[/profile]/runs.jsonl``: recorded
@@ -866,7 +866,8 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cach
     next takes it (a LastFM-2K cell can outlast a working session).
     """
     return grid.run_recorded_grid(PAPER, cells, _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S)
+                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S,
+                                  rerun=rerun)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells",

@@ -102,7 +102,7 @@ class PeakRSS:
 
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
                       cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True,
-                      checkpoint_every_s: Optional[float] = None) -> pd.DataFrame:
+                      checkpoint_every_s: Optional[float] = None, rerun: bool = False) -> pd.DataFrame:
     """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl.
 
     Each record carries the commit checked out when this worker started, not when the cell
@@ -116,6 +116,10 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     time up to their last save; the checkpoint is deleted once the cell is recorded. A
     checkpoint holds no code version: after a change that alters a cell's numbers, bump the
     paper's config ``version`` (which renames every checkpoint) or delete the folder.
+
+    ``rerun``: train this worker's cells again even when recorded, appending a new record (the
+    tables read each cell's latest): to record metrics added since, or to check that a cell
+    repeats its numbers. A rerun cell that was killed continues from its checkpoint like any other.
     """
     from fedlib.engine import Checkpointer
     from fedlib.reporting import ResultCache, append_run
@@ -127,7 +131,7 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     distinct = list({config_hash(c): c for c in cells}.values())
     mine = [c for i, c in enumerate(distinct) if i % workers == worker]
     cache = ResultCache(Path(cache_dir) / profile)
-    restore_cache_from_records(cache, paper, profile)
+    restore_cache_from_records(cache, paper, profile, rerun=mine if rerun else ())
 
     peaks: Dict[str, Optional[float]] = {}  # run id -> peak RSS (MiB) of its training, until it is recorded
     checkpointers: Dict[str, Checkpointer] = {}  # run id -> its checkpointer, until it is recorded
@@ -377,7 +381,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
 
     Args:
         grid_cells: ``grid_cells(part, **part_options)`` -> the part's cells.
-        run_grid: ``run_grid(cells, profile, cache_dir=, worker=, workers=)``.
+        run_grid: ``run_grid(cells, profile, cache_dir=, worker=, workers=, rerun=)``.
         label: a cell's row label; adds ``--methods`` (keep cells with these labels) unless
             ``filters`` defines its own.
         filters: option (``"--datasets"``) -> :class:`CellFilter`.
@@ -411,10 +415,15 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--reverse", action="store_true",
                         help="walk the cells backwards: a second process sharing the cache meets the first halfway")
+    parser.add_argument("--rerun", action="store_true",
+                        help="train the selected cells again even when recorded, appending a new record that the "
+                             "tables then read (e.g. to record metrics added since the cell ran)")
     parser.add_argument("--pending", action="store_true",
                         help="print what is left of the selected cells per row label (recorded, pending, a "
                              "wall-time guess from the recorded runs) and exit without training")
     args = parser.parse_args(argv)
+    if args.rerun and args.pending:
+        parser.error("--rerun trains cells and --pending trains none: give one of them")
     if not 0 <= args.worker < args.workers:
         parser.error(f"--worker must be in [0, --workers) = [0, {args.workers}), got {args.worker}")
     torch.set_num_threads(args.threads)
@@ -440,5 +449,6 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         return pending_cells(paper, args.profile, cells)
     if args.reverse:
         cells = cells[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers)
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers,
+             rerun=args.rerun)
     return cells

@@ -56,6 +56,14 @@ class ResultCache:
 
     __contains__ = contains
 
+    def discard(self, config: Mapping[str, Any]) -> bool:
+        """Forget the saved result of ``config`` (its run records stay); whether there was one."""
+        try:
+            self.path_for(config).unlink()
+            return True
+        except FileNotFoundError:
+            return False
+
     def get(self, config: Mapping[str, Any], default: Any = None) -> Any:
         """The saved result of ``config``, or ``default`` when it has none.
 
@@ -279,19 +287,28 @@ def _flatten(value: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def restore_cache_from_records(cache: "ResultCache", paper: str, profile: str) -> int:
+def restore_cache_from_records(cache: "ResultCache", paper: str, profile: str, *,
+                               rerun: Iterable[Mapping[str, Any]] = ()) -> int:
     """Fill ``cache`` with every run recorded in ``results/<paper>[/<profile>]/runs.jsonl``.
 
     The committed ``runs.jsonl`` is the durable record of a grid; the cache folder is a local
     convenience that a fresh clone lacks. Without this a clone would train again every cell
     whose result is already committed. The latest record of a configuration wins. Returns the
     number of entries restored.
+
+    ``rerun``: configurations to train again although recorded (e.g. to record metrics added
+    since, or to check a run repeats): their cache entries are discarded and not restored, so
+    a grid trains them and appends a new record, which then is the latest.
     """
     from fedlib.reporting.results import latest_records, read_runs
 
+    again = set()
+    for config in rerun:
+        cache.discard(config)
+        again.add(config_hash(config))
     restored = 0
-    for record in latest_records(read_runs(paper, profile)).values():
-        if not cache.contains(record.config):
+    for key, record in latest_records(read_runs(paper, profile)).items():
+        if key not in again and not cache.contains(record.config):
             cache.put(record.config, {"metrics": record.metrics, "extra": record.extra},
                       wall_time_s=record.wall_time_s)
             restored += 1
