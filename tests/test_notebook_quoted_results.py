@@ -256,3 +256,48 @@ def test_fedrkg_lastfm_bullet_quotes_the_guided_fedncf_at_the_hittable_ceiling()
     assert f"the guided FedNCF {correct('FedNCF + Adaptive Guidance'):.2f} " \
            f"(the unguided FedNCF: {correct('FedNCF'):.2f})" in prose
     assert f"Under the correct sampler FedRKG scores {correct('FedMF + Adaptive Guidance'):.2f}" in prose
+
+
+def _hidden_sweep() -> pd.DataFrame:
+    """Figure 6's rows with the hidden-size factor (a multiple of n) as a float column."""
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "figure6.csv")
+    frame["factor"] = frame.setting.str.extract(r"hidden = ([\d.]+)·n", expand=False).astype(float)
+    return frame
+
+
+def test_hidden_size_paragraph_quotes_every_recorded_size():
+    prose = _paragraph("05_fedcsr", "What the recorded hidden-size sweep shows")
+    mrr = _hidden_sweep().query("metric == 'MRR'").pivot(index="factor", columns="domain", values="value_ours")
+    assert list(mrr.index) == [0.25, 0.5, 1.0, 2.0, 4.0]
+    for factor, row in mrr.iterrows():
+        assert f"{factor:g}·n: {row.Food:.2f} / {row.Kitchen:.2f}" in prose
+    assert f"within {mrr.Food.max() - mrr.Food.min():.2f} points of each other on Food and " \
+           f"{mrr.Kitchen.max() - mrr.Kitchen.min():.2f} on Kitchen" in prose
+    # 2·n is the main run's size: the same record as Table 2's FedCSR at n = 64
+    assert mrr.loc[2.0, "Food"] == pytest.approx(_ours("table2", "FedCSR", "Food", dim=64))
+
+
+def test_hidden_size_paragraph_states_where_two_n_is_best_and_the_selected_rounds():
+    from fedlib.reporting import read_runs
+    prose = _paragraph("05_fedcsr", "What the recorded hidden-size sweep shows")
+    sweep = _hidden_sweep()
+    table = sweep.pivot_table(index="factor", columns=["domain", "metric"], values="value_ours")
+    best = table.idxmax()
+    two_n_best = [pair for pair, factor in best.items() if factor == 2.0]
+    assert two_n_best == [("Food", "MRR")] and len(best) == 6
+    assert "2·n is the best size for 1 of the 6 (domain, metric) pairs, Food MRR" in prose
+    food_hr = table[("Food", "HR@10")]
+    assert food_hr.idxmin() == 2.0 and f"Food HR@10, {food_hr[2.0]:.2f}, is the lowest of the five" in prose
+    assert all(best[("Kitchen", m)] == 4.0 for m in ("MRR", "HR@10", "NDCG@10"))
+    assert "On Kitchen, 4·n is best on all three metrics" in prose
+    runs = {r.run_id: r for r in read_runs("fedcsr", "paper")}
+    ids = sweep.drop_duplicates("factor").set_index("factor").run_ids
+    food_users = {int(runs[i].metrics["Food/test/count"]) for i in ids}
+    assert len(food_users) == 1
+    (users,) = food_users
+    hr_range = food_hr.max() - food_hr.min()
+    assert f"Food HR@10 moves by {hr_range:.2f} points" in prose
+    assert f"which is {round(hr_range / (100 / users))} of the {users} Food test users" in prose
+    selected = {factor: (runs[i].metrics["selected_round"], runs[i].metrics["rounds_run"]) for factor, i in ids.items()}
+    assert all(s == r == 20 for f, (s, r) in selected.items() if f != 2.0) and selected[2.0][0] < 20
+    assert "Every sweep run except the main one selected its last round (20 of 20)" in prose
