@@ -304,3 +304,78 @@ def test_hidden_size_paragraph_states_where_two_n_is_best_and_the_selected_round
     selected = {factor: (runs[i].metrics["selected_round"], runs[i].metrics["rounds_run"]) for factor, i in ids.items()}
     assert all(s == r == 20 for f, (s, r) in selected.items() if f != 2.0) and selected[2.0][0] < 20
     assert "Every sweep run except the main one selected its last round (20 of 20)" in prose
+
+
+def _table9_mrr() -> pd.DataFrame:
+    """Table 9's MRR rows."""
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "table9.csv")
+    return frame[frame.metric == "MRR"]
+
+
+def _main_fedcsr_runs():
+    """Every record of the FedCSR n = 64 Food-Kitchen cell behind Table 9's FedCSR rows, oldest first."""
+    from fedlib.reporting import read_runs
+    table9 = _table9_mrr()
+    (run_id,) = set(table9[table9.method == "FedCSR"].run_ids)
+    return [r for r in read_runs("fedcsr", "paper") if r.run_id == run_id]
+
+
+def test_table9_paragraph_quotes_the_pooled_rows_and_their_gaps():
+    prose = _paragraph("05_fedcsr", "What the recorded Table 9 shows")
+    t9 = _table9_mrr()
+    pooled = {m: [float(t9[(t9.method == m) & (t9.domain == d) & ~t9.setting.str.startswith("platform")]
+                        .value_ours.iloc[0]) for d in ("Food", "Kitchen")]
+              for m in ("Individual training", "FedCSR", "Centralized training")}
+    alone, fedcsr, central = pooled["Individual training"], pooled["FedCSR"], pooled["Centralized training"]
+    assert f"the ten platforms' own models score {alone[0]:.2f} / {alone[1]:.2f}, FedCSR {fedcsr[0]:.2f} / " \
+           f"{fedcsr[1]:.2f} and the centralized model {central[0]:.2f} / {central[1]:.2f}" in prose
+    assert f"Federation gains {fedcsr[0] - alone[0]:.2f} / {fedcsr[1] - alone[1]:.2f} points" in prose
+    assert f"would gain another {central[0] - fedcsr[0]:.2f} / {central[1] - fedcsr[1]:.2f}" in prose
+    latest = _main_fedcsr_runs()[-1].metrics
+    assert f"Over all {latest['Food/test/count']:,.0f} / {latest['Kitchen/test/count']:,.0f} test users" in prose
+
+
+def test_table9_paragraph_counts_the_platforms_where_fedcsr_wins():
+    prose = " ".join(_paragraph("05_fedcsr", "What the recorded Table 9 shows").split())
+    t9 = _table9_mrr()
+    per_platform = t9[t9.setting.str.startswith("platform")].assign(
+        platform=lambda f: f.setting.str.removeprefix("platform ").astype(int))
+    table = per_platform.pivot_table(index="platform", columns=["domain", "method"], values="value_ours")
+    assert list(table.index) == list(range(1, 11))
+    losses = {d: [k for k in table.index if table.loc[k, (d, "FedCSR")] < table.loc[k, (d, "Individual training")]]
+              for d in ("Food", "Kitchen")}
+    wins = 20 - len(losses["Food"]) - len(losses["Kitchen"])
+    assert f"FedCSR beats that platform's own model in {wins} of the 20 (platform, domain) pairs" in prose
+    assert losses == {"Food": [6, 7, 10], "Kitchen": [3, 7, 10]}
+    assert "It loses on platform 3 (Kitchen), 6 (Food), 7 (both) and 10 (both)" in prose
+    users = _main_fedcsr_runs()[-1].metrics
+    food_users = {k: int(users[f"platform{k - 1}/Food/test/count"]) for k in range(1, 11)}
+    assert f"Platforms 6 and 7 have {food_users[6]} and {food_users[7]} Food test users" in prose
+    assert f"on its {food_users[10]} Food users its own model scores " \
+           f"{table.loc[10, ('Food', 'Individual training')]:.2f} against FedCSR's {table.loc[10, ('Food', 'FedCSR')]:.2f}" in prose
+    alone_rank = {d: list(table[(d, "Individual training")].sort_values(ascending=False).index) for d in ("Food", "Kitchen")}
+    assert alone_rank["Food"].index(2) == 1 and alone_rank["Kitchen"].index(2) == 4
+    assert "platform 2 ranks 2nd on Food and 5th on Kitchen" in prose
+    assert alone_rank["Kitchen"][-1] == 7 and alone_rank["Food"][-1] != 7
+    # platform 10's training sequences are the longest (Table 1's per-platform statistics)
+    stats = pd.read_csv(ROOT / "results" / "fedcsr" / "table1.csv")
+    lengths = stats[(stats.dataset == "Food-Kitchen") & (stats.metric == "platform Avg.Len (train)")]
+    lengths = lengths.set_index(lengths.setting.str.removeprefix("platform ").astype(int)).value_ours
+    others = lengths.drop(10)
+    assert lengths.idxmax() == 10
+    assert f"longest ({lengths[10]:.0f} items on average, {others.min():.0f} to {others.max():.0f} elsewhere)" in prose
+
+
+def test_table9_paragraph_quotes_the_two_runs_of_the_same_cell():
+    prose = " ".join(_paragraph("05_fedcsr", "What the recorded Table 9 shows").split())
+    runs = _main_fedcsr_runs()
+    assert len(runs) == 2 and runs[0].commit != runs[1].commit, "the prose says twice, at two commits"
+    first, latest = ([100 * r.metrics[f"{d}/test/MRR"] for d in ("Food", "Kitchen")] for r in runs)
+    assert f"they differ by {abs(latest[0] - first[0]):.2f} / {abs(latest[1] - first[1]):.2f} points " \
+           f"({first[0]:.2f} / {first[1]:.2f}, then {latest[0]:.2f} / {latest[1]:.2f}; the tables use the later)" in prose
+    assert _ours("table2", "FedCSR", "Food", dim=64) == pytest.approx(latest[0])
+    curves = [r.extra["curve"] for r in runs]
+    assert curves[0][0]["loss"] == curves[1][0]["loss"], "the prose says round 1 agrees exactly"
+    assert curves[0][3]["round"] == 4 and 1e-5 <= abs(curves[0][3]["loss"] - curves[1][3]["loss"]) < 1e-4, \
+        "the prose says the round-4 losses differ by a few 1e-5"
+    assert not any(k.startswith("platform") for k in runs[0].metrics), "the first run predates per-platform scores"
