@@ -379,3 +379,42 @@ def test_table9_paragraph_quotes_the_two_runs_of_the_same_cell():
     assert curves[0][3]["round"] == 4 and 1e-5 <= abs(curves[0][3]["loss"] - curves[1][3]["loss"]) < 1e-4, \
         "the prose says the round-4 losses differ by a few 1e-5"
     assert not any(k.startswith("platform") for k in runs[0].metrics), "the first run predates per-platform scores"
+
+
+def test_food_kitchen_table2_paragraph_quotes_the_recorded_rows_and_run():
+    from fedlib.reporting import read_runs
+    prose = _paragraph("05_fedcsr", "What the recorded Food-Kitchen rows show")
+    big, small = ([_ours("table2", "FedCSR", d, dim=dim) for d in ("Food", "Kitchen")] for dim in (256, 64))
+    assert f"n = 256: {big[0]:.2f} / {big[1]:.2f}" in prose and f"At n = 64: {small[0]:.2f} / {small[1]:.2f}" in prose
+    assert f"adds {big[0] - small[0]:.2f} / {big[1] - small[1]:.2f} points" in prose
+    frame = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
+    frame = frame[(frame.dataset == "Food-Kitchen") & (frame.metric == "MRR")]
+    paper = {d: float(frame[(frame.method == "FedCSR") & (frame.domain == d)].value_paper.iloc[0])
+             for d in ("Food", "Kitchen")}
+    assert f"against the paper's {paper['Food']:.2f} / {paper['Kitchen']:.2f}" in prose
+    assert f"Food ends {big[0] - paper['Food']:.2f} above the paper" in prose
+    assert f"Kitchen stays {paper['Kitchen'] - big[1]:.2f} below it" in prose
+    baselines = frame[(frame.method != "FedCSR") & (frame.dim == 64)]
+    food_best = baselines[baselines.domain == "Food"].sort_values("value_ours").iloc[-1]
+    assert food_best.value_ours < small[0], "the prose says FedCSR at n = 64 is first on Food"
+    assert f"{food_best.method}, has {food_best.value_ours:.2f}" in prose
+    kitchen = baselines[baselines.domain == "Kitchen"]
+    ahead = kitchen[kitchen.value_ours > small[1]].sort_values("value_ours", ascending=False)
+    assert len(ahead) == 3, "the prose names three baselines ahead on Kitchen"
+    named = [f"{r.method} ({r.value_ours:.2f})" for r in ahead.itertuples()]
+    assert f"{', '.join(named[:-1])} and {named[-1]} lead" in prose
+    run = [r for r in read_runs("fedcsr", "paper") if r.config.get("method") == "FedCSR"
+           and r.config.get("variant") == "FedCSR" and r.config.get("dataset") == "Food-Kitchen"
+           and r.config.get("dim") == 256][-1]
+    assert f"best validation round was {run.metrics['selected_round']:.0f} of the {run.metrics['rounds_run']:.0f}" in prose
+    assert run.metrics["selected_round"] < run.metrics["rounds_run"], "the prose says the cap did not cut it short"
+    assert f"took {run.wall_time_s:,.0f} s on one thread" in prose
+
+
+def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
+    import fedlib.experiments.fedcsr as X
+    from fedlib.experiments import grid
+    prose = _paragraph("05_fedcsr", "The paper-profile grid is recorded in full")
+    cells = grid.unique_cells(c for part in X.PARTS for c in X.grid_cells(part))
+    assert f"all {len(cells)} cells" in prose
+    assert grid.pending_cells("fedcsr", "paper", cells) == [], "the prose says every cell is recorded"
