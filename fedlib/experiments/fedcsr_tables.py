@@ -915,12 +915,11 @@ def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profil
         errors = {"ours": rows["std_ours"].tolist(), "paper": [math.nan] * len(rows)}
         federated = fedcsr_by_platform[fedcsr_by_platform["domain"] == domain].set_index("setting")
         if len(federated):
-            series["FedCSR on this platform (ours)"] = [
-                federated["value_ours"].get(s, math.nan) if s.startswith("platform ") else math.nan
-                for s in rows["setting"]]
-            errors["FedCSR on this platform (ours)"] = [
-                federated["std_ours"].get(s, math.nan) if s.startswith("platform ") else math.nan
-                for s in rows["setting"]]
+            def per_group(column: str) -> List[float]:  # NaN where the group is not a platform
+                return [federated[column].get(s, math.nan) if s.startswith("platform ") else math.nan
+                        for s in rows["setting"]]
+            series["FedCSR on this platform (ours)"] = per_group("value_ours")
+            errors["FedCSR on this platform (ours)"] = per_group("std_ours")
         _grouped_bars(ax, groups, series, errors)
         ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
         ax.set_ylabel(f"test {metric} (%)")
