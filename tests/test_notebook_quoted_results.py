@@ -349,14 +349,19 @@ def test_table9_paragraph_counts_the_platforms_where_fedcsr_wins():
     assert losses == {"Food": [6, 7, 10], "Kitchen": [3, 7, 10]}
     assert "It loses on platform 3 (Kitchen), 6 (Food), 7 (both) and 10 (both)" in prose
     users = _main_fedcsr_runs()[-1].metrics
-    food_users = {k: int(users[f"platform{k - 1}/Food/test/count"]) for k in range(1, 11)}
-    assert f"Platforms 6 and 7 have {food_users[6]} and {food_users[7]} Food test users" in prose
-    assert f"on its {food_users[10]} Food users its own model scores " \
+    count = {(k, d): int(users[f"platform{k - 1}/{d}/test/count"]) for k in range(1, 11) for d in ("Food", "Kitchen")}
+    for d, platforms in losses.items():  # every loss is below one user moving from rank 1 to rank 2
+        for k in platforms:
+            gap = table.loc[k, (d, "Individual training")] - table.loc[k, (d, "FedCSR")]
+            assert gap < 50 / count[k, d], (k, d, gap, count[k, d])
+    assert f"{50 / count[10, 'Food']:.2f} on platform 10's {count[10, 'Food']} Food users, where the gap is " \
            f"{table.loc[10, ('Food', 'Individual training')]:.2f} against FedCSR's {table.loc[10, ('Food', 'FedCSR')]:.2f}" in prose
+    assert f"platforms 6 and 7 have {count[6, 'Food']} and {count[7, 'Food']} Food test users" in prose
     alone_rank = {d: list(table[(d, "Individual training")].sort_values(ascending=False).index) for d in ("Food", "Kitchen")}
     assert alone_rank["Food"].index(2) == 1 and alone_rank["Kitchen"].index(2) == 4
     assert "platform 2 ranks 2nd on Food and 5th on Kitchen" in prose
     assert alone_rank["Kitchen"][-1] == 7 and alone_rank["Food"][-1] != 7
+    assert alone_rank["Food"][0] == alone_rank["Kitchen"][0] == 10, "the prose says platform 10 is the best alone in both"
     # platform 10's training sequences are the longest (Table 1's per-platform statistics)
     stats = pd.read_csv(ROOT / "results" / "fedcsr" / "table1.csv")
     lengths = stats[(stats.dataset == "Food-Kitchen") & (stats.metric == "platform Avg.Len (train)")]
