@@ -245,3 +245,62 @@ def test_gradient_noise_client_uploads_agree(upload_support):
                                atol=1e-10, rtol=0)
     summed = torch.zeros(NUM_ITEMS, 8, dtype=torch.float64).index_add_(0, seq.rows, seq.delta) / plan.num_clients
     torch.testing.assert_close(summed, results["batched"].update["item_emb"], atol=1e-12, rtol=0)
+
+
+# -- width-bucketed chunks -----------------------------------------------------------------
+def test_width_bucketed_chunks_cover_every_client_once_within_the_ratio():
+    from fedlib.engine.executors import width_bucketed_chunks
+
+    rng = np.random.default_rng(0)
+    widths = rng.integers(1, 2000, size=500)
+    for ratio, chunk_size in ((1.0, 1000), (1.5, 1000), (1.5, 7), (4.0, 64)):
+        chunks = width_bucketed_chunks(widths, chunk_size, ratio)
+        positions = np.concatenate(chunks)
+        assert sorted(positions.tolist()) == list(range(widths.size))
+        for chunk in chunks:
+            assert 1 <= chunk.size <= chunk_size
+            assert np.all(np.diff(chunk) > 0)
+            assert widths[chunk].max() <= ratio * widths[chunk].min()
+    # Padded work: each chunk pads to its widest client.
+    chunks = width_bucketed_chunks(widths, 1000, 1.5)
+    padded = sum(widths[c].max() * c.size for c in chunks)
+    assert padded <= 1.5 * widths.sum()
+    assert widths.max() * widths.size > 1.9 * widths.sum()  # what one plan-order chunk would pad to
+
+
+def test_client_batch_widths_is_each_clients_largest_step():
+    from fedlib.engine.executors import client_batch_widths
+
+    train, _, _ = toy_split()
+    plan = make_round_plan(train, NegativeSampler(train, NUM_ITEMS), round_generator(7, 0), batch_size=BATCH,
+                           local_epochs=2)
+    widths = client_batch_widths(plan)
+    for c in range(plan.num_clients):
+        steps = plan.steps[plan.example_indptr[c]:plan.example_indptr[c + 1]]
+        assert widths[c] == np.bincount(steps).max()
+    assert widths.max() == BATCH and widths.min() == 5  # 1 positive + 4 negatives
+
+
+def test_width_buckets_change_only_the_order_of_sums():
+    """One wide batch per client (FedRAP's code config): bucketed, plan-order and sequential runs agree."""
+    train, valid, test = toy_split()
+    method = _methods()["fedrap_personal_shared"]
+    config = FederatedConfig(rounds=3, seed=5, batch_size=2048, local_epochs=3, dtype="float64",
+                             selection_metric="NDCG@10")
+    evaluator = RankingEvaluator(train, valid, test, ks=(10,))
+    runs = {name: run_federated(method, train, config, executor=executor, evaluator=evaluator)
+            for name, executor in (("sequential", SequentialExecutor()),
+                                   ("plan_order", BatchedExecutor(width_ratio=None)),
+                                   ("bucketed", BatchedExecutor(width_ratio=1.5)))}
+    _assert_same(runs["sequential"], runs["bucketed"])
+    _assert_same(runs["plan_order"], runs["bucketed"])
+    from fedlib.engine.executors import client_batch_widths, width_bucketed_chunks
+    plan = make_round_plan(train, NegativeSampler(train, NUM_ITEMS), round_generator(5, 0), batch_size=2048,
+                           local_epochs=3)
+    assert len(width_bucketed_chunks(client_batch_widths(plan), 1024, 1.5)) >= 4  # the buckets were exercised
+
+
+@pytest.mark.parametrize("ratio", [0.5, float("nan"), float("inf")])
+def test_width_ratio_below_one_or_not_finite_is_refused(ratio):
+    with pytest.raises(ValueError, match="width_ratio"):
+        BatchedExecutor(width_ratio=ratio)
