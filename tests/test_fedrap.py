@@ -219,3 +219,83 @@ def test_bad_inputs_raise_with_a_fix():
         fedrap_method(FedRAP(3, 4, 2), lr_items=-1.0)
     with pytest.raises(ValueError, match="client_loss"):
         fedrap_method(FedRAP(3, 4, 2), client_loss=lambda *a: None)
+
+
+# ---------------------------------------------------------------------------------------------
+# The public code's optimiser: weight decay, per-batch learning-rate decay, early-stopped epochs
+# ---------------------------------------------------------------------------------------------
+def _code_run(executor, rounds=3, local_epochs=3, lam=0.5, lr_decay=0.97):
+    from fedlib.methods.fedrap import FedRAPCodeExecutor  # noqa: F401 (imported for the executor argument)
+
+    model = FedRAP(NUM_USERS, NUM_ITEMS, dim=4, init_std=0.1)
+    method = fedrap_method(model, lr=0.3, lr_items=1.0, lam=lam, mu=0.5, curriculum="constant", lr_decay=lr_decay)
+    config = FederatedConfig(rounds=rounds, seed=2, batch_size=BATCH, local_epochs=local_epochs, dtype="float64")
+    return run_federated(method, toy_train(), config, executor=executor, device="cpu")
+
+
+def _assert_same_state(a, b, atol=1e-10):
+    for name in a.global_state:
+        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=atol, rtol=0, msg=name)
+    for name in a.private_state:
+        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=atol, rtol=0, msg=name)
+    np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=atol)
+
+
+@pytest.mark.parametrize("tol", [0.0, 0.035])  # 0.035: 6 of the 14 clients stop early in round 0
+def test_code_executor_batched_path_equals_the_torch_optim_reference(tol):
+    from fedlib.methods.fedrap import FedRAPCodeExecutor
+
+    settings = dict(weight_decay=0.05, batch_lr_decay=0.9, tol=tol)
+    reference = _code_run(FedRAPCodeExecutor(reference=True, **settings))
+    batched = _code_run(FedRAPCodeExecutor(chunk_size=4, **settings))  # several chunks
+    _assert_same_state(reference, batched)
+
+
+def test_code_executor_settings_each_change_the_run():
+    from fedlib.methods.fedrap import FedRAPCodeExecutor
+
+    base = dict(weight_decay=0.05, batch_lr_decay=0.9, tol=0.0)
+    runs = {name: _code_run(FedRAPCodeExecutor(**{**base, **change})) for name, change in
+            (("base", {}), ("no decay", {"weight_decay": 0.0}), ("no batch decay", {"batch_lr_decay": 1.0}),
+             ("early stop", {"tol": 0.05}))}
+    table = runs["base"].private_state["personal_item_emb"]
+    for name in ("no decay", "no batch decay", "early stop"):
+        assert float((runs[name].private_state["personal_item_emb"] - table).abs().max()) > 1e-4, name
+    # tol 0.035 stops some clients early in round 0 and not others (the equivalence test's mix)
+    full = _code_run(FedRAPCodeExecutor(**base), rounds=1).private_state["head_w"]
+    stopped = _code_run(FedRAPCodeExecutor(**{**base, "tol": 0.035}), rounds=1).private_state["head_w"]
+    changed = int(((full - stopped).abs().max(1).values > 1e-12).sum())
+    assert 0 < changed < NUM_USERS
+    # weight decay shrinks the rows a user never trains on: user 0 has 1 positive (5 examples)
+    untouched_share = float(runs["base"].private_state["personal_item_emb"][0].norm()
+                            / runs["no decay"].private_state["personal_item_emb"][0].norm())
+    assert untouched_share < 0.9
+
+
+def test_code_executor_without_its_extras_is_the_engines_plain_sgd():
+    """wd = 0, γ = 1, tol = 0: the code's optimiser is the engine's SGD step; both executors agree."""
+    from fedlib.methods.fedrap import FedRAPCodeExecutor
+
+    plain = _code_run(BatchedExecutor())
+    code = _code_run(FedRAPCodeExecutor(weight_decay=0.0, batch_lr_decay=1.0, tol=0.0))
+    reference = _code_run(FedRAPCodeExecutor(weight_decay=0.0, batch_lr_decay=1.0, tol=0.0, reference=True))
+    for run in (code, reference):
+        for name in plain.global_state:
+            torch.testing.assert_close(plain.global_state[name], run.global_state[name], atol=1e-10, rtol=0)
+        for name in plain.private_state:
+            torch.testing.assert_close(plain.private_state[name], run.private_state[name], atol=1e-10, rtol=0)
+
+
+def test_code_executor_refuses_what_it_does_not_run():
+    from fedlib.methods.fedrap import FedRAPCodeExecutor
+
+    for kwargs, words in (({"weight_decay": -1.0}, "weight_decay"), ({"batch_lr_decay": 0.0}, "batch_lr_decay"),
+                          ({"batch_lr_decay": 1.5}, "batch_lr_decay"), ({"tol": float("nan")}, "tol"),
+                          ({"chunk_size": 0}, "chunk_size")):
+        with pytest.raises(ValueError, match=words):
+            FedRAPCodeExecutor(**kwargs)
+    model = FedRAP(NUM_USERS, NUM_ITEMS, dim=4)
+    clipped = fedrap_method(model, grad_clip_norm=1.0)
+    with pytest.raises(ValueError, match="clips gradients.*BatchedExecutor"):
+        run_federated(clipped, toy_train(), FederatedConfig(rounds=1, batch_size=BATCH), executor=FedRAPCodeExecutor(),
+                      device="cpu")
