@@ -188,10 +188,27 @@ def test_cli_selects_cells_and_replicates_them_over_seeds(monkeypatch):
 
 def test_fedrap_code_cells_use_the_code_local_training_and_train():
     cells = X.fedrap_code_cells()
-    assert {(c["dataset"], c["sampler"]) for c in cells} == {(d, s) for d in ("FilmTrust", "Amazon-Video")
-                                                              for s in ("leaky", "correct")}
+    assert len(cells) == 8
+    for variant in X.FEDRAP_CODE_VARIANTS:
+        assert {(c["dataset"], c["sampler"]) for c in X.fedrap_code_cells(variants=[variant])} == {
+            (d, s) for d in ("FilmTrust", "Amazon-Video") for s in ("leaky", "correct")}
     assert all(c["batch_size"] == 2048 and c["params"]["local_epochs"] == 10 and c["params"]["lr_decay"] == 0.97
                for c in cells)
+    # the "optimizer" variant adds the code's optimiser and constant λ, μ; "epochs" has none of it
+    optimizer = X.fedrap_code_cells(["FilmTrust"], ["leaky"], ["optimizer"])[0]["params"]
+    assert {k: optimizer[k] for k in ("weight_decay", "batch_lr_decay", "tol", "curriculum")} == {
+        "weight_decay": 1e-4, "batch_lr_decay": 0.95, "tol": 1e-4, "curriculum": "constant"}
+    assert not X.FEDRAP_CODE_PARAMS & set(X.fedrap_code_cells(variants=["epochs"])[0]["params"])
+    with pytest.raises(ValueError, match="unknown variants"):
+        X.fedrap_code_cells(variants=["adam"])
+    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.engine import BatchedExecutor
+    split = X.synthetic_split()
+    for variant, kind in (("epochs", BatchedExecutor), ("optimizer", FedRAPCodeExecutor)):
+        config = X.fedrap_code_cells(["FilmTrust"], ["leaky"], [variant])[0]
+        method, executor = X.make_federated(config, split, X.make_sampler(split, "leaky"), X.federated_config(config))
+        assert isinstance(executor, kind)
+        assert method.client_loss.curriculum == ("constant" if variant == "optimizer" else "tanh")
     assert X.federated_config(cells[0]).local_epochs == 10
     assert X.federated_config(X.cell("FilmTrust", "FedRAP")).local_epochs == 1
     # the default cell's hash does not depend on the optional parameter existing
