@@ -35,15 +35,18 @@ The independence term is unbounded below (``D_u`` and ``C`` can drift apart for 
 reported training loss can turn negative and keep falling (on a 14-user toy with the default
 item lr 200 it does within a few rounds): watch the BCE part or validation metrics instead.
 
-What the code does and this module does not (the engine has no place for it):
+Where the code departs from the paper, and how to get the code's behaviour:
 
 * the curriculum: the code computes ``λ·tanh(iteration/10)`` after round ``iteration`` (so
   round ``t`` would use ``tanh((t − 1)/10)``), but ``Loss`` reads the *fixed*
   ``config['lambda']``/``config['mu']``, so in the version read the ramp never reaches the
   loss. We follow the paper (``curriculum="tanh"``); ``curriculum="constant"`` reproduces the
   code's effective behaviour;
-* an ``ExponentialLR(0.95)`` stepped after every *batch* inside a client's local training;
-* stopping local epochs early when the relative change of the epoch loss is below 1e-4.
+* the client optimiser: ``SGD(weight_decay=1e-4)`` on the head and both tables (every row, at
+  the item rate 200: −2 % per batch), an ``ExponentialLR(0.95)`` stepped after every *batch*
+  inside a client's local training, and local epochs stopped when the relative change of the
+  running loss is below 1e-4. The engine's executors take plain SGD steps;
+  :class:`FedRAPCodeExecutor` takes the code's (:data:`FEDRAP_CODE_OPTIMIZER`).
 
 How the round index reaches the loss. ``FederatedMethod.client_loss(model, params, batch)``
 is not told the round, but ``before_round(state, t)`` is. :class:`FedRAPLoss` is therefore a
