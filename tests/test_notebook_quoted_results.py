@@ -423,3 +423,47 @@ def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
     cells = grid.unique_cells(c for part in X.PARTS for c in X.grid_cells(part))
     assert f"all {len(cells)} cells" in prose
     assert grid.pending_cells("fedcsr", "paper", cells) == [], "the prose says every cell is recorded"
+
+
+def test_fedrap_code_optimiser_paragraph_quotes_the_recorded_runs():
+    from fedlib.experiments import fedrkg as X
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(read_runs("fedrkg", "paper"))
+    prose = " ".join(_paragraph("01_fedrkg", "What the code's optimiser changes").split())
+
+    def run(dataset, sampler, variant=None):
+        config = (X.cell(dataset, "FedRAP", sampler=sampler) if variant is None
+                  else X.fedrap_code_cells([dataset], [sampler], [variant])[0])
+        record = known.get(X.config_hash(config))
+        assert record is not None, f"no recorded FedRAP run {dataset} {sampler} {variant}"
+        return record
+
+    def r10(record):
+        return f"{100 * record.metrics['Recall@10']:.2f}"
+
+    def last_loss(record):
+        return f"{record.extra['curve'][-1]['train_loss']:,.0f}".replace("-", "−")
+
+    assert f"from {r10(run('FilmTrust', 'leaky'))} to {r10(run('FilmTrust', 'leaky', 'epochs'))}" in prose
+    assert f"reaches {last_loss(run('FilmTrust', 'leaky', 'epochs'))}" in prose
+    optimiser = run("FilmTrust", "leaky", "optimizer")
+    assert f"at −{-optimiser.extra['curve'][-1]['train_loss']:.2f}" in prose
+    assert f"FedRAP reaches {r10(optimiser)}" in prose
+    correct = run("FilmTrust", "correct", "optimizer")
+    assert f"correct sampler the same optimiser gives {r10(correct)}" in prose
+    leak_points = round(100 * (optimiser.metrics["Recall@10"] - correct.metrics["Recall@10"]))
+    assert f"the leak accounts for {leak_points} of its {round(100 * optimiser.metrics['Recall@10'])} points" in prose
+    table1 = pd.read_csv(ROOT / "results" / "fedrkg" / "table1.csv")
+    fedmf = table1[(table1.dataset == "FilmTrust") & (table1.method == "FedMF") & (table1.metric == "R@10")
+                   & (table1.stat == "score") & (table1.sampler == "correct")].iloc[0]
+    assert f"FedMF ({fedmf.value_ours:.2f}, five seeds)" in prose and fedmf.n_seeds == 5
+    video = [run("Amazon-Video", s, "optimizer") for s in ("leaky", "correct")]
+    every_video_variant = [run("Amazon-Video", s, v) for s in ("leaky", "correct") for v in (None, "epochs")] + video
+    assert "On Amazon-Video no variant reaches 2 %" in prose
+    assert max(100 * r.metrics["Recall@10"] for r in every_video_variant) < 2.0
+    assert f"code optimiser: {r10(video[0])} leaky, {r10(video[1])} correct" in prose
+    seconds = sorted(round(r.metrics["seconds"]) for r in (optimiser, video[0]))
+    assert f"costs {seconds[0]}–{seconds[1]} s for 1,000 rounds" in prose
+    assert all(r.metrics["rounds_run"] == 1000 for r in (optimiser, video[0]))
