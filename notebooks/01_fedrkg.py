@@ -958,8 +958,12 @@ fnb.record("lastfm_r10", lastfm_rows)
 # 4. **Cost.** NeuMF (300 centralised epochs, 18 min) is the slowest FilmTrust cell. FedRAP
 #    with its code's 10 local epochs of batch 2,048 pads every client's batch to the widest
 #    client's; the executor chunks clients of similar width together (README, "Speed"), which
-#    took that cell from ~17 s to ~1.4 s per round. GPFedRec's graph costs O(users · items · d) per round
-#    once the bound proves it complete (§3). FedDAE's item-sized layers would cost every
+#    took that cell from ~17 s to ~1.4 s per round. GPFedRec's graph costs O(users · items · d)
+#    per round once the bound proves it complete (§3). On LastFM-2K (correct sampler) it never
+#    is, and every round forms the whole $U \times U$ similarity and message passing (about 40 s
+#    per round on one thread). GPFedRec under the leaky sampler, up to 3,000 rounds, would take up
+#    to 33 h, and its state (two 1,269 × 12,322 × 32 float tables, 4 GB) is too large to carry between
+#    resumed runs of a fresh checkout. That cell is not recorded. FedDAE's item-sized layers would cost every
 #    client its own copy each round (~70 s per Amazon-Video round on one thread);
 #    `FedDAEExecutor` shares the global parameters and reads and writes the first layers at the
 #    user's own items only, for the same updates (tested against the copying path) in ~1.3 s.
