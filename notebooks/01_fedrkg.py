@@ -751,8 +751,8 @@ fnb.record("guidance_strength", strength)
 #
 # * **code epochs**: 10 local epochs, batch 2048, learning rates × 0.97 per round, in the
 #   engine's plain SGD;
-# * **code optimiser**: also `SGD(weight_decay=1e-4)`, which at the item rate 200 shrinks every
-#   row of $D_u$ and $C$ by 2 % per batch, and an `ExponentialLR(0.95)` stepped after every
+# * **code optimiser**: also `SGD(weight_decay=1e-4)`, which at the initial item rate 200
+#   shrinks every row of $D_u$ and $C$ by 2 % per batch, and an `ExponentialLR(0.95)` stepped after every
 #   batch. Local epochs stop once the running loss changes by less than 1e-4, and λ, μ are
 #   constant, since the code's loss reads them from the config and never from its tanh ramp.
 #   `FedRAPCodeExecutor` applies the weight decay of the rows a client never trains on in
@@ -948,7 +948,7 @@ fnb.record("lastfm_r10", lastfm_rows)
 #
 #    §6 tests this with the code's own client optimiser: its weight decay bounds the term and
 #    takes FedRAP to 80.14 on FilmTrust under the leak (paper 97.39), and to 8.18 under the
-#    correct sampler. The paper's FedRAP row is the code's optimiser plus the leak.
+#    correct sampler. On FilmTrust the paper's FedRAP row is the code's optimiser plus the leak.
 # 3. **FedDAE** diverges (NaN at round 11) with SGD at the code's learning rate (0.1, an Adam
 #    rate there), so its rate is the one validation picks from the paper's grid: 0.01
 #    (FilmTrust validation R@10, seed 0: 12.6 % at 0.1, 35.5 % at 0.01, 8.4 % at 0.001). At
@@ -960,7 +960,8 @@ fnb.record("lastfm_r10", lastfm_rows)
 #    (`fedlib.methods.feddae`, "Assumptions"). Our cells follow FedRKG's "SGD for all parameter
 #    updates" on both sides. They carry the divergence note, and their numbers are those of the
 #    last finite evaluation.
-# 4. **Cost.** NeuMF (300 centralised epochs, 18 min) is the slowest FilmTrust cell. FedRAP
+# 4. **Cost.** On FilmTrust NeuMF takes 18 min for its 300 centralised epochs and GPFedRec
+#    up to 44 min (seed 4, correct sampler). FedRAP
 #    with its code's 10 local epochs of batch 2,048 pads every client's batch to the widest
 #    client's; the executor chunks clients of similar width together (README, "Speed"), which
 #    took that cell from ~17 s to ~1.4 s per round. GPFedRec's graph costs O(users · items · d)
