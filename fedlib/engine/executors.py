@@ -72,7 +72,7 @@ from fedlib.engine.uploads import ClientRowUpdates, client_gradient_noise, clien
 from fedlib.models.mf import FedMF
 
 __all__ = ["LocalUpdateResult", "SequentialExecutor", "BatchedExecutor", "make_executor", "client_batch_widths",
-           "width_bucketed_chunks"]
+           "width_bucketed_chunks", "DEFAULT_WIDTH_RATIO"]
 
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (total_norm + 1e-6)
 
@@ -319,6 +319,11 @@ def _privatise_client_gradient(method, group, noised, params, global_state, priv
         params[name].grad = grad
 
 
+#: Default ``width_ratio`` of the batched executors: a chunk's widest client batch is at most
+#: this many times its narrowest, so padding a step wastes at most 50 %.
+DEFAULT_WIDTH_RATIO = 1.5
+
+
 def client_batch_widths(plan: RoundPlan) -> np.ndarray:
     """``(C,) int64`` each client's widest local batch (examples in its largest step)."""
     if plan.num_clients == 0:
@@ -383,7 +388,7 @@ class BatchedExecutor:
     name = "batched"
 
     def __init__(self, chunk_size: int = 1024, analytic_fedmf="auto", one_batch_fast_path: bool = True,
-                 dense_budget: int = 1 << 25, width_ratio: Optional[float] = 1.5):
+                 dense_budget: int = 1 << 25, width_ratio: Optional[float] = DEFAULT_WIDTH_RATIO):
         if chunk_size < 1:
             raise ValueError("chunk_size must be >= 1")
         if width_ratio is not None and not (np.isfinite(width_ratio) and width_ratio >= 1):

@@ -399,7 +399,8 @@ class FedRAPCodeExecutor:
     def local_updates(self, method: FederatedMethod, global_state, private_state, plan, weights, *,
                       return_client_updates: bool = False, **kwargs):
         """Run the round's local updates (the interface of :class:`~fedlib.engine.BatchedExecutor`)."""
-        from fedlib.engine.executors import LocalUpdateResult, client_batch_widths, width_bucketed_chunks
+        from fedlib.engine.executors import (DEFAULT_WIDTH_RATIO, LocalUpdateResult, client_batch_widths,
+                                             width_bucketed_chunks)
 
         personality, commonality = self._check(method, return_client_updates)
         table = global_state[commonality]
@@ -412,7 +413,7 @@ class FedRAPCodeExecutor:
                 self._reference_client(method, global_state, private_state, plan, position, float(weights[position]),
                                        rates, update, losses)
         else:
-            for positions in width_bucketed_chunks(client_batch_widths(plan), self.chunk_size, 1.5):
+            for positions in width_bucketed_chunks(client_batch_widths(plan), self.chunk_size, DEFAULT_WIDTH_RATIO):
                 self._chunk(method, global_state, private_state, plan, positions, weights, rates, update, losses)
         return LocalUpdateResult(update, losses, None)
 
@@ -544,10 +545,11 @@ class FedRAPCodeExecutor:
             update[commonality].add_(public, alpha=float((w_clients * (shrink - 1.0)).sum()))
             update[commonality].index_add_(
                 0, slot_item, w_clients[slot_client, None] * (c_slots - shrink[slot_client, None] * public[slot_item]))
-            # D_u: every row shrinks by f_u, then the touched rows take their local copy.
-            for rank, user in enumerate(sub.clients.tolist()):
-                if float(shrink[rank]) != 1.0:
-                    private_state[personality][user].mul_(shrink[rank])
+            # D_u: every row shrinks by f_u, then the touched rows take their local copy. One
+            # in-place scale per client: a gathered (C, I, d) copy would cost C × I × d more memory.
+            for user, factor in zip(sub.clients.tolist(), shrink.tolist()):
+                if factor != 1.0:
+                    private_state[personality][user].mul_(factor)
             flat_personal[users[slot_client] * num_items + slot_item] = d_slots
             private_state["head_w"][users] = head_w
             private_state["head_b"][users] = head_b
