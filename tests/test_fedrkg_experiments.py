@@ -110,6 +110,26 @@ def test_probe_measures_around_the_guidance_round():
     assert local["before"] == local["after"] and "gates" not in local  # w/ PIE: nothing changes
 
 
+def test_patience_does_not_end_a_probe_cell_before_its_probe_round():
+    # patience 1 evaluation: without the probe the run stops at the first evaluation that
+    # does not improve, long before round 45
+    def config(**kwargs):
+        c = X.cell("synthetic", "FedRKG", guidance="fixed", rounds=60, eval_every=3,
+                   params={"interval": 4}, **kwargs)
+        return {**c, "patience_rounds": 3}
+
+    plain = X.run_cell(config(), device="cpu")["metrics"]
+    assert plain["rounds_run"] < 45
+    probed = X.run_cell(config(probe_round=45), device="cpu")
+    probe, metrics = probed["extra"]["probe"], probed["metrics"]
+    assert probe["round"] == 45 and "before" in probe and "after" in probe
+    # past the probe round patience applies again: it stops before the 60 rounds
+    assert 45 < metrics["rounds_run"] < 60
+    # selection read the evaluations the plain run never reached
+    assert metrics["best_round"] >= plain["best_round"]
+    assert metrics["valid/Recall@10"] >= plain["valid/Recall@10"]
+
+
 def test_run_cell_reports_test_at_the_selected_evaluation():
     result = _run("fixed", sampler="leaky")
     metrics, curve = result["metrics"], result["extra"]["curve"]
@@ -136,7 +156,9 @@ def test_every_part_of_the_grid_builds():
         assert cells and all(c["paper"] == "fedrkg" for c in cells)
     assert len(X.grid_cells("table1")) == 2 * 3 * len(X.METHODS)
     probes = X.grid_cells("probe")
-    assert [c["probe_round"] for c in probes] == [901, 901]
+    assert [c["probe_round"] for c in probes] == [901] * 4
+    assert [(c["sampler"], c["guidance"]) for c in probes] == [
+        ("leaky", "fixed"), ("leaky", "adaptive"), ("correct", "fixed"), ("correct", "adaptive")]
 
 
 @pytest.mark.parametrize("backbone", ["FedNCF", "PFedRec"])

@@ -20,7 +20,8 @@ Protocol (paper App. C.2 and the public code, notes §1):
 * 4 negatives per positive, batch 256, one local epoch, every user in every round, d = 32;
 * model selection on validation Recall@10 with later ties winning (the code's ``>=``),
   patience 100 rounds; the test metrics reported are those of the selected evaluation
-  (the code evaluates the test set at every round and keeps the best-validation one);
+  (the code evaluates the test set at every round and keeps the best-validation one); a
+  probe cell (Table 4) is not stopped by patience before its probe round;
 * **negative sampler**: ``"correct"`` excludes only the user's training items; ``"leaky"``
   (``exclude="all_rated"``) reproduces the public code, whose negatives avoid the
   validation and test items too (the evaluation audit). The headline tables use
@@ -579,6 +580,12 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
                 state.extra.setdefault(DIVERGED_KEY, int(record["round"]))
                 state.stopped_early = True
                 return
+            probe_round = config["probe_round"]
+            if probe_round is not None and state.stopped_early and state.round_index <= probe_round:
+                # A probe cell measures the guidance of its probe round (the paper's round 900):
+                # patience may not end it before then. Selection still reads every evaluation
+                # (a later best is selected); once past the probe round patience applies again.
+                state.stopped_early = False
             for hook in hooks:
                 hook(state, record)
 
@@ -851,7 +858,9 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
         return fedrap_code_cells([d for d in ("FilmTrust", "Amazon-Video") if d in datasets], **kwargs)
     if part == "ablation":
         return ablation_cells([d for d in ABLATION_DATASETS if d in datasets], **kwargs)
-    single = {"probe": probe_cells, "ldp": ldp_cells, "interval": interval_cells, "sensitivity": sensitivity_cells,
+    if part == "probe":
+        return [c for sampler in ("leaky", "correct") for c in probe_cells(sampler=sampler, **kwargs)]
+    single = {"ldp": ldp_cells, "interval": interval_cells, "sensitivity": sensitivity_cells,
               "trace": trace_cells, "figure2": figure2_cells, "strength": strength_cells}
     if part in single:
         return single[part](**kwargs)
