@@ -63,3 +63,14 @@ def test_the_notebook_finds_the_recorded_tables_by_their_paper_file_names():
             assert table is not None and set(table["table"]) == {short}
     assert recorded_or_none("fedrkg", "no_such_table") is None
 
+
+
+@pytest.mark.parametrize("table_id", [t for t in TABLES if t in ("table4", "tableD3", "tableD4")])
+def test_every_probe_row_of_ours_lands_on_a_paper_row(table_id):
+    """Table 4, D.3, D.4 have no rows beyond the paper's: a value of ours without a paper value
+    would mean its key (metric, setting, stat) is spelled differently from the paper's row."""
+    table = read_results_table("fedrkg", table_id, "paper")
+    ours = table.dropna(subset=["value_ours"])
+    assert len(ours), f"{table_id}: no recorded value"
+    unmatched = ours[ours["value_paper"].isna()]
+    assert unmatched.empty, unmatched[["method", "setting", "metric", "stat", "sampler"]].to_string()

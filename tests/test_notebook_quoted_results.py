@@ -480,3 +480,46 @@ def test_fedrkg_lastfm_bullet_quotes_the_leaky_ablation_rows():
     assert f"w/o AG and w/ PIE end at {at_ceiling.pop()}, like FedRKG (paper: {papers.pop()} for all three)" in prose
     gie = value["w/ GIE"]
     assert f"w/ GIE at {gie.value_ours:.2f} (paper {gie.value_paper:.2f})" in prose
+
+
+def test_fedrkg_table4_bullet_quotes_the_recorded_probe_and_gate_tables():
+    import numpy as np
+
+    from fedlib.experiments import fedrkg as X
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    prose = " ".join(_paragraph("01_fedrkg", "Table 4 is not reproduced").split())
+    table4 = pd.read_csv(ROOT / "results" / "fedrkg" / "table4.csv")
+    shares = table4[(table4.metric == "share of users (aggregate score)") & (table4.setting == "improved users")]
+
+    def improved(method, sampler):
+        row = shares[(shares.method == method) & (shares.sampler == sampler)].iloc[0]
+        changed = int(re.search(r"among the (\d+) of 200 sampled", row.note).group(1))
+        return row.value_ours, changed, row.value_paper
+
+    for method, label in (("w/ KG", "w/ KG"), ("w/ AG", "w/ AG")):
+        value, changed, paper = improved(method, "leaky")
+        assert f"{changed} change with {label} ({value:.2f} % of them improve)" in prose or \
+            f"{changed} with {label} ({value:.2f} %)" in prose, (method, changed, value)
+        assert f"{label} {paper:.2f}" in prose
+    for method in ("w/ KG", "w/ AG"):
+        value, changed, _ = improved(method, "correct")
+        assert (changed, value) == (2, 100.0), "the prose says: 2 change, and both improve"
+    assert "Under the correct sampler 2 change, and both improve" in prose
+
+    known = latest_records(read_runs("fedrkg", "paper"))
+    before = [100 * np.mean(known[X.config_hash(c)].extra["probe"]["before"]["Recall@10"])
+              for c in X.probe_cells(sampler="correct")]
+    assert all(f"R@10 over all users {b:.2f} % before" in prose for b in before)
+
+    d3 = pd.read_csv(ROOT / "results" / "fedrkg" / "tableD3.csv")
+    d3 = d3[(d3.metric == "gating value") & (d3.setting == "w/ 100 users")]
+    leaky = d3[d3.sampler == "leaky"].iloc[0]
+    assert f"+{leaky.value_ours:.2f} % with 100 users per group; paper +{leaky.value_paper:.2f} %" in prose
+    assert (d3.value_ours > 0).all(), "followers above distinct users under both samplers"
+    d4 = pd.read_csv(ROOT / "results" / "fedrkg" / "tableD4.csv")
+    d4 = d4[(d4.metric == "gating value") & d4.setting.str.startswith("warm = top 10%")]
+    leaky = d4[d4.sampler == "leaky"].iloc[0]
+    assert f"−{-leaky.value_ours:.2f} % for the top and bottom 10 %; paper +{leaky.value_paper:.2f} %" in prose
+    assert (d4.value_ours < 0).all() and (d4.value_paper > 0).all(), "reversed under both samplers"

@@ -253,10 +253,10 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[
             for setting, value in (("improved users", counts.improved_of_changed),
                                    ("declined users", counts.declined_of_changed)):
                 rows.append(_derived({"dataset": dataset, "backbone": "FedMF", "method": label,
-                                      "setting": setting, "metric": "share", "stat": "share of users (aggregate score)",
+                                      "setting": setting, "metric": "share of users (aggregate score)", "stat": "share",
                                       "sampler": s}, 100.0 * value, [record],
-                                     f"{note}; among the {counts.n_users} sampled users whose summed N@5+R@5+N@10+R@10 "
-                                     f"changed ({counts.n_unchanged} unchanged)"))
+                                     f"{note}; among the {counts.n_users - counts.n_unchanged} of {counts.n_users} sampled "
+                                     f"users whose summed N@5+R@5+N@10+R@10 changed"))
     return _compare(pd.DataFrame(rows), "table4_guidance_effect",
                     ["dataset", "backbone", "method", "setting", "metric", "stat", "sampler"], profile, samplers=samplers)
 
