@@ -155,6 +155,9 @@ def test_every_part_of_the_grid_builds():
         cells = X.grid_cells(part)
         assert cells and all(c["paper"] == "fedrkg" for c in cells)
     assert len(X.grid_cells("table1")) == 2 * 3 * len(X.METHODS)
+    lastfm = [c for c in X.grid_cells("fedrap_code") if c["dataset"] == "LastFM-2K"]
+    assert [(c["sampler"], c["params"]["weight_decay"]) for c in lastfm] == [("leaky", 1e-4)]
+    assert len(X.grid_cells("fedrap_code", datasets=["FilmTrust"])) == 4
     probes = X.grid_cells("probe")
     assert [c["probe_round"] for c in probes] == [901] * 4
     assert [(c["sampler"], c["guidance"]) for c in probes] == [

@@ -467,6 +467,16 @@ def test_fedrap_code_optimiser_paragraph_quotes_the_recorded_runs():
     seconds = sorted(round(r.metrics["seconds"]) for r in (optimiser, video[0]))
     assert f"costs {seconds[0]}–{seconds[1]} s for 1,000 rounds" in prose
     assert all(r.metrics["rounds_run"] == 1000 for r in (optimiser, video[0]))
+    lastfm = run("LastFM-2K", "leaky", "optimizer")
+    curve = lastfm.extra["curve"]
+    assert f"reaches {curve[-1]['train_loss']:.1e} at round {curve[-1]['round']}".replace("-", "−") in prose
+    assert f"no longer finite at round {lastfm.extra['diverged_at_round']}" in prose
+    assert f"about {round(lastfm.metrics['seconds'] / lastfm.metrics['rounds_run'], -1):.0f} s per round" in prose
+    protocol = run("LastFM-2K", "leaky")
+    paper = table1[(table1.dataset == "LastFM-2K") & (table1.method == "FedRAP") & (table1.metric == "R@10")
+                   & (table1.sampler == "leaky")].value_paper.iloc[0]
+    assert (f"R@10 is {r10(lastfm)} there (paper {paper:.2f}; protocol {r10(protocol)}, diverged at round "
+            f"{protocol.extra['diverged_at_round']})") in prose
 
 
 def test_fedrkg_lastfm_bullet_quotes_the_leaky_ablation_rows():

@@ -855,7 +855,9 @@ def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) 
     if part == "audit":
         return audit_cells(datasets, **kwargs)
     if part == "fedrap_code":
-        return fedrap_code_cells([d for d in ("FilmTrust", "Amazon-Video") if d in datasets], **kwargs)
+        # LastFM-2K: the paper's sampler and the full optimiser only (about 40 s per round)
+        lastfm = fedrap_code_cells(["LastFM-2K"], ["leaky"], ["optimizer"], **kwargs) if "LastFM-2K" in datasets else []
+        return fedrap_code_cells([d for d in ("FilmTrust", "Amazon-Video") if d in datasets], **kwargs) + lastfm
     if part == "ablation":
         return ablation_cells([d for d in ABLATION_DATASETS if d in datasets], **kwargs)
     if part == "probe":
