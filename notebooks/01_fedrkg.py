@@ -772,18 +772,20 @@ def fedrap_rows(records):
     code_cells = X.grid_cells("fedrap_code")  # FilmTrust and Amazon-Video: both samplers; LastFM-2K: leaky
     for dataset in ("FilmTrust", "Amazon-Video", "LastFM-2K"):
         for sampler in ("leaky", "correct"):
-            variants = [(FEDRAP_VARIANTS[v], c) for v in FEDRAP_VARIANTS for c in code_cells
-                        if (c["dataset"], c["sampler"]) == (dataset, sampler)
-                        and ("weight_decay" in c["params"]) == (v == "optimizer")]
-            if not variants:
+            code = [c for c in code_cells if (c["dataset"], c["sampler"]) == (dataset, sampler)]
+            if not code:
                 continue
-            for label, config in [("protocol (1 epoch, batch 256)", X.cell(dataset, "FedRAP", sampler=sampler))] + variants:
+            # only the "optimizer" variant sets the code optimiser's parameters
+            runs = [("protocol (1 epoch, batch 256)", X.cell(dataset, "FedRAP", sampler=sampler))] + [
+                (FEDRAP_VARIANTS["optimizer" if X.FEDRAP_CODE_PARAMS & set(c["params"]) else "epochs"], c)
+                for c in code]
+            for label, config in runs:
                 record = known.get(X.config_hash(config))
                 rows.append({"dataset": dataset, "sampler": sampler, "local training": label,
                              "R@10": None if record is None else 100 * record.metrics.get("Recall@10", float("nan")),
                              "best round": None if record is None else record.metrics.get("best_round"),
                              "rounds run": None if record is None else record.metrics.get("rounds_run"),
-                             "diverged at": None if record is None else (record.extra or {}).get("diverged_at_round"),
+                             "diverged at round": "" if record is None else str((record.extra or {}).get("diverged_at_round", "—")),
                              "wall time (s)": None if record is None else round(record.metrics["seconds"])})
     return pd.DataFrame(rows)
 
@@ -792,7 +794,7 @@ fedrap_compare = fedrap_rows(read_runs(PAPER, "paper"))
 if profile == "paper":
     X.run_cells(X.grid_cells("fedrap_code"), profile, description="FedRAP, code settings")
     fedrap_compare = fedrap_rows(read_runs(PAPER, "paper"))
-print(fedrap_compare.round(2).astype({"diverged at": object}).fillna({"diverged at": "—"}).to_string(index=False))
+print(fedrap_compare.round(2).to_string(index=False))
 fnb.record("fedrap_local_training", fedrap_compare)
 
 # %% [markdown]
