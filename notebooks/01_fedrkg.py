@@ -902,10 +902,10 @@ fnb.record("lastfm_r10", lastfm_rows)
 #   FedRKG reaches R@10 35.07, R@5 34.99 and N@5 34.15 (paper: 35.07, 34.89, 34.02) after all
 #   3,000 rounds. That is the share of users whose test item can be hit at all (35.07 %, the
 #   table above): every hittable test item is ranked first, flat in K. Table 3's FedNCF with
-#   Adaptive Guidance ends at the same ceiling, R@10 35.07 (paper 28.84), its best validation
-#   round the last of the 3,000: with the leak, both guided backbones run so far (FedMF, FedNCF)
-#   converge to the share of hittable items, and the paper's gap between them says nothing
-#   about the backbones. The ablation rows of Table D.1 under the leaky sampler land on the
+#   Adaptive Guidance ends at the same ceiling, R@10 35.07 (paper 28.84), and so does PFedRec
+#   with Adaptive Guidance, R@10 35.07 (paper 33.81), each with its best validation round the
+#   last of the 3,000. With the leak all three guided backbones converge to the share of
+#   hittable items, so the paper's gaps between them say nothing about the backbones. The ablation rows of Table D.1 under the leaky sampler land on the
 #   paper's numbers too: w/o AG and w/ PIE end at 35.07, like FedRKG (paper: 35.07 for all
 #   three), and w/ GIE at 4.26 (paper 3.39). A personal table that is never guided (w/ PIE)
 #   reaches the ceiling as well, so on LastFM-2K guidance adds nothing measurable, in the
