@@ -10,6 +10,8 @@ Examples::
     python -m fedlib data list                     # dataset status under $FEDLIB_DATA
     python -m fedlib data stats ml-100k --protocol f3crec
     python -m fedlib status --write-readme         # rebuild the README status table
+    python -m fedlib course build                  # build/course/student and build/course/instructor
+    python -m fedlib course budget                 # each lesson's cells, output size and time
 """
 from __future__ import annotations
 
@@ -87,8 +89,41 @@ def build_parser() -> argparse.ArgumentParser:
     p_exp.add_argument("--seeds", nargs="+", type=int, help="the seed of each file (default 0 1 2 ...)")
     p_exp.set_defaults(func=_cmd_expected)
 
+    p_course = sub.add_parser("course", help="student/instructor copies of the lessons; lesson budgets")
+    course_sub = p_course.add_subparsers(dest="course_command", metavar="ACTION", required=True)
+    p_build = course_sub.add_parser("build", help="write build/course/student (no solution cells) and build/course/instructor")
+    p_build.add_argument("--output", type=Path, default=None, help="folder to write (default build/course)")
+    p_build.set_defaults(func=_cmd_course_build)
+    p_budget = course_sub.add_parser("budget", help="code cells, longest cell, text output and recorded time per notebook")
+    p_budget.set_defaults(func=_cmd_course_budget)
+
     _add_optional_commands(sub)
     return parser
+
+
+def _cmd_course_build(args) -> int:
+    from fedlib.notebook.course import build_course, is_solution
+
+    targets = build_course(args.output)
+    import nbformat
+
+    for kind, folder in targets.items():
+        notebooks = sorted(folder.rglob("*.ipynb"))
+        solutions = sum(is_solution(c) for path in notebooks for c in nbformat.read(str(path), as_version=4).cells)
+        print(f"{kind:<10} {folder}  ({len(notebooks)} notebooks, {solutions} solution cells)")
+    return 0
+
+
+def _cmd_course_budget(args) -> int:
+    from fedlib.notebook.course import (MAX_CELL_LINES, MAX_CODE_CELLS, MAX_QUICK_MINUTES,
+                                        MAX_TEXT_OUTPUT_CHARS, budget_frame)
+
+    frame = budget_frame()
+    print(frame.to_string(index=False))
+    print(f"\nlimits: {MAX_CODE_CELLS} code cells (solutions not counted), {MAX_CELL_LINES} lines per code cell, "
+          f"{MAX_TEXT_OUTPUT_CHARS:,} characters of text output, {MAX_QUICK_MINUTES} min per lesson at quick "
+          "(times as recorded by papermill in the committed quick run; measure on an idle machine)")
+    return 1 if frame["problems"].astype(bool).any() else 0
 
 
 def _add_optional_commands(sub) -> None:
@@ -129,7 +164,11 @@ def _cmd_run(args) -> int:
     if args.output and args.all:
         print("--output takes one notebook; use --in-place or the default build/ folder with --all", file=sys.stderr)
         return 2
+    import time
+
+    times = []
     for name in names:
+        began = time.perf_counter()
         run_notebook(
             name,
             args.profile,
@@ -138,6 +177,11 @@ def _cmd_run(args) -> int:
             log_output=args.log_output,
             timeout_s=args.timeout,
         )
+        times.append((name, time.perf_counter() - began))
+    if len(times) > 1:
+        print("\nwall time per notebook (this machine, now; budgets are judged on an idle machine):")
+        for name, seconds in times:
+            print(f"  {name:<32} {seconds:7.1f} s")
     return 0
 
 

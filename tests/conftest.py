@@ -84,3 +84,24 @@ def records(request, smoke_records):
         raise ValueError(f"{request.module.__name__} asks for the 'records' fixture but sets no STEM "
                          "(the notebook name, e.g. STEM = \"05_fedcsr\")")
     return smoke_records(stem)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Report each notebook's smoke wall time (budgets are read from reports, never asserted)."""
+    record_dir = os.environ.get("FEDLIB_RECORD_DIR")
+    if not record_dir or not Path(record_dir).is_dir():
+        return
+    from fedlib.notebook.records import read_record_file
+
+    rows = []
+    for path in sorted(Path(record_dir).glob("*.jsonl")):
+        try:
+            records = read_record_file(path)
+        except ValueError:
+            continue
+        if "wall_time_s" in records:
+            rows.append((path.stem, records["wall_time_s"], records.get("profile", "?")))
+    if rows:
+        terminalreporter.section("notebook wall time (this machine, now; the smoke budget is 60 s on an idle machine)")
+        for stem, seconds, profile in rows:
+            terminalreporter.write_line(f"{stem:<34} {seconds:7.1f} s  ({profile})")

@@ -6,9 +6,10 @@ from fedlib.notebook.records import record_frame as frame
 STEM = "00_fedrec_from_scratch"
 
 
-def test_smoke_profile_and_budget(records):
+def test_smoke_run_finished(records):
+    # wall time is reported by ./run test, never asserted (shared, noisy machines)
     assert records["profile"] == "smoke"
-    assert records["wall_time_s"] < 60, "the smoke profile must stay under 60 s"
+    assert records["__finished__"] is True
 
 
 def test_fedavg_identity_and_executor_equivalence(records):

@@ -9,9 +9,10 @@ STEM = "01_fedrkg"
 METHODS = {"MF", "NeuMF", "FedMF", "FedNCF", "PFedRec", "GPFedRec", "CoFedRec", "FedRAP", "FedDAE", "FedRKG"}
 
 
-def test_smoke_profile_and_budget(records):
+def test_smoke_run_finished(records):
+    # wall time is reported by ./run test, never asserted (shared, noisy machines)
     assert records["profile"] == "smoke"
-    assert records["wall_time_s"] < 120, "the smoke profile must stay near its 60 s budget"
+    assert records["__finished__"] is True
 
 
 def test_equation_toys(records):

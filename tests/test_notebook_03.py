@@ -9,9 +9,10 @@ from fedlib.notebook.records import record_frame as frame
 STEM = "03_fedkdrec"
 
 
-def test_smoke_profile_and_budget(records):
+def test_smoke_run_finished(records):
+    # wall time is reported by ./run test, never asserted (shared, noisy machines)
     assert records["profile"] == "smoke"
-    assert records["wall_time_s"] < 90, "the smoke profile must stay near its 60 s budget"
+    assert records["__finished__"] is True
 
 
 def test_equation_toys(records):

@@ -40,5 +40,4 @@ def test_notebook_conventions(nb):
     assert "fnb.finish()" in code[-1].source, "the last code cell must print the wall time"
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and "PROFILE" in tagged[0].source, "exactly one parameters cell selecting PROFILE"
-    assert re.search(r"^# ##+ .*reproduce.*differ", text, re.M | re.I), "missing the 'what we reproduce / what differs' section"
     read_profile_table(nb.stem)  # the profile file exists and is valid

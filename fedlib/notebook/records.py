@@ -1,6 +1,6 @@
 """Recorded metrics: a notebook records named values; tests read them back.
 
-``record(name, value)`` shows the value in the notebook and stores it in the cell's
+``record(name, value)`` stores the value (silently) in the cell's
 output under the MIME type :data:`RECORD_MIME`, so :func:`read_records` can recover every
 recorded value from an executed ``.ipynb`` (no scrapbook dependency). When
 ``FEDLIB_RECORD_DIR`` is set, each record is also appended to
@@ -71,8 +71,12 @@ def _append_to_file(name: str, payload: Any) -> None:
         handle.write(json.dumps({"name": name, "value": payload}) + "\n")
 
 
-def record(name: str, value: Any, *, show: bool = True) -> None:
-    """Record ``value`` under ``name`` in the executed notebook (shown as one short line)."""
+def record(name: str, value: Any, *, show: bool = False) -> None:
+    """Record ``value`` under ``name`` in the executed notebook.
+
+    Recording prints nothing (the notebook shows its numbers itself); ``show=True`` adds a
+    one-line ``recorded name = value`` for debugging.
+    """
     if not name or not isinstance(name, str):
         raise ValueError("a record needs a non-empty string name")
     payload = _jsonable(value)

@@ -41,14 +41,26 @@ def notebooks_dir() -> Path:
     return project_root() / "notebooks"
 
 
-def list_notebooks() -> list[NotebookInfo]:
-    """Every ``notebooks/NN_name.py``, in teaching order."""
+def appendix_dir() -> Path:
+    return notebooks_dir() / "appendix"
+
+
+def list_notebooks(*, appendices: bool = True) -> list[NotebookInfo]:
+    """Every lesson ``notebooks/NN_name.py`` in teaching order, each followed by its appendix
+    ``notebooks/appendix/NN_name_appendix.py`` when there is one (``appendices=False``: lessons only)."""
+    lessons = [source for source in sorted(notebooks_dir().glob("*.py")) if NOTEBOOK_NAME.match(source.stem)]
+    extra = sorted(appendix_dir().glob("*.py")) if appendices else []
     found = []
-    for source in sorted(notebooks_dir().glob("*.py")):
-        if not NOTEBOOK_NAME.match(source.stem):
-            continue  # templates and helpers start with "_"
+    for source in lessons:
         found.append(NotebookInfo(source.stem, source, source.with_suffix(".ipynb"), _title_of(source)))
+        for appendix in extra:
+            if appendix.stem.startswith(source.stem[:3]) and NOTEBOOK_NAME.match(appendix.stem):
+                found.append(NotebookInfo(appendix.stem, appendix, appendix.with_suffix(".ipynb"), _title_of(appendix)))
     return found
+
+
+def is_appendix(nb: NotebookInfo) -> bool:
+    return nb.source.parent.resolve() == appendix_dir().resolve()
 
 
 def _title_of(source: Path) -> str:
@@ -60,11 +72,12 @@ def _title_of(source: Path) -> str:
 
 
 def find_notebook(name: str) -> NotebookInfo:
-    """Resolve ``"00"``, ``"00_fedrec_from_scratch"`` or a path to a notebook."""
+    """Resolve ``"00"``, ``"00_fedrec_from_scratch"``, ``"01_fedrkg_appendix"`` or a path to a notebook."""
     notebooks = list_notebooks()
     candidate = Path(name)
-    for nb in notebooks:
-        if name in (nb.stem, nb.number) or candidate.resolve() in (nb.source.resolve(), nb.paired.resolve()):
+    for nb in notebooks:  # a bare number names the lesson, never its appendix
+        if name == nb.stem or (name == nb.number and not is_appendix(nb)) \
+                or candidate.resolve() in (nb.source.resolve(), nb.paired.resolve()):
             return nb
     known = ", ".join(nb.stem for nb in notebooks) or "(none)"
     raise FileNotFoundError(f"no notebook {name!r} in {notebooks_dir()}; known notebooks: {known}")
@@ -133,7 +146,7 @@ def run_notebook(
             str(source_ipynb),
             str(executed),
             kernel_name="python3",
-            cwd=str(nb.source.parent),
+            cwd=str(nb.source.parent),  # as nbval and JupyterLab run it
             progress_bar=progress_bar,
             log_output=log_output,
             execution_timeout=timeout_s,

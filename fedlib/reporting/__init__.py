@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from fedlib.reporting.cache import ResultCache
 from fedlib.reporting.consistency import check_results_dir, check_results_table
-from fedlib.reporting.display import comparison_long, paper_vs_ours
+from fedlib.reporting.display import comparison_long, deviations, paper_grid, paper_vs_ours
 from fedlib.reporting.paper_tables import list_paper_tables, load_paper_table, paper_key_columns
 from fedlib.reporting.results import (
     NEEDS_DOWNLOAD_NOTE,
@@ -52,6 +52,8 @@ __all__ = [
     "load_paper_table",
     "paper_key_columns",
     "paper_vs_ours",
+    "paper_grid",
+    "deviations",
     "read_results_table",
     "read_runs",
     "recorded_or_none",

@@ -211,3 +211,197 @@ def paper_vs_ours(
         return styles
 
     return styler.hide(axis="index").set_caption(legend).apply(css, axis=None)
+
+
+# --------------------------------------------------------------------------------------
+# The paper's own layout: one cell per paper cell, "ours (paper)", coloured by the delta.
+# --------------------------------------------------------------------------------------
+
+FLAG_MARKS = {
+    "at_cap": "ᶜ",
+    "grid_edge": "ᵉ",
+    "one_seed": "¹",
+    "diverged": "ˣ",
+    "dirty": "ᵈ",
+    "substitute": "ˢ",
+}
+"""Superscript marks of the flags a results row may carry (``flags`` column, ``;``-separated)."""
+FLAG_WORDS = {
+    "at_cap": "selected its last allowed round (may be undertrained)",
+    "grid_edge": "tuned value at the edge of its grid",
+    "one_seed": "one seed",
+    "diverged": "training diverged",
+    "dirty": "recorded from a tree with uncommitted changes",
+    "substitute": "substitute data or protocol",
+}
+CLOSE, MODERATE = 0.05, 0.20
+"""|Δ| / paper up to 5 % is shaded green, up to 20 % amber, beyond that red."""
+_SHADES = {"close": "background-color: #e3f2e6", "moderate": "background-color: #fff1cc",
+           "far": "background-color: #fbdcd8", "missing": "color: #777; font-style: italic"}
+
+
+def _flag_list(value: Any) -> list[str]:
+    if _is_missing(value):
+        return []
+    return [flag.strip() for flag in str(value).replace(",", ";").split(";") if flag.strip()]
+
+
+def _closeness(delta_rel: Any) -> str:
+    if _is_missing(delta_rel):
+        return "missing"
+    size = abs(float(delta_rel))
+    return "close" if size <= CLOSE else "moderate" if size <= MODERATE else "far"
+
+
+def paper_grid(
+    frame: pd.DataFrame,
+    rows: list[str] | str,
+    columns: list[str] | str,
+    *,
+    decimals: int = 2,
+    caption: Optional[str] = None,
+    row_order: Optional[list] = None,
+    column_order: Optional[list] = None,
+    styled: bool = True,
+):
+    """A results table in the paper's layout: each cell ``ours (paper)``, shaded by the delta.
+
+    Args:
+        frame: tidy results, one row per paper cell, with ``value_ours``, ``value_paper``,
+            ``delta_rel`` and optionally ``flags`` and ``note`` (a ``results/<paper>/*.csv``
+            table, filtered to one paper table).
+        rows, columns: key columns that become the table's rows and columns, e.g.
+            ``rows="method"``, ``columns=["dataset", "metric"]``.
+        decimals: digits after the point, in the paper's unit.
+        caption: what the table is; the colour and flag legends are appended.
+        row_order, column_order: the paper's order of row / column labels (default: first
+            appearance in ``frame``).
+        styled: ``False`` returns the DataFrame of cell texts.
+
+    A cell we could not produce reads ``— (paper)`` in grey; a paper value that does not
+    exist reads ``ours (—)``. Flags (``at_cap``, ``one_seed``, ...) add superscript marks
+    that the caption explains. Raises ``ValueError`` when two rows of ``frame`` fall on the
+    same cell (filter to one table, one sampler, ... first).
+    """
+    rows = [rows] if isinstance(rows, str) else list(rows)
+    columns = [columns] if isinstance(columns, str) else list(columns)
+    absent = [key for key in rows + columns + ["value_ours", "value_paper"] if key not in frame.columns]
+    if absent:
+        raise ValueError(f"paper_grid: the table has no column(s) {absent}; it has {list(frame.columns)}")
+    duplicated = frame.duplicated(rows + columns, keep=False)
+    if duplicated.any():
+        example = frame.loc[duplicated, rows + columns].head(3).to_dict(orient="records")
+        raise ValueError(f"paper_grid: several rows fall on one cell of {rows} x {columns}, e.g. {example}; "
+                         "filter the table first (one paper table, one sampler, one dimension ...)")
+
+    def label(record, keys):
+        values = tuple(record[key] for key in keys)
+        return values[0] if len(values) == 1 else values
+
+    texts: dict = {}
+    shades: dict = {}
+    flags_seen: set[str] = set()
+    for _, record in frame.iterrows():
+        r, c = label(record, rows), label(record, columns)
+        ours, paper = record["value_ours"], record["value_paper"]
+        ours_text = "—" if _is_missing(ours) else f"{float(ours):.{decimals}f}"
+        paper_text = "—" if _is_missing(paper) else f"{float(paper):.{decimals}f}"
+        marks = "".join(FLAG_MARKS.get(flag, "*") for flag in _flag_list(record.get("flags")))
+        flags_seen.update(_flag_list(record.get("flags")))
+        texts[(r, c)] = f"{ours_text}{marks} ({paper_text})"
+        delta_rel = record.get("delta_rel")
+        if _is_missing(delta_rel) and not _is_missing(ours) and not _is_missing(paper) and float(paper) != 0:
+            delta_rel = (float(ours) - float(paper)) / float(paper)
+        shades[(r, c)] = "missing" if _is_missing(ours) else _closeness(delta_rel) if not _is_missing(paper) else ""
+
+    row_labels = list(row_order) if row_order is not None else list(dict.fromkeys(r for r, _ in texts))
+    column_labels = list(column_order) if column_order is not None else list(dict.fromkeys(c for _, c in texts))
+    table = pd.DataFrame("", index=pd.Index(row_labels), columns=pd.Index(column_labels), dtype=object)
+    if len(rows) > 1:
+        table.index = pd.MultiIndex.from_tuples(row_labels, names=rows)
+    else:
+        table.index.name = rows[0]
+    if len(columns) > 1:
+        table.columns = pd.MultiIndex.from_tuples(column_labels, names=columns)
+    else:
+        table.columns.name = columns[0]
+    for (r, c), text in texts.items():
+        if r in row_labels and c in column_labels:
+            table.loc[r, c] = text
+
+    legend = ("Each cell: ours (paper). Shading: |Δ| ≤ 5 % of the paper's value green, ≤ 20 % amber, "
+              "more red; grey = not produced (see the note in results/).")
+    marks = [f"{FLAG_MARKS.get(flag, '*')} {FLAG_WORDS.get(flag, flag)}" for flag in sorted(flags_seen)]
+    if marks:
+        legend += " Flags: " + "; ".join(marks) + "."
+    full_caption = f"{caption}. {legend}" if caption else legend
+    table.attrs["legend"] = full_caption
+    if not styled:
+        return table
+
+    def css(data: pd.DataFrame) -> pd.DataFrame:
+        styles = pd.DataFrame("", index=data.index, columns=data.columns)
+        for (r, c), shade in shades.items():
+            if shade and r in row_labels and c in column_labels:
+                styles.loc[r, c] = _SHADES[shade]
+        return styles
+
+    return table.style.apply(css, axis=None).set_caption(full_caption)
+
+
+def deviations(
+    frame: pd.DataFrame,
+    reasons: list[tuple[dict, str]],
+    keys: list[str],
+    *,
+    threshold: float = MODERATE,
+) -> pd.DataFrame:
+    """Every cell whose ours differs from the paper by more than ``threshold``, with its reason.
+
+    Args:
+        frame: tidy results (``value_ours``, ``value_paper``, ``delta_rel`` and ``keys``).
+        reasons: ``(match, reason)`` rules, first match wins. ``match`` maps a key column to
+            a value or a list of accepted values, e.g. ``({"sampler": "leaky",
+            "dataset": ["FilmTrust"]}, "the leak lifts ...")``; ``{}`` matches every row.
+        keys: the columns that name a cell in the output.
+        threshold: relative deviation above which a cell needs a reason (default 20 %).
+
+    Returns:
+        One row per deviating cell: ``keys``, ``ours``, ``paper``, ``Δ %`` and ``reason``,
+        largest deviation first. Nothing is left out: the list is the evidence a summary
+        rests on.
+
+    Raises:
+        ValueError: a deviating cell matches no rule (every deviation needs its reason).
+    """
+    absent = [key for key in keys + ["value_ours", "value_paper"] if key not in frame.columns]
+    if absent:
+        raise ValueError(f"deviations: the table has no column(s) {absent}")
+    values = frame.copy()
+    rel = (values["value_ours"] - values["value_paper"]) / values["value_paper"]
+    values["Δ %"] = 100 * rel
+    far = values[rel.abs() > threshold].copy()
+
+    def matches(record, rule: dict) -> bool:
+        for column, wanted in rule.items():
+            if column not in record.index:
+                raise ValueError(f"deviations: a reason matches on {column!r}, which the table lacks")
+            accepted = wanted if isinstance(wanted, (list, tuple, set)) else [wanted]
+            if record[column] not in accepted and str(record[column]) not in map(str, accepted):
+                return False
+        return True
+
+    found, unexplained = [], []
+    for _, record in far.iterrows():
+        reason = next((text for rule, text in reasons if matches(record, rule)), None)
+        if reason is None:
+            unexplained.append({key: record[key] for key in keys})
+        found.append(reason)
+    if unexplained:
+        raise ValueError(f"{len(unexplained)} cell(s) deviate from the paper by more than {threshold:.0%} "
+                         f"without a reason: {unexplained[:5]}{' ...' if len(unexplained) > 5 else ''}; "
+                         "add a (match, reason) rule for them")
+    far["reason"] = found
+    far = far.rename(columns={"value_ours": "ours", "value_paper": "paper"})
+    far = far.reindex(far["Δ %"].abs().sort_values(ascending=False).index)
+    return far[keys + ["ours", "paper", "Δ %", "reason"]].reset_index(drop=True)

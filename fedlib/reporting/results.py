@@ -363,7 +363,12 @@ def append_run(
         extra=to_canonical(dict(extra or {}), _path="extra", _non_finite="null"),
         peak_rss_mb=peak_rss_mb,
     )
-    _append_line(path, record.to_json_line())
+    if profile == "paper":
+        _append_line(path, record.to_json_line())
+    else:
+        # quick and smoke runs are refreshed by every notebook execution: the newest record
+        # of a configuration replaces the older ones, so the tracked files do not grow.
+        _replace_config_line(path, record.config_hash, record.to_json_line())
     return record
 
 
@@ -387,6 +392,39 @@ def _append_line(path: Path, line: str) -> None:
         if fcntl is not None:
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _replace_config_line(path: Path, config_hash_value: str, line: str) -> None:
+    """Rewrite ``path`` without the records of ``config_hash_value``, then with ``line`` last.
+
+    The rewrite goes through a temporary file and ``os.replace`` (never a half-written
+    file), under an exclusive ``flock`` on a sibling ``.lock`` file so that two notebook
+    runs refreshing the same file do not lose each other's records.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock_fd = os.open(path.with_name(path.name + ".lock"), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        kept = []
+        if path.exists():
+            for old_line in path.read_text(encoding="utf-8").splitlines():
+                if not old_line.strip():
+                    continue
+                try:
+                    same = json.loads(old_line).get("config_hash") == config_hash_value
+                except json.JSONDecodeError:
+                    same = False  # a fragment stays; read_run_file reports it
+                if not same:
+                    kept.append(old_line)
+        kept.append(line.rstrip("\n"))
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text("\n".join(kept) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        if fcntl is not None:
+            fcntl.flock(lock_fd, fcntl.LOCK_UN)
+        os.close(lock_fd)
 
 
 def _last_byte(path: Path) -> bytes:
