@@ -260,3 +260,18 @@ def test_cell_index_maps_every_recorded_seed_of_a_cell_to_its_keys():
     index = cell_index(records, [({"row": "a"}, cell)])
     assert index == {config_hash({"method": "FedMF", "seed": 1}): {"row": "a"},
                      config_hash({"method": "FedMF", "seed": 3}): {"row": "a"}}
+
+
+def test_quick_records_replace_their_configuration_and_paper_records_accumulate(project):
+    """A notebook re-run refreshes its quick records instead of growing the tracked file."""
+    config = {"dataset": "ML-100K", "method": "A", "lr": 0.1}
+    for value in (0.1, 0.2, 0.3):
+        append_run("intro", "quick", config, 0, {"N@20": value}, 1.0, device="cpu", commit="abc1234")
+    append_run("intro", "quick", {**config, "lr": 0.5}, 0, {"N@20": 0.4}, 1.0, device="cpu", commit="abc1234")
+    quick = read_runs("intro", "quick")
+    assert [(r.config["lr"], r.metrics["N@20"]) for r in quick] == [(0.1, 0.3), (0.5, 0.4)]
+    for value in (0.1, 0.2):
+        append_run("intro", "paper", config, 0, {"N@20": value}, 1.0, device="cpu", commit="abc1234")
+    assert [r.metrics["N@20"] for r in read_runs("intro", "paper")] == [0.1, 0.2]  # every paper run is kept
+    leftovers = [p.name for p in (project / "results" / "intro" / "quick").iterdir() if p.name.endswith(".tmp")]
+    assert leftovers == []
