@@ -12,9 +12,10 @@ excluded set**. What that set contains matters:
   test**. This is what the public code of PFedRec, FedRAP and FedRKG does. It leaks the
   held-out items: their rows are never pushed down by a negative step, so with personal
   item tables and full-ranking evaluation (train + valid masked) the test item ends up as
-  the only never-penalised candidate and lands at rank 1. The FedRKG study note
-  (``shared/notes/FedRKG-reference.md`` §3) shows that this alone turns R@5 ≈ 0 into
-  R@5 ≈ 0.997 on FilmTrust. Use it only to reproduce and explain that effect.
+  the only never-penalised candidate and lands at rank 1. FedRKG's public code
+  (https://github.com/Jaehyung-Lim/fedrkg, ``utils/data.py``) samples this way; in the
+  recorded FedRKG Table 1 runs on FilmTrust (``results/fedrkg/table1.csv``) it alone turns
+  R@5 ≈ 0.4 % into R@5 = 100 %. Use it only to reproduce and explain that effect.
 
 Sampling is vectorised rejection sampling: draw all candidates at once, look every
 ``(user, item)`` key up in the excluded set, and redraw only the rejected entries. The

@@ -7,7 +7,7 @@ did not touch contribute a zero delta. The executors therefore accumulate
 ``Σ_c w_c Δ_c`` as uploads arrive (scatter-added into the table for row parameters), and
 :meth:`Aggregation.apply` adds it to the global state.
 
-Which weighting each paper uses (see ``shared/notes``):
+Which weighting each paper uses (in its public code; citations in ``docs/papers.md``):
 
 ==============  ==========================================================================
 paper           aggregation

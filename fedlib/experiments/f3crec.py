@@ -2,7 +2,9 @@ r"""F3CRec experiments: every table and figure of the paper as cells of one grid
 
 Reference:
     Lim, Kweon, Kim, Kim, Choi, Kim, Yu. "Federated Continual Recommendation." CIKM 2025.
-    Protocol details follow ``shared/notes/F3CRec-reference.md``.
+    https://arxiv.org/abs/2508.04792. Protocol details the paper leaves open follow the
+    authors' public code, https://github.com/Jaehyung-Lim/F3CRec-CIKM-25 (``fcrec/main.py``,
+    ``fcrec_data/dataset/ml-100k/data_processing.ipynb``).
 
 A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) that fixes one
 continual run: dataset, backbone, method (with its hyperparameters and ablation flags),

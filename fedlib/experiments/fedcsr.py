@@ -2,8 +2,9 @@ r"""FedCSR experiments: the paper's tables and figures as cells of one resumable
 
 Reference:
     D. Zheng et al., "FedCSR: A Federated Framework for Multi-Platform Cross-Domain Sequential
-    Recommendation with Dual Contrastive Learning", COLING 2025 (``shared/seeds/004``); code
-    study in ``shared/notes/FedCSR-reference.md``.
+    Recommendation with Dual Contrastive Learning", COLING 2025, pp. 8699–8713,
+    https://aclanthology.org/2025.coling-main.581/; public code
+    https://github.com/zdy769243418/FedCSR-v1.
 
 A **cell** is a plain dict fixing one run: dataset, method, FedCSR variant, embedding size,
 α, rounds, patience, seed and the few size keywords a smoke run shrinks. :func:`run_cell`

@@ -2,7 +2,9 @@ r"""FedKDRec experiments: every table and figure of the paper as cells of one gr
 
 Reference:
     "Federated Recommendation with Reinforcement Learning based Knowledge Distillation"
-    (FedKDRec), ``shared/seeds/001``; design choices in ``shared/notes/FedKDRec-reference.md``.
+    (FedKDRec), anonymous ICLR 2026 submission, https://openreview.net/forum?id=Qlk5I6TI2D;
+    no public code. The choices the paper leaves open are listed in
+    :mod:`fedlib.methods.fedkdrec`.
 
 A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) fixing one run:
 dataset, method, backbone, FedKDRec variant, item initialisation, learning rate, α, β range,

@@ -2,8 +2,8 @@ r"""FedPCL-CDR experiments: every table and figure of the paper as cells of one 
 
 Reference:
     "FedPCL-CDR: A Federated Prototype-based Contrastive Learning Framework for
-    Privacy-Preserving Cross-domain Recommendation" (``shared/seeds/002``); code study in
-    ``shared/notes/FedPCL-CDR-reference.md``.
+    Privacy-Preserving Cross-domain Recommendation", L. Wang, Q. Wu, M. Xu, arXiv:2409.03294
+    (2024), https://arxiv.org/abs/2409.03294; public code https://github.com/Lili1013/FedPCL_CDR.
 
 A **cell** is a plain dict fixing one run: task, method, FedPCL-CDR variant, overlap ratio,
 privacy budget ε, α, K, rounds and seed. :func:`run_cell` trains it and returns

@@ -1,8 +1,10 @@
 r"""FedRKG experiments: every table and figure of the paper as cells of one grid.
 
 Reference:
-    "Federated Recommendation with Knowledge Guidance" (FedRKG), ``shared/seeds/003``;
-    protocol details follow ``shared/notes/FedRKG-reference.md``.
+    Lim, Kweon, Kim, Kim, Kim, Yu. "Federated Recommendation with Knowledge Guidance"
+    (FedRKG), ICLR 2026 submission, https://openreview.net/forum?id=oj2Xj8WXih (arXiv:2511.12959);
+    protocol details follow the public code, https://github.com/Jaehyung-Lim/fedrkg
+    (``main.py``, ``utils/data.py``, ``utils/evaluation_all.py``).
 
 A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) that fixes one
 run: dataset, method (and its hyperparameters), guidance mode, negative sampler, rounds,

@@ -3,7 +3,7 @@ r"""C2DSR: contrastive cross-domain sequential recommendation (a FedCSR baseline
 Reference:
     J. Cao, X. Cong, J. Sheng, T. Liu, B. Wang, "Contrastive Cross-Domain Sequential
     Recommendation", Proceedings of the 31st ACM International Conference on Information
-    and Knowledge Management (CIKM 2022), pp. 138–147. FedCSR (``shared/seeds/004``) builds
+    and Knowledge Management (CIKM 2022), pp. 138–147. FedCSR (Zheng et al., COLING 2025) builds
     on this backbone and compares with it federated with FedProx (Tables 2, 6–8).
 
 Notation: domains ``A`` (ids ``0..|V^A|−1``) and ``B``; ``s*`` the mixed (cross-domain)

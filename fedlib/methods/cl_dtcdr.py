@@ -4,8 +4,9 @@ Reference:
     Jinhu Lu, Guohao Sun, Xiu Fang, Jian Yang, Wei He. "A Contrastive Learning Framework for
     Dual-Target Cross-Domain Recommendation." ACM Multimedia (MM '23), 2023, pp. 6332–6339.
     DOI 10.1145/3581783.3612250. No public code that we know of. FedPCL-CDR
-    (``shared/seeds/002``, Table 2) cites it as introducing "both intra-domain and inter-domain
-    CL tasks to address the data-sparsity issue and facilitate efficient knowledge transfer".
+    (Wang, Wu, Xu, arXiv:2409.03294, Table 2) cites it as introducing "both intra-domain and
+    inter-domain CL tasks to address the data-sparsity issue and facilitate efficient
+    knowledge transfer".
 
 **The mechanism that defines it: two contrastive tasks on top of a dual-target recommender.**
 (i) *Intra-domain CL*: in each domain, two augmented views of the user-item graph give two

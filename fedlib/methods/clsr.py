@@ -3,7 +3,7 @@ r"""CLSR: contrastive disentanglement of long- and short-term interests (sequent
 Reference:
     Yu Zheng, Chen Gao, Jianxin Chang, Yanan Niu, Yang Song, Depeng Jin, Yong Li.
     "Disentangling Long and Short-Term Interests for Recommendation." WWW 2022, pp. 2256–2267.
-    FedCSR (``shared/seeds/004``, Table 2) runs it, federated with FedProx
+    FedCSR (Zheng et al., COLING 2025, Table 2) runs it, federated with FedProx
     (:mod:`fedlib.methods.fedcsr_baselines`), "to disentangle long and short interests with a
     contrastive learning method".
 

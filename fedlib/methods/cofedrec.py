@@ -4,8 +4,8 @@ Reference:
     He, Liu, Keung, He. "Co-clustering for Federated Recommender System" (CoFedRec).
     The ACM Web Conference (WWW) 2024. arXiv:2411.01690. No official code; the only public
     code is an unofficial fork (``tyanfarm/CoFedRec``) that mixes in GPFedRec's graph step, so
-    this module follows the paper (``shared/notes/FedRKG-reference.md`` §6). FedRKG
-    (``shared/seeds/003``, Table 1, Appendix C.2) runs it as a single-knowledge baseline "with
+    this module follows the paper. FedRKG (Lim et al., arXiv:2511.12959, Table 1,
+    Appendix C.2) runs it as a single-knowledge baseline "with
     the original paper's configuration"; on Amazon-Video with ``τ = 0.5``, regularisation
     ``10⁻²`` and 30 item clusters.
 

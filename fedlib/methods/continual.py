@@ -2,8 +2,10 @@ r"""Continual federated training: one federated run per data block, state carrie
 
 Reference:
     Lim, Kweon, Kim, Kim, Choi, Kim, Yu. "Federated Continual Recommendation." CIKM 2025
-    (F3CRec), §3 (the FCRec task) and §5.1 (protocol); the protocol details the paper leaves
-    open follow ``shared/notes/F3CRec-reference.md`` §1.4–§1.5.
+    (F3CRec), https://arxiv.org/abs/2508.04792, §3 (the FCRec task) and §5.1 (protocol);
+    the protocol details the paper leaves open (server step, block loop, model selection)
+    follow the authors' public code, https://github.com/Jaehyung-Lim/F3CRec-CIKM-25
+    (``fcrec/main.py``, ``fcrec/utils/``).
 
 The task (F3CRec §3.1–3.2). Data arrive as chronological blocks ``D0 .. DT``
 (:class:`~fedlib.data.splits.BlockStream`). Block ``t`` is trained federatedly, starting

@@ -2,8 +2,10 @@ r"""F3CRec: adaptive replay memory on the clients, item-wise temporal mean on th
 
 Reference:
     Lim, Kweon, Kim, Kim, Choi, Kim, Yu. "Federated Continual Recommendation." CIKM 2025.
-    Equations (1)–(13) below are the paper's; behaviour the paper leaves open follows the
-    authors' public code as summarised in ``shared/notes/F3CRec-reference.md`` (§1.3–§1.5, §5).
+    https://arxiv.org/abs/2508.04792. Equations (1)–(13) below are the paper's; behaviour
+    the paper leaves open follows the authors' public code,
+    https://github.com/Jaehyung-Lim/F3CRec-CIKM-25 (``fcrec/main.py``,
+    ``fcrec/baseline/{fedmf,fedmlp,pfedrec}/``, ``fcrec/utils/``).
 
 Client side (§4.2), for a user ``u`` that existed in block ``t−1``, in every local step::
 

@@ -3,8 +3,9 @@ r"""FedCSR: model, losses and sequence augmentation (one platform's local object
 Reference:
     D. Zheng et al., "FedCSR: A Federated Framework for Multi-Platform Cross-Domain
     Sequential Recommendation with Dual Contrastive Learning", COLING 2025
-    (``shared/seeds/004``); public code ``zdy769243418/FedCSR-v1`` summarised in
-    ``shared/notes/FedCSR-reference.md``. The federated round loop is not in this module.
+    (https://aclanthology.org/2025.coling-main.581/); public code
+    https://github.com/zdy769243418/FedCSR-v1 (``model/CDSR.py``, ``model/trainer.py``). The
+    federated round loop is not in this module.
 
 Notation: two domains ``d ∈ {A, B}``; ``s*`` the cross-domain sequence, ``s^d`` its
 domain-``d`` items in order; ``n`` the feature size; ``τ`` the temperature::

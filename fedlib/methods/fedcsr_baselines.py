@@ -3,7 +3,8 @@ r"""FedProx trainer for the FedCSR baselines (any model with ``loss`` / ``score`
 References:
     T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar, V. Smith, "Federated Optimization
     in Heterogeneous Networks", MLSys 2020 (FedProx).
-    D. Zheng et al., "FedCSR", COLING 2025 (``shared/seeds/004``, App. A.1): every baseline
+    D. Zheng et al., "FedCSR", COLING 2025 (https://aclanthology.org/2025.coling-main.581/,
+    App. A.1): every baseline
     (TiSASRec, CLSR, CoNet, CCDR, π-Net, PSJNet, MIFN, C2DSR) is "federated with FedProx".
 
 The model interface (so one loop runs them all): a ``torch.nn.Module`` with

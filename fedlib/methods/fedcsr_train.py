@@ -1,9 +1,9 @@
 r"""FedCSR: sampled evaluation, the federated round loop (FedAvg) and individual training.
 
-Reference: D. Zheng et al., "FedCSR", COLING 2025 (``shared/seeds/004``, Algorithm 1 and
-Eq. 19); public code ``zdy769243418/FedCSR-v1`` as summarised in
-``shared/notes/FedCSR-reference.md`` (§1.1, §1.4, §3, §4). The model and the local loss live
-in :mod:`fedlib.methods.fedcsr`.
+Reference: D. Zheng et al., "FedCSR", COLING 2025 (https://aclanthology.org/2025.coling-main.581/,
+Algorithm 1 and Eq. 19); public code https://github.com/zdy769243418/FedCSR-v1 (``train_rec.py``,
+``clients.py``, ``aggregator.py``, ``data_utils.py``). The model and the local loss live in
+:mod:`fedlib.methods.fedcsr`.
 
 Algorithm (K platforms, ``D_k`` the training sequences of platform ``k``, ``w`` the global
 weights, ``N_k`` the weight of platform ``k``)::

@@ -5,7 +5,7 @@ Reference:
     Variational AutoEncoder Approach" (FedDAE). AAAI 2025. arXiv:2408.08931. Public code
     ``mtics/FedDAE`` (read at commit 1c08fd2: ``utils/vae.py``, ``model/model.py``,
     ``utils/trainer.py``, ``utils/parser.py``, ``utils/data/ae.py``; the code calls the method
-    "FedMAE"). FedRKG (``shared/seeds/003``, Table 1, Appendix C.2) runs it as a
+    "FedMAE"). FedRKG (Lim et al., arXiv:2511.12959, Table 1, App. C.2) runs it as a
     dual-knowledge baseline: latent 32 (64 outputs = 32 means + 32 log-variances), encoder
     ``m → 64 → 64``, decoder ``32 → 64 → m``, "the official implementation".
 

@@ -2,8 +2,9 @@ r"""FedPCL-CDR: domains as clients, noisy cluster prototypes as the only thing t
 
 Reference:
     "FedPCL-CDR: A Federated Prototype-based Contrastive Learning Framework for
-    Privacy-Preserving Cross-domain Recommendation" (``shared/seeds/002``), public code
-    ``Lili1013/FedPCL_CDR`` summarised in ``shared/notes/FedPCL-CDR-reference.md``.
+    Privacy-Preserving Cross-domain Recommendation", L. Wang, Q. Wu, M. Xu, arXiv:2409.03294
+    (https://arxiv.org/abs/2409.03294); public code https://github.com/Lili1013/FedPCL_CDR
+    (``run_ldp.py``, ``models/local_model.py``, ``models/kmeans_ldp.py``).
 
 Notation: ``M`` domains (the clients), domain ``i`` with ``U_i`` users and ``I_i`` items;
 users ``0 .. n_o − 1`` are the overlapping users, the same people in every domain; ``d``

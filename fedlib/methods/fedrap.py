@@ -3,8 +3,8 @@ r"""FedRAP: a private item *personality* table added to a shared, sparse item *c
 Reference:
     Li, Long, Zhou. "Federated Recommendation with Additive Personalization" (FedRAP).
     ICLR 2024. arXiv:2301.09109. Public code ``mtics/FedRAP`` (read at commit 550765d:
-    ``model/model.py``, ``model/loss.py``, ``model/engine.py``, ``train.py``), summarised in
-    ``shared/notes/FedRKG-reference.md`` §6. FedRKG (``shared/seeds/003``, Table 1 and
+    ``model/model.py``, ``model/loss.py``, ``model/engine.py``, ``train.py``). FedRKG
+    (Lim et al., arXiv:2511.12959, Table 1 and
     Appendix C.2) uses it as its "dual-knowledge" baseline "with two regularization
     coefficients modulated by a tanh annealing schedule as described in the original paper".
 

@@ -1,12 +1,12 @@
 r"""FedRKG: knowledge guidance of personal item tables by the mean of all tables.
 
 Reference:
-    "Federated Recommendation with Knowledge Guidance" (FedRKG), ``shared/seeds/003``:
+    Lim, Kweon, Kim, Kim, Kim, Yu. "Federated Recommendation with Knowledge Guidance"
+    (FedRKG), https://openreview.net/forum?id=oj2Xj8WXih (arXiv:2511.12959):
     §4.2 Knowledge Guidance (Eq. 3) and Proposition 1 (proof in Appendix A), §4.3 Adaptive
     Guidance (Eqs. 4–9), §5.1 memory analysis, Algorithm 1 (Appendix B). Equations 3, 6 and 9
     are lost in the paper's OCR; they are recovered from the authors' public code
-    (``Jaehyung-Lim/fedrkg``, ``models/fedrkg.py``) as summarised in
-    ``shared/notes/FedRKG-reference.md`` (§0, §1.3, pitfall 5).
+    (https://github.com/Jaehyung-Lim/fedrkg, ``models/fedrkg.py``, ``main.py``).
 
 Notation: ``U`` users, ``I`` items, ``d`` dimensions; ``P_u (I, d)`` the personal item table
 of user ``u`` (the backbone's ``personal_item_emb``), ``P_g (I, d)`` the global table,

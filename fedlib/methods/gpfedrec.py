@@ -3,8 +3,8 @@ r"""GPFedRec: a server-side user-relation graph turns uploaded item tables into 
 Reference:
     Zhang, Long, Zhou, Zhang, Yan, Yang. "GPFedRec: Graph-Guided Personalization for
     Federated Recommendation." KDD 2024. arXiv:2305.07866. Public code ``Zhangcx19/GPFedRec``
-    (``engine.py``, ``utils.py``, ``mlp.py``, ``train.py``), summarised in
-    ``shared/notes/FedRKG-reference.md`` §6. FedRKG (``shared/seeds/003``, Table 1, Appendix
+    (``engine.py``, ``utils.py``, ``mlp.py``, ``train.py``). FedRKG (Lim et al.,
+    arXiv:2511.12959, Table 1, Appendix
     C.2) runs it as a single-knowledge baseline with a 4-layer MLP ``64 → 32 → 16 → 8 → 1``
     and "neighborhood similarity threshold 0.5" (most plausibly the code's
     ``--neighborhood_threshold``, the multiplier of the mean below: ``threshold_scale=0.5``).

@@ -3,7 +3,7 @@ r"""MIFN: mixed information flow network for cross-domain sequential recommendat
 Reference:
     M. Ma, P. Ren, Z. Chen, Z. Ren, L. Zhao, P. Liu, J. Ma, M. de Rijke, "Mixed Information
     Flow for Cross-domain Sequential Recommendations", ACM Transactions on Knowledge
-    Discovery from Data (TKDD) 16(4), 2022 (arXiv:2012.00485). FedCSR (``shared/seeds/004``)
+    Discovery from Data (TKDD) 16(4), 2022 (arXiv:2012.00485). FedCSR (Zheng et al., COLING 2025)
     compares with it federated with FedProx (Tables 2, 6–8).
 
 MIFN models two flows over a user's mixed (cross-domain) sequence ``s* = x_1..x_T``: the

@@ -4,7 +4,7 @@ Reference:
     Wujiang Xu, Shaoshuai Li, Mingming Ha, Xiaobo Guo, Qiongxu Ma, Xiaolei Liu, Linxun Chen,
     Zhenfeng Zhu. "Neural Node Matching for Multi-Target Cross Domain Recommendation."
     ICDE 2023. arXiv:2302.05919. Public code ``WujiangXu/NMCDR`` (``model_matching.py``,
-    ``train_matching.py``). FedPCL-CDR (``shared/seeds/002``, Table 2) runs it as a centralised
+    ``train_matching.py``). FedPCL-CDR (arXiv:2409.03294, Table 2) runs it as a centralised
     baseline: "a neural node matching framework that conducts intra-knowledge and
     inter-knowledge fusion".
 

@@ -4,7 +4,7 @@ Reference:
     Muyang Ma, Pengjie Ren, Yujie Lin, Zhumin Chen, Jun Ma, Maarten de Rijke. "π-Net: A
     Parallel Information-sharing Network for Shared-account Cross-domain Sequential
     Recommendations." SIGIR 2019, pp. 685–694. doi:10.1145/3331184.3331200. FedCSR
-    (``shared/seeds/004``, Tables 2, 6–8) runs it federated with FedProx.
+    (Zheng et al., COLING 2025, Tables 2, 6–8) runs it federated with FedProx.
 
 **The mechanism that defines it: the Shared Account Filter Unit (SFU) followed by the
 Cross-Domain Transfer Unit (CTU).** An account is shared by ``K`` latent members, each with a

@@ -3,7 +3,7 @@ r"""PSJNet-II: parallel split-join network for shared-account cross-domain SR (b
 Reference:
     Wenchao Sun, Muyang Ma, Pengjie Ren, Yujie Lin, Zhumin Chen, Zhaochun Ren, Jun Ma,
     Maarten de Rijke. "Parallel Split-Join Networks for Shared Account Cross-domain Sequential
-    Recommendations." ACM TOIS 2021 (arXiv:1910.02448). FedCSR (``shared/seeds/004``,
+    Recommendations." ACM TOIS 2021 (arXiv:1910.02448). FedCSR (Zheng et al., COLING 2025,
     Tables 2, 6–8) runs it federated with FedProx. PSJNet-I is π-Net
     (:mod:`fedlib.methods.pinet`); this module is **PSJNet-II** ("split-and-join").
 

@@ -6,8 +6,9 @@ References:
     Lim, Kweon, Kim, Kim, Choi, Kim, Yu. "Federated Continual Recommendation." CIKM 2025
     (F3CRec), §5.1: RLP2 is "a replay-based method with an error memory that stores
     mispredictions for self-correction, applied in FedRec with user-wise memory due to
-    privacy constraints". The authors released no code for it (``shared/notes/F3CRec-reference.md`` §5),
-    so everything below the paper's one sentence is a documented reconstruction.
+    privacy constraints". The authors' public code (https://github.com/Jaehyung-Lim/F3CRec-CIKM-25)
+    does not contain it, so everything below the paper's one sentence is a documented
+    reconstruction.
 
 Mechanism. Every user ``u`` keeps, on its own device, a ring buffer of at most ``M`` entries
 ``(k, r)``: the hidden representation ``k ∈ R^d`` of a training example ``(u, i, y)`` the

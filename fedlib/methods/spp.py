@@ -6,9 +6,11 @@ References:
     Lim, Kweon, Kim, Kim, Choi, Kim, Yu. "Federated Continual Recommendation." CIKM 2025
     (F3CRec), §5.1: SPP "leverages a stability-plasticity proxy and ranking discrepancy-based
     replay memory, with proxies applied to both private (client) and public (server)
-    parameters in the FL setting". No code of that federated adaptation was released; this
-    module rebuilds it from ``shared/notes/F3CRec-reference.md`` §5 and CCD's public code
-    (``Utils/utils.py: get_replay_learning_rank_dataset``, ``Run/S_update.py``).
+    parameters in the FL setting". No code of that federated adaptation was released (the
+    authors' public code, https://github.com/Jaehyung-Lim/F3CRec-CIKM-25, has F3CRec only);
+    this module rebuilds it from that sentence and CCD's public code
+    (https://github.com/Gyu-Seok0/CCD_KDD24, ``Utils/utils.py: get_replay_learning_rank_dataset``,
+    ``Run/S_update.py``).
 
 Proxies of block ``t ≥ 1`` (block 0 is plain training), fixed for the whole block::
 

@@ -2,7 +2,7 @@ r"""TiSASRec: time-interval aware self-attention on the merged cross-domain sequ
 
 Reference:
     Jiacheng Li, Yujie Wang, Julian McAuley. "Time Interval Aware Self-Attention for Sequential
-    Recommendation." WSDM 2020, pp. 322–330. FedCSR (``shared/seeds/004``, Table 2) runs it,
+    Recommendation." WSDM 2020, pp. 322–330. FedCSR (Zheng et al., COLING 2025, Table 2) runs it,
     federated with FedProx (:mod:`fedlib.methods.fedcsr_baselines`), as a sequential baseline
     that "combines the advantages of absolute position and relative time interval coding".
 

@@ -1,8 +1,9 @@
 r"""Audit of the FedRKG test leak: negative coverage, test-item ranks, duplicated pairs.
 
-Mechanism (``shared/notes/FedRKG-reference.md`` §0, §3). The public FedRKG/PFedRec/FedRAP code
-draws training negatives for user ``u`` from ``I \ (train_u ∪ valid_u ∪ test_u)``. With a
-personal item table per user, the row of item ``i`` only moves when ``i`` is one of ``u``'s
+Mechanism. The public FedRKG/PFedRec/FedRAP code (FedRKG's ``utils/data.py``,
+https://github.com/Jaehyung-Lim/fedrkg, inherited from PFedRec and FedRAP) draws training
+negatives for user ``u`` from ``I \ (train_u ∪ valid_u ∪ test_u)``. With a personal item
+table per user, the row of item ``i`` only moves when ``i`` is one of ``u``'s
 positives or sampled negatives. After ``R`` rounds (all users, 4 negatives per positive,
 ~1000 rounds) nearly every other candidate has been pushed down by at least one negative
 step, but the validation and test rows never are. Full ranking masks train (+ valid) items,

@@ -1,11 +1,12 @@
 r"""Backbones in their *guided* form: the item table made personal, for FedRKG's guidance.
 
 References:
-    FedRKG, "Federated Recommendation with Knowledge Guidance" (``shared/seeds/003``): §6.3
+    FedRKG, "Federated Recommendation with Knowledge Guidance" (Lim et al.,
+    https://openreview.net/forum?id=oj2Xj8WXih, arXiv:2511.12959): §6.3
     "Model Agnosticism" and Table 3 (Adaptive Guidance on FedMF, FedNCF and PFedRec, the
     "w/ AG" rows), Appendix C.1 (the backbones) and C.2 (their scoring functions). Its public
-    code (``Jaehyung-Lim/fedrkg``) only ships the FedMF backbone; see
-    ``shared/notes/FedRKG-reference.md`` §1.1–1.2 for its local recipe.
+    code (https://github.com/Jaehyung-Lim/fedrkg) only ships the FedMF backbone; its local
+    recipe is in that code's ``main.py`` and ``models/fedrkg.py``.
     Chai, Wang, Chen, Yang. "Secure Federated Matrix Factorization" (FedMF). IEEE Intelligent
     Systems 36(5), 2021. arXiv:1906.05108.
     Perifanis, Efraimidis. "Federated Neural Collaborative Filtering" (FedNCF).

@@ -7,7 +7,8 @@ References:
     Systems 36(5), 2021. arXiv:1906.05108.
     FedMF as the backbone of F3CRec (Lim et al., CIKM 2025): user vector private, item
     table public, logit ``p_u · q_i``, BCE with logits (mean over the batch), rows
-    initialised ``N(0, 0.01²)`` (``shared/notes/F3CRec-reference.md`` §1.2).
+    initialised ``N(0, 0.01²)`` (the authors' code, https://github.com/Jaehyung-Lim/F3CRec-CIKM-25,
+    ``fcrec/baseline/fedmf/``).
 
 Learning rates used with it (F3CRec public code): user vector ``lr``, item table
 ``lr × num_items``, because a client's mean loss touches only a few item rows.

@@ -8,8 +8,9 @@ References:
     Perifanis, Efraimidis. "Federated Neural Collaborative Filtering." Knowledge-Based
     Systems 242, 2022. arXiv:2106.04405. User embeddings stay private; item embeddings,
     the tower and the output layer are public and averaged (FedAvg).
-    F3CRec's "fedmlp" variant (Lim et al., CIKM 2025; ``shared/notes/F3CRec-reference.md``
-    §1.2): user vector + a **one-layer** head ``Linear(2d → 1)`` on ``[p_u; q_i]`` that is
+    F3CRec's "fedmlp" variant (Lim et al., CIKM 2025; the authors' code
+    https://github.com/Jaehyung-Lim/F3CRec-CIKM-25, ``fcrec/baseline/fedmlp/``): user vector
+    + a **one-layer** head ``Linear(2d → 1)`` on ``[p_u; q_i]`` that is
     kept **private**; only the item table is aggregated; PyTorch default inits
     (``nn.Embedding`` ``N(0, 1)``, ``nn.Linear`` ``U(±1/√fan_in)``). Build it with
     :meth:`FedNCF.f3crec_variant`.

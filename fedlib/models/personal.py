@@ -4,7 +4,8 @@ References:
     Li, Long, Zhou, Jiang, Zhang. "Federated Recommendation with Additive Personalization"
     (FedRAP). ICLR 2024. arXiv:2301.09109. Private "item personality" table plus a public
     "item commonality" table; score from their sum through a private user head.
-    FedRKG (``shared/seeds/003``, ``shared/notes/FedRKG-reference.md`` §1.1): a **fully
+    FedRKG (Lim et al., arXiv:2511.12959; public code https://github.com/Jaehyung-Lim/fedrkg,
+    ``models/fedrkg.py``, ``main.py``): a **fully
     personal** item table ``P_u ∈ R^{I×d}`` and a private ``Linear(d → 1)`` head
     (``s_ui = w_u · P_u[i] + b_u``); nothing is aggregated in normal rounds; item lr
     ``0.1 × I × 80`` with per-step gradient clipping to norm 1.
