@@ -20,7 +20,7 @@ from the state reached after block ``t−1``; nobody may look at older blocks' i
         A[t][s]   ← test metrics of the best state on D_s.test, s ≤ t
         memory    ← method.after_block(...)                   e.g. top-N lists for the next block
 
-Protocol choices (notes §1.2, §1.5):
+Protocol choices (the public code's ``fcrec/main.py``):
 
 * **Growth.** Ids are assigned by first appearance in time, so the users/items of blocks
   ``0..t−1`` are exactly the first rows of block ``t``'s tables. A new block's state is a
@@ -101,7 +101,7 @@ class Backbone:
 
 
 def fedmf_backbone(dim: int = 32, lr: float = 1.0, **method_kwargs) -> Backbone:
-    """FedMF (notes §1.2): private ``p_u``, public item table, rows ``N(0, 0.01²)``; lr ``{0.1, 0.5, 1}``."""
+    """FedMF (public code): private ``p_u``, public item table, rows ``N(0, 0.01²)``; lr ``{0.1, 0.5, 1}``."""
     return Backbone("FedMF", lambda u, i: FedMF(u, i, dim=dim),
                     lambda model: fedmf_method(model, lr=lr, **method_kwargs))
 

@@ -35,7 +35,7 @@ Flags reproduce the paper's ablations and its KD baseline on the same code path:
 ``itemwise``      False = "w/o i.t.m": one global γ = β for every old item
 ================  =====================================================================
 
-Baselines of §5.1 rebuilt from the paper's descriptions (the authors released none, notes §5):
+Baselines of §5.1 rebuilt from the paper's descriptions (the authors released none):
 FT (:class:`~fedlib.methods.continual.FineTuning`), Reg (:class:`ParameterRegularisation`)
 and KD (:func:`kd_baseline`).
 
@@ -92,7 +92,7 @@ def top_n_memory(teacher_scores: torch.Tensor, n: int) -> Tuple[torch.Tensor, to
     """Eq. 1: each user's previous knowledge ``S_u^{t−1}`` = the teacher's top-``n`` items.
 
     As in the public code, the top-N list is taken over **all** items, without masking the
-    user's already consumed items (notes §1.3, pitfall 4).
+    user's already consumed items (the code's ``get_rank_discrepancy_kd_loss``).
 
     Args:
         teacher_scores: ``(U, I)`` logits of the block ``t−1`` model.
@@ -551,7 +551,7 @@ def _first_occurrences(items: torch.Tensor, valid: torch.Tensor) -> torch.Tensor
 
 
 class ParameterRegularisationLoss:
-    """The Reg baseline's client loss: ``L_rec + λ Σ (θ − θ^{t−1})²`` (notes §5).
+    """The Reg baseline's client loss: ``L_rec + λ Σ (θ − θ^{t−1})²``.
 
     The squared distance (an MSE with ``reduction="sum"``) to the previous block's
     best-validation parameters covers what a client holds of the model in a step: its private
@@ -693,13 +693,13 @@ class F3CRec(ContinualMethod):
 
 
 def kd_baseline(lambda_kd: float = 0.1, top_n: int = 30, **kwargs) -> F3CRec:
-    """KD (F3CRec §5.1, notes §5): distil the whole previous top-N list every step, no server CL."""
+    """KD (F3CRec §5.1): distil the whole previous top-N list every step, no server CL."""
     return F3CRec(lambda_kd=lambda_kd, top_n=top_n, adaptive_replay=False, server_cl=False, name="KD", **kwargs)
 
 
 @dataclass
 class ParameterRegularisation(ContinualMethod):
-    """Reg (F3CRec §5.1, notes §5): squared distance to the previous block's parameters.
+    """Reg (F3CRec §5.1): squared distance to the previous block's parameters.
 
     See :class:`ParameterRegularisationLoss` for what is regularised.
     """

@@ -60,7 +60,7 @@ Readings chosen where the paper is ambiguous:
   ``W^d`` is shared by the three heads of domain ``d``; its index space is ``item`` for A and
   ``item − num_items_a`` for B (``num_items_a`` is the first B item).
 
-Where the public code differs (notes §0, §1.3, §4): it optimises only the six CE terms (MCL
+Where the public code differs (``model/trainer.py``, ``train_rec.py``): it optimises only the six CE terms (MCL
 and SCL are computed but not added; the paper's MCL is absent); its augmentation shuffles
 positions 10..L−2; the graph is built centrally from all platforms; a projector MLP with
 BatchNorm is applied to every position; a padding class ``lin_PAD`` is added to each head;

@@ -65,7 +65,7 @@ Choices (where the paper is silent):
   is evaluated on its own valid/test rows with its own graph. One round = ``local_epochs``
   epochs on every platform; selection is joint over platforms (pooled validation MRR).
 
-Where the public code differs (notes §1.4, §4): central graph; one shared Adam; local
+Where the public code differs (``train_rec.py``): central graph; one shared Adam; local
 batches in a fixed order without shuffling (the last partial batch wrapped around); weights
 = #sequences; early stopping against the previous round and no validation-based selection
 (test logged every round); evaluation loop per sequence (here batched with ``gather``).

@@ -95,7 +95,7 @@ SELECTIONS = ("valid", "test")
 
 @dataclass(frozen=True)
 class FedPCLConfig:
-    """Every setting of one FedPCL-CDR run (paper values as defaults; note §2 for the code's).
+    """Every setting of one FedPCL-CDR run (paper values as defaults; the code's in ``utils/para_parser.py``).
 
     Attributes:
         dim: ID embedding size d (64).

@@ -26,7 +26,7 @@ public code evaluates ``MSELoss`` and ``L1Loss`` on the rows *gathered for the b
 over ``n × d`` entries, an item drawn twice counts twice). We follow the code, which is also
 what the engine can compute: a client loss only ever sees the rows of its current batch.
 
-Defaults (notes §6): ``λ = μ = 0.1``, L1 sparsity, head lr 0.5, item-table lr 200 (no
+Defaults (the public code's ``train.py``): ``λ = μ = 0.1``, L1 sparsity, head lr 0.5, item-table lr 200 (no
 ``× I`` scaling), learning rates × 0.97 after every round, 10 local epochs, batch 2048
 (:data:`FEDRAP_CODE_CONFIG`). Every client starts from one shared draw of ``D`` and the head
 (``nn.Embedding`` ``N(0, 1)``, ``nn.Linear`` ``U(±1/√d)``); ``C`` is a separate ``N(0, 1)`` draw.
@@ -75,7 +75,7 @@ __all__ = [
 #: Curriculum schedules of ``λ_t``, ``μ_t``: ``"tanh"`` (paper), ``"constant"`` (code's effective).
 CURRICULA = ("tanh", "constant")
 
-#: Local-training settings of the public code (``train.py`` defaults, notes §6), for a
+#: Local-training settings of the public code (``train.py`` defaults), for a
 #: :class:`~fedlib.engine.FederatedConfig`. FedRKG's comparison fixes batch 256 and one local
 #: epoch for every method instead (Appendix C.2).
 FEDRAP_CODE_CONFIG = {"batch_size": 2048, "local_epochs": 10, "num_negatives": 4}

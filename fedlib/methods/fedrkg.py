@@ -22,9 +22,9 @@ of user ``u`` (the backbone's ``personal_item_emb``), ``P_g (I, d)`` the global 
     P_ui  ← β P_ui + 2 (1 − β) g*_ui P_gi   (every item, every user)  Eq. 9  (Adaptive Guidance)
 
 The gate is zero-initialised in the code, so ``g = σ(0) = 0.5`` and Eq. 9 is exactly Eq. 3
-until the gate learns; with the code's lr 1e-4 and at most 5 epochs it barely moves (notes §0).
+until the gate learns; with the code's lr 1e-4 and at most 5 epochs it barely moves.
 
-Schedule (Algorithm 1, notes §1.3). The code aggregates ``P_g`` after the local training of
+Schedule (Algorithm 1; the code's ``main.py``). The code aggregates ``P_g`` after the local training of
 rounds ``r ∈ {T, 2T, …} (< R)`` and applies guidance at the *start* of round ``r + 1``, for
 every user, before that round's local training; the gate is trained on the examples of that
 round (its positives and freshly drawn negatives). In :func:`~fedlib.engine.run_federated`
@@ -285,7 +285,7 @@ def guidance_vector(gate: torch.Tensor, global_table: torch.Tensor, beta: float)
 
     The factor 2 is in the code (``SIE * gate_weight * (1 - alpha) * 2``), so that ``g = 0.5``
     reproduces Eq. 3's ``(1 − β) P_g``. (The paper's OCR of Eq. 4 reads "G_ui = 2 g_ui P_gi",
-    which may carry the same factor; the notes attribute it to the code.)
+    which may carry the same factor; we attribute it to the code.)
 
     Args:
         gate: ``(U, I)``; global_table: ``(I, d)``; beta: ``β``.

@@ -54,7 +54,7 @@ Assumptions and simplifications (each a choice where neither paper nor code says
 
 1. **Proxies.** CCD's student keeps its proxies as exponential moving averages of past
    student models (``s_weight``/``p_weight``; its example run uses ``p_weight = 0``, i.e. the
-   plasticity proxy is the most recent model). Following the F3CRec study note, the stability
+   plasticity proxy is the most recent model). Following F3CRec's description, the stability
    proxy here is block ``t−1``'s best-validation model and the plasticity proxy a fine-tuned
    model of block ``t`` (plain FT, ``plasticity_rounds`` rounds, selected on the block's
    validation N@20 with the block's patience). No EMA across blocks.
