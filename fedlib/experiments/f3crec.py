@@ -86,7 +86,7 @@ ABLATIONS = {
 #: Laplace scales λ of Table 8.
 NOISE_SCALES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 
-#: Per-dataset paper settings (rounds from the note §2; ε from the paper's §5.5 scales).
+#: Per-dataset paper settings (rounds from the public code's suggestions; ε from the paper's §5.5 scales).
 PAPER_SETTINGS: Dict[str, Dict[str, Any]] = {
     "ML-100K": {"rounds": 100, "eps": 6e-3},
     "HetRec2011": {"rounds": 150, "eps": 6e-3},
@@ -94,7 +94,7 @@ PAPER_SETTINGS: Dict[str, Dict[str, Any]] = {
     "Lastfm-2K": {"rounds": 150, "eps": 5e-4},
     "synthetic": {"rounds": 20, "eps": 5e-3},
 }
-#: Backbone learning rates (note §2: FedMF README example 1.0; FedNCF/PFedRec range [0.01, 0.1]).
+#: Backbone learning rates (the code's README example for FedMF 1.0; FedNCF/PFedRec range [0.01, 0.1]).
 BACKBONE_PARAMS = {"FedMF": {"lr": 1.0}, "FedNCF": {"lr": 0.05, "lr_eta": 170.0},
                    "PFedRec": {"lr": 0.1, "lr_eta": 170.0}}
 #: Figure 4: one-at-a-time sweeps around the defaults (ε as multiples of the dataset's scale).

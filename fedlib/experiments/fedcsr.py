@@ -125,7 +125,7 @@ VARIANTS: Dict[str, tuple] = {
     "w/o SCL & MCL": ({"use_mcl": False, "use_scl": False}, {}),
     "w/o unified": ({"use_unified": False}, {}),
     "w/o single": ({"use_single": False}, {}),
-    # the public code's configuration (notes §0, §1.3, §1.4): one change at a time, then all
+    # the public code's configuration (``model/trainer.py``, ``train_rec.py``): one change at a time, then all
     "code: prediction only": ({"use_mcl": False, "use_scl": False}, {}),
     "code: central graph": ({}, {"central_graph": True}),
     "code: shared Adam": ({}, {"shared_optimizer": True}),

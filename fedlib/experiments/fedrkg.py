@@ -16,7 +16,7 @@ evaluation schedule, optional LDP noise, seed. :func:`run_cell` trains it and re
   test metrics at the selected evaluation (warm/cold analysis, significance), and for
   probe/trace cells the guidance-round probe (Table 4, D.3, D.4) or the leak trace.
 
-Protocol (paper App. C.2 and the public code, notes §1):
+Protocol (paper App. C.2 and the public code's ``main.py`` and ``utils/data.py``):
 
 * leave-last-out split, full ranking over all items, train (+ valid for test) masked;
 * 4 negatives per positive, batch 256, one local epoch, every user in every round, d = 32;
@@ -98,14 +98,14 @@ def paper_beta(dataset: str) -> float:
 
 
 def paper_lr_decay(dataset: str) -> float:
-    """The code's per-round learning-rate decay (notes §1.2): 0.99 on Amazon-Video, else 1."""
+    """The code's per-round learning-rate decay (``decay_rate``): 0.99 on Amazon-Video, else 1."""
     return 0.99 if dataset == "Amazon-Video" else 1.0
 
 
 #: FedRAP parameters beyond :data:`DEFAULT_PARAMS` that only the code-optimiser cells set.
 FEDRAP_CODE_PARAMS = {"weight_decay", "batch_lr_decay", "tol", "curriculum"}
 
-#: Method hyperparameters of the paper profile: the public code's values (notes §2, §6) where it
+#: Method hyperparameters of the paper profile: the public code's values (its scripts and argparse defaults) where it
 #: has them, the paper's App. C.2 architecture sizes otherwise. The paper "selects learning
 #: rates from {1e-4, …, 1e-1}" without reporting the choice; we keep the code's values.
 DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {
