@@ -58,7 +58,8 @@ __all__ = [
     "cell", "method_params", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block", "run_cell",
     "table2_cells", "ablation_cells", "noise_cells", "sensitivity_cells", "audit_cells", "analysis_cells",
     "SENSITIVITY_GRID", "NOISE_SCALES", "WithUploadNoise", "BASELINE_GRID", "SELECTED", "tuning_cells",
-    "select_hyperparameters", "run_cells", "run_grid", "grid_cells",
+    "select_hyperparameters", "run_cells", "run_grid", "grid_cells", "run_live", "forgetting_frame",
+    "memory_consumed_share",
 ]
 
 PAPER = "f3crec"
@@ -632,6 +633,82 @@ def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, *, cache_dir: Op
             rows.append({**{k: config[k] for k in ("dataset", "backbone", "method", "split", "upload_noise")},
                          **result["metrics"]})
     return pd.DataFrame(rows)
+
+
+# ======================================================================================
+# Lesson helpers: one visible training step, the forgetting curve, the memory audit
+# ======================================================================================
+def run_live(config: Mapping[str, Any], profile: str, *, cache_dir: Path, description: str = "",
+             record: bool = True) -> Dict[str, Any]:
+    """Train one cell with a progress bar over its rounds and record it at ``profile``.
+
+    ``cache_dir`` holds the block-0 model (:func:`base_block`), so several calls of one lesson
+    share it. Returns :func:`run_cell`'s ``{"metrics", "extra"}``; ``extra["accuracy"]["N@20"]``
+    is the accuracy matrix ``A[t][s]`` (N@20 on block ``s``'s test set after training block
+    ``t``), from which :func:`forgetting_frame` draws the forgetting curve.
+    """
+    from tqdm.auto import tqdm
+
+    from fedlib.reporting import append_run
+
+    incremental = max(0, int(config["num_blocks"]) - 1)
+    bar = tqdm(total=incremental * int(config["rounds"]), desc=description or config["method"], unit="round")
+
+    def tick(state, round_record):
+        bar.update(1)
+
+    started = time.perf_counter()
+    try:
+        result = run_cell(config, cache_dir=Path(cache_dir), on_round_end=tick)
+    finally:
+        bar.close()
+    if record:
+        append_run(PAPER, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
+                   extra=result["extra"])
+    return result
+
+
+def forgetting_frame(results: Mapping[str, Mapping[str, Any]], metric: str = "N@20") -> pd.DataFrame:
+    """The accuracy matrices of several runs as one tidy frame (the forgetting curves).
+
+    Args:
+        results: label -> a :func:`run_cell` / :func:`run_live` result.
+        metric: ``"N@20"`` or ``"R@20"``.
+
+    Returns:
+        One row per (run, test block ``s``, trained block ``t ≥ s``): ``run``, ``test block``
+        (``"D0"`` ...), ``after training`` (``"D0"`` ...), ``t`` (int) and ``metric``.
+    """
+    rows = []
+    for label, result in results.items():
+        matrix = np.array([[np.nan if v is None else v for v in row] for row in result["extra"]["accuracy"][metric]],
+                          dtype=float)  # (T, T), A[t][s] for s <= t
+        for t in range(matrix.shape[0]):
+            for s in range(t + 1):
+                rows.append({"run": label, "test block": f"D{s}", "after training": f"D{t}", "t": t,
+                             metric: float(matrix[t, s])})
+    return pd.DataFrame(rows)
+
+
+def memory_consumed_share(config: Mapping[str, Any], base: BlockResult, stream, top_n: int = 30, device=None) -> float:
+    """Share of the block-0 top-``top_n`` memory (Eq. 1, unmasked) the user already trained on.
+
+    The public code takes each user's top-N over **all** items; a trained model ranks the
+    user's own training items highest, so this share says how much of the "replay" re-teaches
+    consumed items rather than the predicted next ones.
+    """
+    from fedlib.methods.f3crec import top_n_memory
+
+    model = make_backbone(config).make_model(stream[0].num_users, stream[0].num_items)
+    device = next(iter(base.global_state.values())).device if device is None else device
+    with torch.no_grad():
+        scores = model.score_users(base.global_state, base.private_state,
+                                   torch.arange(stream[0].num_users, device=device))  # (U, I)
+    top_items = top_n_memory(scores, top_n)[0].cpu().numpy()  # (U, N)
+    train = stream[0].train
+    consumed = [np.isin(top_items[u], train.items[train.indptr[u]:train.indptr[u + 1]])
+                for u in range(stream[0].num_users)]
+    return float(np.mean(consumed))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
