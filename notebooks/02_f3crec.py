@@ -38,9 +38,10 @@
 # and lesson 01 (reading a paper grid of "ours (paper)" cells). Background: knowledge
 # distillation with soft targets, binary cross-entropy, catastrophic forgetting.
 #
-# **Time** (2 CPU cores, idle): smoke under 1 minute; quick (ML-100K, FedMF, 60 rounds per
-# block) about 6 minutes including the solutions; paper (live runs at the paper's 100 rounds
-# per block) about 10 minutes. The paper's full grid (Tables 2–8, about 300 runs) is not run
+# **Time** (2 CPU cores): smoke under 1 minute; quick (ML-100K, FedMF, 60 rounds per block,
+# nine live runs including the solutions) an estimated 4–6 minutes on an idle machine, 14
+# minutes measured on a machine shared with other jobs; paper (the same live runs at 100 rounds
+# per block) roughly twice quick. The paper's full grid (Tables 2–8, about 300 runs) is not run
 # here: its recorded results are read from `results/f3crec/`.
 #
 # **Glossary.**
