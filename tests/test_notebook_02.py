@@ -223,3 +223,22 @@ def test_exercise_expectations_hold_in_the_quick_solutions(quick_records):
     assert solutions["λ_KD = 1"] < solutions["F3CRec"]  # exercise 3: "not for the better"
     assert abs(solutions["Laplace noise 0.3"] / solutions["F3CRec"] - 1) < 0.05  # exercise 4: "only slightly"
     assert d0_after_d3[LABELS["F3CRec"]] > d0_after_d3[LABELS["FT"]]  # the curves exercises 1-2 compare with
+
+
+def _prose(relative: str) -> str:
+    return " ".join((ROOT / "notebooks" / f"{relative}.py").read_text().replace("\n#", " ").split())
+
+
+def test_quoted_settings_and_statistics_match_the_code_and_the_records():
+    lesson, appendix = _prose(STEM), _prose("appendix/02_f3crec_appendix")
+    # "the authors' example hyperparameters (λ_KD 0.1, β 0.9, N 30, ε 0.006 on ML-100K)"
+    assert "(λ_KD 0.1, β 0.9, N 30, ε 0.006 on ML-100K)" in lesson
+    assert f3crec_experiments.method_params("F3CRec", "ML-100K", tuned=False) == {
+        "lambda_kd": 0.1, "beta": 0.9, "top_n": 30, "eps": 0.006}
+    # "(γ_1 ≈ 0.24 instead of β = 0.9)": the toy's second weight, 0.9 / (1 + 4/√2)
+    assert "$\\gamma_1 \\approx 0.24$" in lesson and round(0.9 / (1 + 4 / math.sqrt(2)), 2) == 0.24
+    # "ML-100K after D3 (943 users, 1,152 items, d = 32)"
+    assert "ML-100K after D3 (943 users, 1,152 items, d = 32)" in appendix
+    table1 = pd.read_csv(ROOT / "results" / "f3crec" / "table1.csv")
+    d3 = table1[(table1.dataset == "ML-100K") & (table1.block == "D3")].set_index("metric")["value_ours"]
+    assert d3["# of accumulated users"] == 943 and d3["# of accumulated items"] == 1152
