@@ -484,7 +484,7 @@ fnb.record("memory_consumed_share", consumed)
 # ### Exercises
 #
 # Each exercise changes one argument of `live_cell(...)` (the parameters of
-# `fedlib.experiments.f3crec.cell`) and trains one run with `run_live`, under a minute at quick.
+# `fedlib.experiments.f3crec.cell`) and trains one run with `run_live` (about a minute at quick).
 #
 # 1. **No replay.** Set `params={"eps": 1.0}` for F3CRec: δ = exp(−Δ) is about 0 for every user
 #    who moved at all, so almost nothing is replayed. *Expected:* D0's curve stays close to
