@@ -364,6 +364,11 @@ reporting.paper_grid(average, rows=["backbone", "method"], columns="dataset", de
 # `results/f3crec/table2.csv`; the appendix shows them in the paper's layout.
 #
 # ### Tables 3 and 6: client-side and server-side ablations (FedMF, average of D1–D3)
+#
+# Rows: "w/o c.c" = without client-side continual learning (no replay, no distillation); "w/o
+# a.r.m" = without the adaptive replay memory (distil all N items every step); "w/o s.c" =
+# without the server side (plain averaging); "w/o i.t.m" = without the item-wise temporal mean
+# (one global γ = β for every old item); FT = fine-tuning, for reference.
 
 # %%
 for table_id, title in (("table3", "Table 3: client side"), ("table6", "Table 6: server side")):
