@@ -63,7 +63,6 @@
 # | s.c | server-side continual learning: the whole server half (Eqs. 8–13) |
 # | i.t.m | item-wise temporal mean (the per-item γ_i of the server side) |
 # | w/o x | the ablation "F3CRec without component x" (e.g. w/o a.r.m: distil every top-N item) |
-# | S.K | the model's stored knowledge of earlier blocks (what forgetting destroys) |
 # | ε (eps) | sensitivity of the sampling rate to the rank shift Δ |
 # | λ_KD | weight of the distillation loss in the client's total loss |
 # | β | the largest pull of an old item towards its previous embedding |
