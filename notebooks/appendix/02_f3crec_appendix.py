@@ -188,7 +188,7 @@ print(tuned.to_string(index=False, na_rep=""))
 #
 # The authors released none of the baselines. Reg pulls the private parameters and the old item
 # rows of a batch towards their previous values, with λ set so one step pulls an old row 10 % of
-# the way back (the paper's absolute grid diverges with FedMF's item step of lr·|I|). KD is
+# the way back (the paper's absolute grid diverges with FedMF's item step, learning rate × number of items). KD is
 # F3CRec with the whole top-N list distilled every step and no server side. RLP2 and SPP state
 # their own assumptions:
 
