@@ -1,12 +1,17 @@
-"""Notebook 03 (FedKDRec) at the smoke profile: recorded metrics satisfy the method's invariants."""
+"""Lesson 03 (FedKDRec) and its appendix: recorded metrics at the smoke profile, each exercise's
+parameter change at smoke size, and every number the prose quotes, read from the records."""
 import math
+import re
 
-import numpy as np
+import pandas as pd
 import pytest
 
+from fedlib.experiments import fedkdrec_lesson as lesson
 from fedlib.notebook.records import record_frame as frame
+from fedlib.paths import project_root
 
 STEM = "03_fedkdrec"
+ROOT = project_root()
 
 
 def test_smoke_run_finished(records):
@@ -15,7 +20,8 @@ def test_smoke_run_finished(records):
     assert records["__finished__"] is True
 
 
-def test_equation_toys(records):
+def test_equation_checks(records):
+    assert records["eq3_gap"] < 1e-6
     upload = records["toy_upload"]
     # ⌊0.34 × positives⌋ positives swap with as many negatives; every other label is mixed (Eq. 4)
     assert upload["swapped"] == 2 * math.floor(0.34 * upload["positives"])
@@ -25,67 +31,179 @@ def test_equation_toys(records):
     teacher = records["toy_teacher"]
     assert teacher["sum"] == pytest.approx(1.0, abs=1e-5)
     assert teacher["argmax"] == 0  # the lowest-variance client is rewarded most
-    shaped = np.array(records["toy_shaping"])
-    # client 0 (R = 1): selected positions pay p/(ρ|S|), skipped ones gain it
-    assert shaped[0] == pytest.approx([1 - 1 / 16, 1 + 2 / 16, 1 - 3 / 16, 1 + 4 / 16])
-    assert shaped[1] == pytest.approx([-1 - 1 / 16, -1 - 2 / 16, -1 + 3 / 16, -1 + 4 / 16])
+    td = records["toy_td"]
+    # the hand computation in the markdown cell: shaped (0.875, 0.75), δ = (0.555, 0.55)
+    assert td["shaped"] == pytest.approx([0.875, 0.75])
+    assert td["critic"] == pytest.approx((0.555 ** 2 + 0.55 ** 2) / 2, abs=1e-5)
+    assert td["actor"] == pytest.approx(-(math.log(0.6) * 0.555 + math.log(0.7) * 0.55) / 2, abs=1e-5)
 
 
-def test_batched_and_sequential_executors_agree(records):
-    check = records["executor_check"]
-    # float32 rounding only: clients ~1e-5; the server's Adam amplifies it a little (see the notebook)
+def test_live_run_shows_the_teacher_weights(records):
+    rounds = frame(records["live_rounds"])
+    assert len(rounds) >= 2 and rounds["round"].tolist() == list(range(1, len(rounds) + 1))
+    # ω sums to one: the largest ω·C is at least 1, the smallest at most 1, e^H at most C
+    assert (rounds["largest ω·C"] >= 1 - 1e-6).all() and (rounds["smallest ω·C"] <= 1 + 1e-6).all()
+    assert (rounds["effective teachers"] <= rounds["clients"] + 1e-6).all()
+    assert (rounds["largest ω·C"] > 1.01).any(), "the agent's weights should depart from uniform"
+    assert rounds["items sent / client"].iloc[0] == 0 and rounds["items sent / client"].iloc[1:].gt(0).all()
+    live = records["live"]
+    for key in ("sampled H@10", "sampled N@10", "full R@10", "full N@10"):
+        assert 0 <= live[key] <= 1, key
+    assert live["sampled N@10"] <= live["sampled H@10"] + 1e-9
+    assert 0 < live["received B/client/round"] <= 30 * 8
+
+
+def test_audit_and_deviations(records):
+    audit = records["protocol_audit"]
+    assert 0 <= audit["central_full"] <= 1 and 0 <= audit["central_sampled"] <= 1
+    deviations = records["deviations"]
+    assert deviations["cells"] > 0 and deviations["reasons"] >= 3
+
+
+def test_exercise_records(records):
+    live = records["live"]
+    assert records["exercise_uniform"]["largest ω·C"] == pytest.approx(1.0)
+    assert records["exercise_mu"]["received B/client/round"] <= 5 * 8
+    assert records["exercise_alpha"]["labels revealed"] != live["labels revealed"]
+    hits = records["exercise_candidates"]
+    assert set(hits) >= {"1 + 99", "full ranking"} and len(hits) == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Each exercise's parameter change at smoke size, through the function the exercise calls
+# ---------------------------------------------------------------------------------------------
+def _live(**change):
+    run = lesson.LiveRun("synthetic", rounds=3, eval_every=3, seed=0, device="cpu", **change)
+    run.train("test")
+    return run
+
+
+@pytest.fixture(scope="module")
+def default_run():
+    return _live()
+
+
+def test_exercise_1_uniform_teacher_weights(default_run):
+    uniform = _live(variant="-c").summary()
+    assert uniform["largest ω·C"] == pytest.approx(1.0) and uniform["effective teachers / C"] == pytest.approx(1.0)
+    assert default_run.summary()["largest ω·C"] > 1.01
+
+
+def test_exercise_2_raw_predictions_reveal_fewer_labels(default_run):
+    raw = _live(alpha=0.0).summary()
+    assert raw["labels revealed"] < default_run.summary()["labels revealed"]
+
+
+def test_exercise_3_smaller_actor_budget(default_run):
+    small = _live(mu=5).summary()
+    assert small["received B/client/round"] <= 5 * 8 < default_run.summary()["received B/client/round"]
+
+
+def test_exercise_4_more_candidates_lower_the_hit_rate(default_run):
+    scorer = default_run.session.run.scorer
+    hits = {n: lesson.sampled_metrics(scorer, default_run.split, num_negatives=n)["HR@10"] for n in (99, 149)}
+    random_hits = {n: lesson.sampled_metrics(lesson.random_scorer(default_run.split.num_items), default_run.split,
+                                             num_negatives=n)["HR@10"] for n in (49, 149)}
+    assert hits[99] != hits[149]
+    assert random_hits[149] < random_hits[49]                # 10 of 50 vs 10 of 150 candidates
+
+
+def test_live_run_equals_the_grid_cell():
+    """LiveRun trains the same model as run_cell of the same grid cell (same numbers)."""
+    from fedlib.experiments import fedkdrec as experiments
+
+    run = _live()
+    cell = experiments.cell("synthetic", "FedKDRec", backbone="NeuMF", rounds=3, eval_every=3, seed=0)
+    assert run.cell == cell
+    metrics = experiments.run_cell(cell, device="cpu")["metrics"]
+    ours = run.metrics()
+    for key in ("sampled/HR@10", "sampled/NDCG@10", "full/Recall@10", "full/NDCG@10", "best_round"):
+        assert ours[key] == pytest.approx(metrics[key], abs=1e-6), key
+
+
+# ---------------------------------------------------------------------------------------------
+# Numbers quoted in the prose, read from the recorded tables
+# ---------------------------------------------------------------------------------------------
+def _cell_text(notebook: str, heading: str) -> str:
+    text = (ROOT / "notebooks" / f"{notebook}.py").read_text()
+    found = [cell for cell in text.split("# %%") if heading in cell]
+    assert len(found) == 1, heading
+    return re.sub(r"\n#\s?", " ", found[0])
+
+
+def _central(protocol: str, backbone: str = "NeuMF", metric: str = "H@10") -> pd.Series:
+    table = lesson.recorded_table("table1", protocol=protocol)
+    row = table[(table.method == "Centralized") & (table.backbone == backbone) & (table.metric == metric)
+                & (table.dataset == "MovieLens-100K")]
+    assert len(row) == 1
+    return row.iloc[0]
+
+
+def test_audit_paragraph_quotes_the_recorded_scale():
+    prose = _cell_text(STEM, "**In plain words.**")
+    sampled, full = _central("sampled 1+99"), _central("full ranking")
+    assert f"{sampled.value_paper:.1f} %" in prose                       # "The paper's 63.5 %"
+    assert "about a fifth of it" in prose and 0.15 < full.value_ours / sampled.value_ours < 0.25
+    assert "one user in eight" in prose and 1 / 9 < full.value_ours / 100 < 1 / 7
+    assert "within a few points" in prose and abs(sampled.value_ours - sampled.value_paper) < 5
+    from fedlib.experiments import fedkdrec as experiments
+    split = experiments.load_split("ML-100K")
+    # full ranking: every item except the user's training and validation items
+    competitors = split.num_items - 1 - split.train.counts()[split.test.users] - 1
+    assert "about 1,600 others" in prose and 1500 < competitors.mean() < 1700
+    intro = _cell_text(STEM, "## 5. The audit")
+    assert f"H@10 = {sampled.value_paper:.1f} %" in intro
+    takeaway = _cell_text(STEM, "## 6. Takeaways")
+    ratios = [_central("sampled 1+99", b).value_ours / _central("full ranking", b).value_ours
+              for b in ("NeuMF", "NeuNCF", "LightGCN")]
+    assert "about five times lower" in takeaway and all(4.5 < r < 6 for r in ratios)
+
+
+def test_deviation_reasons_quote_the_recorded_bytes():
+    table3 = lesson.recorded_table("table3", stat=None)
+    ptf = table3[(table3.method == "PTF-FedRec") & (table3.dataset == "MovieLens-100K")].iloc[0]
+    reasons = dict((str(rule), text) for rule, text in lesson.DEVIATION_REASONS)
+    text = next(t for r, t in reasons.items() if "PTF-FedRec" in r)
+    assert "about 590" in text and round(ptf.value_paper * 1024 / 8, -1) == 590
+    assert "at most 30 predictions of 8 B" in text and ptf.value_ours * 1024 <= 30 * 8
+
+
+def test_front_matter_time_of_the_recorded_grid():
+    from fedlib.reporting import read_runs
+
+    front = _cell_text(STEM, "**Time.**")
+    assert "more than a day of single-thread CPU time" in front
+    assert sum(r.wall_time_s for r in read_runs("fedkdrec", "paper")) > 24 * 3600
+
+
+# ---------------------------------------------------------------------------------------------
+# The appendix at smoke
+# ---------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def appendix(smoke_records):
+    return smoke_records("03_fedkdrec_appendix")
+
+
+def test_appendix_claims_read_the_recorded_tables(appendix):
+    assert appendix["__finished__"] is True
+    verdict = appendix["claims_verdict"]
+    assert len(verdict) == 4 * 3                                  # four claims × three backbones
+    assert all(text.split(",")[0] in ("holds", "fails", "undecided") for text in verdict.values())
+    assert any("seed noise (p = " in text for text in verdict.values())
+    claims = frame(appendix["sensitivity_claims"])
+    assert {"α = 0.5 is the best α", "β ∈ [0.3, 0.7] is the best range"} <= set(claims["claim"])
+    assert claims["p"].between(0, 1).all()
+
+
+def test_appendix_executors_agree(appendix):
+    check = appendix["executor_check"]
+    # float32 rounding only: clients ~1e-5; the server's Adam amplifies it a little (see the appendix)
     assert check["client_gap"] < 1e-4 and check["server_gap"] < 2e-3
 
 
-def test_every_table1_method_trains(records):
-    runs = frame(records["main_runs"])
-    labels = set(zip(runs["method"], runs["backbone"]))
-    for backbone in ("NeuMF", "NeuNCF", "LightGCN"):
-        assert {("Centralized", backbone), ("PTF-FedRec", backbone), ("FedKDRec", backbone)} <= labels
-    assert {("FedMF", "—"), ("FedNCF", "—"), ("FedPerGNN", "—")} <= labels
-    for column in ("sampled H@10", "sampled N@10", "full R@10", "full N@10"):
-        values = runs[column].to_numpy(dtype=float)
-        assert np.isfinite(values).all() and ((values >= 0) & (values <= 1)).all(), column
-    # one held-out item: N@10 ≤ H@10 under both protocols, and full ranking is the harder one
-    assert (runs["sampled N@10"] <= runs["sampled H@10"] + 1e-9).all()
-    assert (runs["full R@10"] <= runs["sampled H@10"] + 1e-9).all()
-    federated = runs[runs["method"] != "Centralized"]
-    assert (federated["received B/client/round"] > 0).all()
-    kd = federated[federated["method"].isin(["FedKDRec", "PTF-FedRec"])]
-    params = federated[federated["method"].isin(["FedMF", "FedNCF", "FedPerGNN"])]
-    # predictions (≤ 30 × 8 B) are far smaller than any model download
-    assert kd["received B/client/round"].max() <= 240 < params["received B/client/round"].min()
-
-
-def test_tables_and_figures_are_filled(records):
-    filled = records["live_cells_with_value"]
-    for name, count in filled.items():
-        assert count > 0, name
-    assert records["sensitivity_points"] > 0
-    sent = records["sent_per_client_first_last"]
-    assert sent and all(0 <= v <= 30 for pair in sent.values() for v in pair)
-
-
-def test_label_leak_audit(records):
-    revealed = records["label_revealed"]
-    fedkdrec = [v for k, v in revealed.items() if k.startswith("FedKDRec")]
+def test_appendix_label_leak(appendix):
+    revealed = appendix["label_revealed"]
+    fedkdrec = [v for k, v in revealed.items() if "FedKDRec" in str(k)]
     # α = 0.5: every unswapped private label is revealed by the threshold 0.5
-    assert fedkdrec and all(v > 0.7 for v in fedkdrec)
-    claims = frame(records["claims"])
-    assert {"claim", "holds"} <= set(claims.columns) and len(claims) > 0
-
-
-def test_claims_verdict_reads_the_recorded_tables(records):
-    """§7: one verdict per claim and backbone, in words, from the committed paper-profile tables."""
-    verdict = records["claims_verdict"]
-    assert len(verdict) == 4 * 3                                  # four claims × three backbones
-    assert all(text.split(",")[0] in ("holds", "fails", "undecided") for text in verdict.values())
-    tested = [text for key, text in verdict.items() if "bytes" not in key and text != "undecided"]
-    assert tested and any("seed noise (p = " in text for text in tested)   # recorded rows with several seeds
-
-
-def test_sensitivity_claims_are_checked_on_the_recorded_sweep(records):
-    claims = frame(records["sensitivity_claims"])
-    assert {"claim", "backbone", "holds", "p"} <= set(claims.columns)
-    assert {"α = 0.5 is the best α", "β ∈ [0.3, 0.7] is the best range"} <= set(claims["claim"])
-    assert claims["p"].between(0, 1).all()                        # the default setting has several seeds
+    assert fedkdrec and all(v > 0.9 for v in fedkdrec)
+    assert appendix["selected_lr_matches_records"] is True

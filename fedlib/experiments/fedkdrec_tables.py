@@ -743,7 +743,7 @@ def figure_sensitivity(frame: pd.DataFrame, name: Optional[str] = None, *, profi
     parameters = [p for p in ("alpha", "beta") if p in set(part["parameter"])]
     fig, axes = plt.subplots(len(parameters), len(PAPER_METRICS), figsize=(9.0, 3.2 * len(parameters)), squeeze=False)
     titles = {"alpha": "α (Eq. 4)", "beta": "β range (sample ratio)"}
-    for i, (row, parameter) in enumerate(zip(axes, parameters)):
+    for row, parameter in zip(axes, parameters):
         sweep = part[part["parameter"] == parameter].sort_values("position")
         ticks = sweep.drop_duplicates("position")
         for ax, metric in zip(row, PAPER_METRICS):
@@ -754,9 +754,10 @@ def figure_sensitivity(frame: pd.DataFrame, name: Optional[str] = None, *, profi
             ax.set_xticks(ticks["position"].tolist(), ticks["label"].tolist())
             ax.set_xlabel(titles[parameter])
             ax.set_ylabel(f"{metric} (%)")
-        if i == 0:
-            row[0].legend(title="backbone")
-    fig.suptitle(f"FedKDRec sensitivity ({protocol})")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    # one legend for every panel, right of the grid, so that it never covers a line
+    fig.legend(handles, labels, title="backbone", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.suptitle(f"FedKDRec sensitivity ({protocol}; error bars: std over the default setting's seeds)")
     fig.tight_layout()
     return _save(fig, name, profile)
 

@@ -59,8 +59,8 @@ from fedlib.methods.kd_agents import (
 from fedlib.models.stacked import Backbone
 
 __all__ = [
-    "FedKDRecConfig", "VARIANTS", "variant_config", "LocalData", "Uploads", "FedKDRecRun", "train_fedkdrec",
-    "local_examples", "local_predictions", "prepare_uploads", "mixed_label_bce",
+    "FedKDRecConfig", "VARIANTS", "variant_config", "LocalData", "Uploads", "FedKDRecRun", "FedKDRecSession",
+    "train_fedkdrec", "local_examples", "local_predictions", "prepare_uploads", "mixed_label_bce",
 ]
 
 TRANSFER_MODES = ("agent", "confidence", "none")
@@ -679,7 +679,8 @@ class _Server:
         entropy = float(-(weights * weights.clamp(min=1e-12).log()).sum())
         return {"rows": rows, "items": items, "labels": labels, "before": before, "reward": reward,
                 "server_loss": total / max(n * self.config.server_epochs, 1), "teacher_entropy": entropy,
-                "teacher_loss": agent_loss, "weights": weights}
+                "teacher_loss": agent_loss, "weights": weights,
+                "teacher_state": {"volume": volume, "label_mean": mean, "label_var": var, "server_bce": loss_mean}}
 
     def learn_transfer(self, episode, sent_items: torch.Tensor, round_info, c: int) -> Dict[str, float]:
         """Eqs. 8, 9, 11, 12 for the clients that walked a sequence this round."""
@@ -706,11 +707,156 @@ class _Server:
         return self.transfer.update(episode["states"], episode["actions"], episode["valid"], episode_reward)
 
 
+class FedKDRecSession:
+    """Algorithm 1 one step at a time: the loop of :func:`train_fedkdrec`, opened up for a lesson.
+
+    One round is ``begin_round`` → ``send`` (§3.3) → ``train_clients`` (Eq. 3) → ``upload``
+    (§3.1, Eq. 4) → ``train_server`` (Eqs. 5–7, 10) → ``learn`` (Eqs. 8, 9, 11, 12);
+    :meth:`step_round` runs them in that order. After each step, the attribute it names holds
+    what it produced (``clients``, ``sent``/``sent_labels``/``episode``, ``data``/``local``,
+    ``uploads``, ``info``, ``run.history[-1]``), so a lesson can show every stage of a round.
+
+    Args:
+        split: the leave-one-out split (``split.train`` is what the clients hold).
+        config: the run's settings (ablation flags included).
+        item_init: ``(I, d)`` initial item embeddings for the server and every client.
+        ledger: a :class:`~fedlib.engine.communication.CommunicationLedger` for the bytes of
+            the predictions each client receives and sends.
+        executor: ``"batched"`` or ``"sequential"`` local training.
+    """
+
+    def __init__(self, split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
+                 ledger=None, executor: str = "batched", device=None):
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        self.device = device = torch.device(device) if device is not None else default_device()
+        self.split, self.config, self.ledger = split, config, ledger
+        train = split.train
+        self.backbone = backbone = Backbone(config.backbone, split.num_users, split.num_items, config.dim,
+                                            config.hidden)
+        init = backbone.init_server(torch.Generator().manual_seed(int(config.seed)), item_init, device=device)
+        self.server = _Server(backbone, init, config, device)
+        everyone = torch.arange(split.num_users, device=device)
+        self.clients_state = backbone.client_copies({n: v.detach() for n, v in init.items()}, everyone)
+        own_all = torch.zeros(split.num_users, split.num_items, device=device)
+        own_all[torch.as_tensor(train.users, device=device), torch.as_tensor(train.items, device=device)] = 1.0
+        self.sampler = NegativeSampler(train, split.num_items)
+        self.train_sizes = torch.as_tensor(train.counts(), device=device)
+        self.candidates = train.active_users()
+        self.per_round = max(1, int(round(config.client_fraction * self.candidates.size)))
+        self.run = FedKDRecRun(config=config, backbone=backbone, server=self.server.params, best_server={}, graph=None,
+                               best_graph=None, clients=self.clients_state, own_all=own_all)
+        self.local_train = train_clients_batched if executor == "batched" else train_clients_sequential
+        self.round_index = 0
+
+    def _stream(self, stream: int) -> np.random.Generator:
+        return round_generator(self.config.seed, self.round_index, stream)
+
+    def begin_round(self) -> np.ndarray:
+        """Step 1: sample ``C = client_fraction`` of the clients; returns their ids ``(C,)``, sorted."""
+        self.round_index += 1
+        self._started = time.perf_counter()
+        self.clients = np.sort(self._stream(_SELECT).choice(self.candidates, self.per_round, replace=False))
+        return self.clients
+
+    def send(self):
+        """Step 2 (§3.3): the items ``(C, S)`` (-1 = none) the server sends each client, and their soft labels."""
+        clients_t = torch.as_tensor(self.clients, device=self.device)
+        actor_gen = torch.Generator().manual_seed(int(self._stream(_ACTOR).integers(2 ** 62)))
+        self.sent, self.sent_labels, self.episode = self.server.select(clients_t, self.train_sizes[clients_t],
+                                                                       actor_gen)
+        return self.sent, self.sent_labels
+
+    def train_clients(self) -> float:
+        """Step 3 (Eq. 3): each client trains its whole model on ``D_i ∪ D̃_i``; returns the mean BCE."""
+        config, split = self.config, self.split
+        self.data = local_examples(split.train, self.clients, split.num_items, self.sampler, config.num_negatives,
+                                   self._stream(_NEGATIVES), self.sent.cpu().numpy(), self.sent_labels.cpu().numpy(),
+                                   device=self.device)
+        self.local = gather_local(self.backbone, self.clients_state, self.data)
+        orders = _epoch_orders(self.data, config.client_epochs, self._stream(_SHUFFLE))
+        self.client_loss = self.local_train(self.backbone, self.local, self.data, orders, config.client_batch,
+                                            config.client_lr, config.weight_decay)
+        scatter_local(self.backbone, self.clients_state, self.local, self.data)
+        return self.client_loss
+
+    def upload(self) -> Uploads:
+        """Step 4 (§3.1, Eq. 4): each client samples, mixes and swaps its labels; returns the uploads."""
+        self.predictions = local_predictions(self.backbone, self.local, self.data)  # (C, L) r̂
+        self.uploads = prepare_uploads(self.data, self.predictions, self.config, self._stream(_UPLOAD))
+        return self.uploads
+
+    def train_server(self) -> Dict[str, Any]:
+        """Step 5 (Eqs. 5–7, 10): teacher weights ``ω``, the server's epochs, the agent's update."""
+        data_clients = torch.as_tensor(self.data.clients, device=self.device)
+        self.info = self.server.train(self.uploads, data_clients, self._stream(_SERVER))
+        return self.info
+
+    def learn(self) -> Dict[str, Any]:
+        """Step 6 (Eqs. 8, 9, 11, 12): the actor–critic learns from the round; returns the round's record."""
+        agent = {}
+        if self.episode is not None:
+            # the episode rows follow ``clients``; the rewards follow ``data.clients``
+            order = torch.as_tensor(np.searchsorted(self.clients, self.data.clients), device=self.device)
+            reordered = {k: v[order] for k, v in self.episode.items()}
+            agent = self.server.learn_transfer(reordered, self.sent[order], self.info, len(self.clients))
+        sent_count = (self.sent >= 0).sum(1)
+        uploads, t = self.uploads, self.round_index
+        uploaded = uploads.keep.sum(1)
+        if self.ledger is not None:
+            self.ledger.download(t, self.clients, "predictions",
+                                 (sent_count.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
+            self.ledger.upload(t, self.data.clients, "predictions",
+                               (uploaded.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
+        private_kept = uploads.keep & uploads.private
+        revealed = ((uploads.labels > 0.5) == (uploads.hard == 1)) & private_kept
+        record = {
+            "round": t, "server_loss": self.info["server_loss"], "client_loss": self.client_loss,
+            "sent_per_client": float(sent_count.float().mean()), "uploaded_per_client": float(uploaded.float().mean()),
+            "teacher_entropy": self.info["teacher_entropy"], "teacher_loss": self.info["teacher_loss"],
+            "label_revealed": float(revealed.sum() / private_kept.sum().clamp(min=1)),
+            "seconds": time.perf_counter() - self._started, **agent,
+        }
+        self.run.history.append(record)
+        return record
+
+    def step_round(self) -> Dict[str, Any]:
+        """One whole round of Algorithm 1 (steps 1–6); returns the round's record."""
+        self.begin_round()
+        self.send()
+        self.train_clients()
+        self.upload()
+        self.train_server()
+        return self.learn()
+
+    def evaluate(self, evaluate: Callable[[int, "ServerScorer"], Any]) -> float:
+        """Score the current server model (``evaluate(round, scorer) -> value or (value, dict)``);
+        keeps the best-validation server (earliest best wins). Returns the validation value."""
+        out = evaluate(self.round_index, ServerScorer(self.backbone, self.server.params, self.server.graph))
+        value, extra = (out if isinstance(out, tuple) else (out, {}))
+        run = self.run
+        run.curve.append({"round": self.round_index, "valid": float(value), **extra})
+        if value > run.best_valid:
+            run.best_valid, run.best_round = float(value), self.round_index
+            run.best_server = {n: v.detach().clone() for n, v in self.server.params.items()}
+            run.best_graph = self.server.graph
+        return float(value)
+
+    def finish(self) -> FedKDRecRun:
+        """The finished run (the last server stands in when nothing was evaluated)."""
+        run = self.run
+        if not run.best_server:
+            run.best_server = {n: v.detach().clone() for n, v in self.server.params.items()}
+            run.best_graph, run.best_round = self.server.graph, self.round_index
+        run.graph = self.server.graph
+        return run
+
+
 def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
                    evaluate: Optional[Callable[[int, ScoreFn], Any]] = None, ledger=None,
                    progress: Optional[Callable[[int], None]] = None, executor: str = "batched",
                    device=None) -> FedKDRecRun:
-    """Algorithm 1: train FedKDRec (or a variant) on ``split.train``.
+    """Algorithm 1: train FedKDRec (or a variant) on ``split.train`` (a :class:`FedKDRecSession` loop).
 
     Args:
         item_init: ``(I, d)`` initial item embeddings for the server and every client.
@@ -721,82 +867,11 @@ def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init
             the predictions each client receives and sends.
         executor: ``"batched"`` or ``"sequential"`` local training.
     """
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    device = torch.device(device) if device is not None else default_device()
-    train = split.train
-    backbone = Backbone(config.backbone, split.num_users, split.num_items, config.dim, config.hidden)
-    init = backbone.init_server(torch.Generator().manual_seed(int(config.seed)), item_init, device=device)
-    server = _Server(backbone, init, config, device)
-    everyone = torch.arange(split.num_users, device=device)
-    clients_state = backbone.client_copies({n: v.detach() for n, v in init.items()}, everyone)
-    own_all = torch.zeros(split.num_users, split.num_items, device=device)
-    own_all[torch.as_tensor(train.users, device=device), torch.as_tensor(train.items, device=device)] = 1.0
-    sampler = NegativeSampler(train, split.num_items)
-    train_sizes = torch.as_tensor(train.counts(), device=device)
-    candidates = train.active_users()
-    per_round = max(1, int(round(config.client_fraction * candidates.size)))
-    run = FedKDRecRun(config=config, backbone=backbone, server=server.params, best_server={}, graph=None,
-                      best_graph=None, clients=clients_state, own_all=own_all)
-    local_train = train_clients_batched if executor == "batched" else train_clients_sequential
-
-    def maybe_evaluate(round_index):
-        if evaluate is None:
-            return
-        out = evaluate(round_index, ServerScorer(backbone, server.params, server.graph))
-        value, extra = (out if isinstance(out, tuple) else (out, {}))
-        run.curve.append({"round": round_index, "valid": float(value), **extra})
-        if value > run.best_valid:
-            run.best_valid, run.best_round = float(value), round_index
-            run.best_server = {n: v.detach().clone() for n, v in server.params.items()}
-            run.best_graph = server.graph
-
+    session = FedKDRecSession(split, config, item_init=item_init, ledger=ledger, executor=executor, device=device)
     for t in range(1, config.rounds + 1):
-        started = time.perf_counter()
-        clients = np.sort(round_generator(config.seed, t, _SELECT).choice(candidates, per_round, replace=False))
-        clients_t = torch.as_tensor(clients, device=device)
-        actor_gen = torch.Generator().manual_seed(int(round_generator(config.seed, t, _ACTOR).integers(2 ** 62)))
-        sent, sent_labels, episode = server.select(clients_t, train_sizes[clients_t], actor_gen)   # §3.3
-        data = local_examples(train, clients, split.num_items, sampler, config.num_negatives,
-                              round_generator(config.seed, t, _NEGATIVES), sent.cpu().numpy(),
-                              sent_labels.cpu().numpy(), device=device)
-        order = torch.as_tensor(np.searchsorted(clients, data.clients), device=device)  # data row -> clients row
-        local = gather_local(backbone, clients_state, data)
-        client_loss = local_train(backbone, local, data, _epoch_orders(data, config.client_epochs,
-                                  round_generator(config.seed, t, _SHUFFLE)), config.client_batch, config.client_lr,
-                                  config.weight_decay)                                       # Eq. 3
-        scatter_local(backbone, clients_state, local, data)
-        predictions = local_predictions(backbone, local, data)
-        uploads = prepare_uploads(data, predictions, config, round_generator(config.seed, t, _UPLOAD))  # §3.1
-        data_clients_t = torch.as_tensor(data.clients, device=device)
-        info = server.train(uploads, data_clients_t, round_generator(config.seed, t, _SERVER))  # Eqs. 5–7, 10
-        agent = {}
-        if episode is not None:
-            # the episode rows follow ``clients``; the rewards follow ``data.clients``
-            reordered = {k: v[order] for k, v in episode.items()}
-            agent = server.learn_transfer(reordered, sent[order], info, len(clients))              # Eqs. 8–12
-        sent_count = (sent >= 0).sum(1)
-        uploaded = uploads.keep.sum(1)
-        if ledger is not None:
-            ledger.download(t, clients, "predictions", (sent_count.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64),
-                            per_client=False)
-            ledger.upload(t, data.clients, "predictions", (uploaded.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64),
-                          per_client=False)
-        private_kept = uploads.keep & uploads.private
-        revealed = ((uploads.labels > 0.5) == (uploads.hard == 1)) & private_kept
-        run.history.append({
-            "round": t, "server_loss": info["server_loss"], "client_loss": client_loss,
-            "sent_per_client": float(sent_count.float().mean()), "uploaded_per_client": float(uploaded.float().mean()),
-            "teacher_entropy": info["teacher_entropy"], "teacher_loss": info["teacher_loss"],
-            "label_revealed": float(revealed.sum() / private_kept.sum().clamp(min=1)),
-            "seconds": time.perf_counter() - started, **agent,
-        })
-        if t % config.eval_every == 0 or t == config.rounds:
-            maybe_evaluate(t)
+        session.step_round()
+        if evaluate is not None and (t % config.eval_every == 0 or t == config.rounds):
+            session.evaluate(evaluate)
         if progress is not None:
             progress(t)
-    if not run.best_server:
-        run.best_server = {n: v.detach().clone() for n, v in server.params.items()}
-        run.best_graph, run.best_round = server.graph, config.rounds
-    run.graph = server.graph
-    return run
+    return session.finish()
