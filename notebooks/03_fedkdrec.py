@@ -468,9 +468,12 @@ fnb.record("deviations", {"cells": len(found), "reasons": int(len(summary))})
 # reports, and the paper's central claim that prediction transfer matches or beats centralised
 # training does not reproduce here. FedKDRec beats PTF-FedRec on every backbone, as the
 # paper says; FedPerGNN, the one baseline with a neighbour graph, is as good as or better than
-# FedKDRec here. Table 2's ordering of the ablations is mostly within seed noise (the appendix
-# tests each gap across the five seeds), and FedKDRec's actor sends fewer bytes than the paper
-# implies. Figures 2–4 (communication per round and the α/β sensitivity) are in the appendix.
+# FedKDRec here. Table 2 does not hold as stated: removing all three components at once
+# (−m−c~s, i.e. PTF-FedRec) hurts beyond seed noise on every backbone, but single components
+# often do not matter, and two single ablations (−m on LightGCN, ~s on NeuMF) are *better* than
+# full FedKDRec beyond seed noise (the appendix tests each gap across the five seeds).
+# FedKDRec's actor sends fewer bytes than the paper implies. Figures 2–4 (communication per
+# round and the α/β sensitivity) are in the appendix.
 
 # %% [markdown]
 # ## 5. The audit: which evaluation protocol produces the paper's numbers?

@@ -207,3 +207,24 @@ def test_appendix_label_leak(appendix):
     # α = 0.5: every unswapped private label is revealed by the threshold 0.5
     assert fedkdrec and all(v > 0.9 for v in fedkdrec)
     assert appendix["selected_lr_matches_records"] is True
+
+
+def test_tables_paragraph_follows_the_recorded_seed_tests():
+    """§4's summary of Tables 1-2, checked with the same Welch tests the appendix prints."""
+    from fedlib.experiments import fedkdrec_tables as tables
+    from fedlib.reporting import recorded_or_none
+
+    prose = _cell_text(STEM, "**What the tables say.**")
+    recorded = {name: recorded_or_none("fedkdrec", name) for name in ("table1", "table2", "table3", "table4")}
+    verdict = tables.claims_verdict(tables.claims(recorded))
+    assert "FedKDRec beats PTF-FedRec on every backbone" in prose
+    assert all(text.startswith("holds") for text in verdict.loc["FedKDRec beats PTF-FedRec"])
+    effects = tables.component_effects(recorded).set_index(["variant", "backbone"])
+    all_three = effects.loc["-m-c~s"]
+    assert "hurts beyond seed noise on every backbone" in prose
+    assert (all_three["gain"] > 0).all() and (all_three["p_welch"] < 0.05).all()
+    assert "(−m on LightGCN, ~s on NeuMF) are *better*" in prose
+    for variant, backbone in (("-m", "LightGCN"), ("~s", "NeuMF")):
+        assert effects.loc[(variant, backbone), "gain"] < 0 and effects.loc[(variant, backbone), "p_welch"] < 0.05
+    singles = effects.drop(index="-m-c~s", level="variant")
+    assert "single components often do not matter" in prose and (singles["p_welch"] >= 0.05).sum() >= len(singles) / 2
