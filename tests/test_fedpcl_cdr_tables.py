@@ -120,6 +120,11 @@ def test_selection_gap_and_figures(root):
     assert len(hr) == 2 and np.allclose(hr["gap"], 0.03)  # test-selected minus valid-selected
     fig = T.figure_sweeps(T.sweep_frame(records), "epsilon", "fig3_privacy_budget", profile="quick")
     assert fig is not None and (root / "figures" / "fedpcl_cdr" / "fig3_privacy_budget.png").exists()
+    title = fig._suptitle.get_text()
+    # the paper's 2β/η is not the Laplace mechanism's ε (√d = 8 times larger at d = 64): the title must not say it is
+    assert "ε = 2β/η" not in title and "8×" in title and "ε as the paper states it" in fig.axes[0].get_xlabel()
+    assert [tick.get_text() for tick in fig.axes[0].get_xticklabels()] == ["1", "4", "16"]
+    assert fig.axes[0].get_legend() is None and len(fig.legends) == 1  # one legend, below the panels
     assert T.figure_sweeps(T.sweep_frame(records).iloc[0:0], "alpha") is None
     assert T.figure_list_length(T.list_length_frame(records, tasks=("Phone-Sport",))) is not None
     plt.close("all")
