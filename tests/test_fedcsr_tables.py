@@ -139,33 +139,28 @@ def test_full_ranking_rows_carry_exactly_the_recorded_values(root):
     assert math.isnan(conet["value_ours"]) and conet["note"].startswith("not run")
 
 
-def test_tables_build_from_the_recorded_quick_runs():
-    """The notebook's quick-profile path on the committed quick runs: every table builds, and the
-    full-ranking rows carry the recorded values."""
+def test_the_lessons_live_runs_are_recorded_at_quick():
+    """The lesson's quick path on the committed quick runs: each live cell has its curve (one point
+    per round, for the convergence figure) and its full ranking, which is below the sampled score."""
     from fedlib.notebook.profiles import load_settings
 
     records = read_runs("fedcsr", "quick")
     if not records:
         pytest.skip("no quick-profile FedCSR runs recorded")
     settings = load_settings("05_fedcsr", "quick")
-    cell_kwargs = {"dim": settings.dim, "rounds": settings.rounds, "patience": settings.patience,
-                   "local_epochs": settings.local_epochs, "lr": settings.lr, "batch_size": settings.batch_size,
-                   "seed": settings.seed}
-    method_kwargs = {m: {"rounds": settings.baseline_rounds} for m in X.BASELINES}
-    tables = T.all_tables(records, "quick", cell_kwargs, method_kwargs, datasets=list(settings.datasets))
-    full = tables["full_ranking"]
-    by_id = {r.config_hash: r for r in records}
-    ours = full[full["value_ours"].notna()]
-    recorded_full = [r for r in records if any(k.startswith("full/") for k in r.metrics)]
-    if not recorded_full:
-        pytest.skip("the quick runs predate the full ranking")
-    assert len(ours) > 0
-    for _, r in ours.iterrows():
-        (run_id,) = r["run_ids"].split(";")
-        assert r["value_ours"] == pytest.approx(100 * by_id[run_id].metrics[r["run_metric"]], rel=1e-12)
-    audit = tables["audit"]
-    test_selected = audit[audit["value_ours"].notna() & (audit["stat"] == T.AUDIT_STATS[1])]
-    assert len(test_selected) and test_selected["note"].str.contains("LOWER BOUND", regex=False).all()
+    cells = [X.cell(settings.dataset, variant=variant, dim=settings.dim, rounds=settings.rounds,
+                    patience=settings.rounds, lr=settings.lr, local_epochs=settings.local_epochs,
+                    batch_size=settings.batch_size, seed=settings.seed, platforms=settings.platforms or None)
+             for variant in settings.live_variants]
+    curves = T.curve_frame(records, cells)
+    for variant in settings.live_variants:
+        rounds = curves[(curves["method"] == variant) & (curves["series"] == "valid/MRR")]["round"]
+        assert sorted(rounds) == list(range(1, settings.rounds + 1)), variant
+    by_hash = {r.config_hash: r for r in records}
+    for config in cells:
+        metrics = by_hash[X.config_hash(config)].metrics
+        for domain in ("Food", "Kitchen"):
+            assert 0 < metrics[f"full/{domain}/test/MRR"] < metrics[f"{domain}/test/MRR"]
 
 
 def test_ablation_alpha_and_individual_mapping(root):
@@ -231,7 +226,7 @@ def test_table9_sets_fedcsr_beside_each_platform_when_its_run_recorded_them(root
     pooled = row(t9, domain="Food", method="FedCSR", setting="federated (all 10 platforms)", metric="MRR")
     assert pooled["value_ours"] == pytest.approx(4.0) and pooled["value_paper"] == 9.15
     fig = T.figure_individual(t9)
-    labels = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    labels = [text.get_text() for text in fig.legends[0].get_texts()]   # one legend below the panels
     assert labels == ["ours", "paper", "FedCSR on this platform (ours)"]
     assert len(fig.axes[0].patches) == bars_before // 2 * 3   # a third bar in every group
     plt.close("all")

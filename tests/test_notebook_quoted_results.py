@@ -92,13 +92,13 @@ MOVIE_BOOK_ABLATION = [  # (words in the prose, table, method row); Movie-Book r
 @pytest.mark.parametrize("words, table, method", MOVIE_BOOK_ABLATION)
 def test_movie_book_ablation_paragraph_quotes_the_recorded_mrr(words, table, method):
     movie, book = (_ours(table, method, d, dataset="Movie-Book") for d in ("Movie", "Book"))
-    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book ablation shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Movie-Book ablation shows")
     quoted = f"{words} {movie:.2f} / {book:.2f}"
     assert quoted in prose, f"notebook 05 should quote {quoted!r} (the recorded values)"
 
 
 def test_movie_book_ablation_paragraph_quotes_the_recomputed_change():
-    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book ablation shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Movie-Book ablation shows")
     change = [_ours("table4", "FedCSR (SCL + MCL)", d, "Movie-Book") - _ours("table4", "w/o SCL & MCL", d, "Movie-Book")
               for d in ("Movie", "Book")]
     assert f"change Movie by {change[0]:.2f} and Book by {change[1]:.2f}" in prose
@@ -151,7 +151,7 @@ def test_fedrkg_gpfedrec_lastfm_graph_sentence_quotes_the_recorded_graph_log():
 
 
 def test_movie_book_table2_paragraph_quotes_the_recorded_rows():
-    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book rows show")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Movie-Book rows show")
     big, small = ([_ours("table2", "FedCSR", d, "Movie-Book", dim=dim) for d in ("Movie", "Book")] for dim in (256, 64))
     assert f"n = 256: {big[0]:.2f} / {big[1]:.2f}" in prose
     assert f"At n = 64: {small[0]:.2f} / {small[1]:.2f}" in prose
@@ -180,7 +180,7 @@ def test_movie_book_table2_paragraph_quotes_the_recorded_run():
             and r.config.get("dim") == 256]
     assert runs, "no recorded FedCSR Movie-Book run at n = 256"
     run = runs[-1]
-    prose = _paragraph("05_fedcsr", "What the recorded Movie-Book rows show")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Movie-Book rows show")
     a5 = pd.read_csv(ROOT / "results" / "fedcsr" / "appendixA5.csv")
     a5 = a5[(a5.dataset == "Movie-Book") & (a5.method == "FedCSR") & (a5.dim == 256)]
     selected = int(a5[a5.metric == "communication rounds to converge"].value_ours.iloc[0])
@@ -199,7 +199,7 @@ def _alpha_sweep() -> pd.DataFrame:
 
 
 def test_alpha_sweep_paragraph_quotes_every_recorded_alpha():
-    prose = _paragraph("05_fedcsr", "What the recorded α sweep shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded α sweep shows")
     sweep = _alpha_sweep()
     alphas = sorted(sweep.alpha.unique())
     assert alphas == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]
@@ -210,7 +210,7 @@ def test_alpha_sweep_paragraph_quotes_every_recorded_alpha():
 
 
 def test_alpha_sweep_paragraph_states_the_recorded_peaks_spreads_and_gaps():
-    prose = _paragraph("05_fedcsr", "What the recorded α sweep shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded α sweep shows")
     sweep = _alpha_sweep()
     reported = sweep[sweep.value_paper.notna()]
     assert sorted(reported.alpha.unique()) == [0.1, 0.3, 0.5, 0.7], "the prose names the paper's four values"
@@ -275,7 +275,7 @@ def _hidden_sweep() -> pd.DataFrame:
 
 
 def test_hidden_size_paragraph_quotes_every_recorded_size():
-    prose = _paragraph("05_fedcsr", "What the recorded hidden-size sweep shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded hidden-size sweep shows")
     mrr = _hidden_sweep().query("metric == 'MRR'").pivot(index="factor", columns="domain", values="value_ours")
     assert list(mrr.index) == [0.25, 0.5, 1.0, 2.0, 4.0]
     for factor, row in mrr.iterrows():
@@ -288,7 +288,7 @@ def test_hidden_size_paragraph_quotes_every_recorded_size():
 
 def test_hidden_size_paragraph_states_where_two_n_is_best_and_the_selected_rounds():
     from fedlib.reporting import read_runs
-    prose = _paragraph("05_fedcsr", "What the recorded hidden-size sweep shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded hidden-size sweep shows")
     sweep = _hidden_sweep()
     table = sweep.pivot_table(index="factor", columns=["domain", "metric"], values="value_ours")
     best = table.idxmax()
@@ -327,7 +327,7 @@ def _main_fedcsr_runs():
 
 
 def test_table9_paragraph_quotes_the_pooled_rows_and_their_gaps():
-    prose = _paragraph("05_fedcsr", "What the recorded Table 9 shows")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Table 9 shows")
     t9 = _table9_mrr()
     pooled = {m: [float(t9[(t9.method == m) & (t9.domain == d) & ~t9.setting.str.startswith("platform")]
                         .value_ours.iloc[0]) for d in ("Food", "Kitchen")]
@@ -342,7 +342,7 @@ def test_table9_paragraph_quotes_the_pooled_rows_and_their_gaps():
 
 
 def test_table9_paragraph_counts_the_platforms_where_fedcsr_wins():
-    prose = " ".join(_paragraph("05_fedcsr", "What the recorded Table 9 shows").split())
+    prose = " ".join(_paragraph("appendix/05_fedcsr_appendix", "What the recorded Table 9 shows").split())
     t9 = _table9_mrr()
     per_platform = t9[t9.setting.str.startswith("platform")].assign(
         platform=lambda f: f.setting.str.removeprefix("platform ").astype(int))
@@ -378,7 +378,7 @@ def test_table9_paragraph_counts_the_platforms_where_fedcsr_wins():
 
 
 def test_table9_paragraph_quotes_the_two_runs_of_the_same_cell():
-    prose = " ".join(_paragraph("05_fedcsr", "What the recorded Table 9 shows").split())
+    prose = " ".join(_paragraph("appendix/05_fedcsr_appendix", "What the recorded Table 9 shows").split())
     runs = _main_fedcsr_runs()
     assert len(runs) == 2 and runs[0].commit != runs[1].commit, "the prose says twice, at two commits"
     first, latest = ([100 * r.metrics[f"{d}/test/MRR"] for d in ("Food", "Kitchen")] for r in runs)
@@ -394,7 +394,7 @@ def test_table9_paragraph_quotes_the_two_runs_of_the_same_cell():
 
 def test_food_kitchen_table2_paragraph_quotes_the_recorded_rows_and_run():
     from fedlib.reporting import read_runs
-    prose = _paragraph("05_fedcsr", "What the recorded Food-Kitchen rows show")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "What the recorded Food-Kitchen rows show")
     big, small = ([_ours("table2", "FedCSR", d, dim=dim) for d in ("Food", "Kitchen")] for dim in (256, 64))
     assert f"n = 256: {big[0]:.2f} / {big[1]:.2f}" in prose and f"At n = 64: {small[0]:.2f} / {small[1]:.2f}" in prose
     assert f"adds {big[0] - small[0]:.2f} / {big[1] - small[1]:.2f} points" in prose
@@ -425,7 +425,7 @@ def test_food_kitchen_table2_paragraph_quotes_the_recorded_rows_and_run():
 def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
     import fedlib.experiments.fedcsr as X
     from fedlib.experiments import grid
-    prose = _paragraph("05_fedcsr", "The paper-profile grid is recorded in full")
+    prose = _paragraph("appendix/05_fedcsr_appendix", "The paper-profile grid is recorded in full")
     cells = grid.unique_cells(c for part in X.PARTS for c in X.grid_cells(part))
     assert f"all {len(cells)} cells" in prose
     assert grid.pending_cells("fedcsr", "paper", cells) == [], "the prose says every cell is recorded"

@@ -93,7 +93,7 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "VERSION", "DATASETS", "METHODS", "BASELINES", "VARIANTS", "ALPHAS", "HIDDEN_FACTORS", "SMALL_DIM",
     "MAIN_DIM", "ROUNDS", "PATIENCE", "SAMPLED_NEGATIVES", "TIES_AGAINST_PREFIX", "PARTS", "cell", "method_cell",
-    "method_label", "dataset_label", "load_split", "checkpointable", "CHECKPOINT_EVERY_S",
+    "method_label", "dataset_label", "load_split", "largest_platforms", "random_ranking_mrr", "constant_score_audit", "checkpointable", "CHECKPOINT_EVERY_S",
     "fedcsr_configs", "run_cell", "grid_cells", "unique_cells", "run_grid", "run_cells", "main", "config_hash",
 ]
 
@@ -159,7 +159,7 @@ def cell(dataset: str, method: str = "FedCSR", *, variant: str = "FedCSR", dim: 
          alpha: float = 0.3, rounds: Optional[int] = None, patience: int = PATIENCE, seed: int = 0,
          lr: float = LR, local_epochs: int = 3, batch_size: int = 256, maxlen: int = 15,
          num_negatives: Optional[int] = None, sampled_negatives: Optional[int] = -1,
-         scl_hidden_factor: float = 2.0) -> Dict[str, Any]:
+         scl_hidden_factor: float = 2.0, platforms: Optional[int] = None) -> Dict[str, Any]:
     """One run of the grid as a plain dict.
 
     Args:
@@ -175,6 +175,9 @@ def cell(dataset: str, method: str = "FedCSR", *, variant: str = "FedCSR", dim: 
         num_negatives: negatives per evaluation row; default 999 (real data) or 20 (synthetic).
         sampled_negatives: training softmax over the target and this many shared negatives;
             ``None`` = full softmax; default (-1): :data:`SAMPLED_NEGATIVES` on real data, full on synthetic.
+        platforms: keep only this many platforms, the ones with the most training sequences
+            (:func:`largest_platforms`; their own valid and test users only); ``None`` = all 10.
+            A smaller federation that learns in a few rounds (the lesson's live run).
     """
     if dataset not in DATASETS and dataset != "synthetic":
         raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(DATASETS)} or 'synthetic'")
@@ -215,6 +218,10 @@ def cell(dataset: str, method: str = "FedCSR", *, variant: str = "FedCSR", dim: 
                               "sampled_negatives": None if sampled_negatives is None else int(sampled_negatives)}
     if not scl_hidden_factor > 0:
         raise ValueError(f"scl_hidden_factor must be > 0, got {scl_hidden_factor!r}")
+    if platforms is not None:            # absent by default: the grid's cells keep their keys (and cache hashes)
+        if isinstance(platforms, bool) or not isinstance(platforms, (int, np.integer)) or platforms < 1:
+            raise ValueError(f"platforms must be None (all) or a positive integer, got {platforms!r}")
+        config["platforms"] = int(platforms)
     if fedcsr_family:
         config["alpha"] = float(alpha)
         if float(scl_hidden_factor) != 2.0:      # keep the default cells' keys (and cache hashes) unchanged
@@ -257,6 +264,63 @@ def load_split(dataset: str, num_negatives: int = REAL_NEGATIVES, seed: int = 0)
         return cross_domain_sequences(num_users=120, items_a=30, items_b=30, topics=4, num_negatives=num_negatives,
                                       seed=seed)
     return protocol.build(DATASETS[dataset], num_negatives=num_negatives, seed=seed)
+
+
+def largest_platforms(split, count: int):
+    """``split`` restricted to its ``count`` platforms with the most training sequences.
+
+    The kept platforms keep their training, validation and test rows (in their original order);
+    the other platforms' users leave the federation entirely, so evaluation covers the kept
+    platforms' own held-out users only.
+
+    Raises:
+        ValueError: ``count`` is not between 1 and the number of platforms.
+    """
+    total = len(split.platforms)
+    if not 1 <= int(count) <= total:
+        raise ValueError(f"count must be between 1 and the split's {total} platforms, got {count!r}")
+    sizes = np.asarray([len(rows) for rows in split.platforms])
+    keep = np.sort(np.argsort(-sizes, kind="stable")[:int(count)])             # platform indices, original order
+    extra = dict(split.extra)
+    for role in ("valid", "test"):
+        extra[f"{role}_platforms"] = tuple(split.extra[f"{role}_platforms"][k] for k in keep)
+    extra["kept_platforms"] = tuple(int(k) for k in keep)
+    return dataclasses.replace(split, platforms=tuple(split.platforms[k] for k in keep), extra=extra)
+
+
+def random_ranking_mrr(num_candidates: int) -> float:
+    """Expected MRR of a ranking that places the ground truth uniformly among ``num_candidates``
+    (1 GT + negatives): ``(1/C) Σ_{r=1..C} 1/r``; 0.0075 for the paper's 1 + 999 candidates."""
+    if isinstance(num_candidates, bool) or int(num_candidates) < 1:
+        raise ValueError(f"num_candidates must be a positive integer, got {num_candidates!r}")
+    return float(np.mean(1.0 / np.arange(1, int(num_candidates) + 1)))
+
+
+def constant_score_audit(split, tie_rules: Sequence[str] = ("optimistic", "code", "pessimistic")) -> pd.DataFrame:
+    """Test MRR per domain of a model that gives every candidate the **same** score, per tie rule.
+
+    The model is a FedCSR model whose prediction layers are zero (weights and biases), so every
+    candidate of every row scores 0 and the ground truth ties with all 999 negatives. The public
+    code's rule (``s_neg > s_gt + 1e-5``, ``"code"``) and ``"optimistic"`` rank it first; ``"pessimistic"``
+    last. Returns one row per tie rule: ``tie rule``, ``<domain> MRR`` (fractions), ``candidates``.
+    """
+    from fedlib.methods.fedcsr import FedCSRModel
+    from fedlib.methods.fedcsr_train import platform_graphs
+
+    torch.manual_seed(0)
+    model = FedCSRModel(split.num_items_a, split.num_items_b, FedCSRConfig(dim=8, dropout=0.0))
+    with torch.no_grad():
+        for head in (model.head_a, model.head_b):
+            head.weight.zero_()
+            head.bias.zero_()
+    graphs = platform_graphs(split)
+    names = split.extra.get("domain_names", ("A", "B"))
+    rows = []
+    for rule in tie_rules:
+        scores = evaluate_sequences(model, split, "test", graphs, tie_rule=rule)
+        rows.append({"tie rule": rule, **{f"{d} MRR": scores[d]["MRR"] for d in names},
+                     "candidates": int(np.asarray(split.test_candidates).shape[1])})
+    return pd.DataFrame(rows)
 
 
 def centralized_split(split):
@@ -331,6 +395,8 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         checkpointer = None
     started = time.perf_counter()
     split = load_split(config["dataset"], config["num_negatives"], config["seed"])
+    if config.get("platforms") is not None:
+        split = largest_platforms(split, config["platforms"])
     method = config["method"]
     if method in ("FedCSR", "Individual", "Centralized"):
         model_config, train_config = fedcsr_configs(config, device)

@@ -808,11 +808,43 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["dataset", "method", "dim", "seed", "round", "series", "value"])
 
 
+def with_flags(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with a ``flags`` column for :func:`fedlib.reporting.paper_grid`: ``substitute``
+    where our value comes from the substitute split (its note says SUBSTITUTE), ``one_seed`` where
+    it rests on one seed; empty where we have no value."""
+    notes = frame["note"].fillna("").astype(str) if "note" in frame else pd.Series("", index=frame.index)
+    seeds = frame["n_seeds"] if "n_seeds" in frame else pd.Series(np.nan, index=frame.index)
+    has_value = frame["value_ours"].notna()
+    flags = [";".join(f for f, on in (("substitute", "SUBSTITUTE" in note), ("one_seed", n == 1)) if on) if value else ""
+             for note, n, value in zip(notes, seeds, has_value)]
+    return frame.assign(flags=flags)
+
+
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
+
+
+def series_style(index: int) -> Dict[str, Any]:
+    """Colour, line style and marker of the ``index``-th line of a figure.
+
+    Colours cycle through the 10 of ``tab10``; the line style changes with every cycle and the
+    marker with every line, so the 11th line differs from the 1st in two ways, never zero
+    (Figure 3 has 12 lines).
+    """
+    import matplotlib.pyplot as plt
+
+    colours = plt.get_cmap("tab10").colors
+    return {"color": colours[index % len(colours)], "linestyle": LINE_STYLES[(index // len(colours)) % len(LINE_STYLES)],
+            "marker": MARKERS[index % len(MARKERS)]}
+
+
 def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper", metric: str = "MRR",
-                  role: str = "valid"):
+                  role: str = "valid", random_level: Optional[float] = None, title: Optional[str] = None):
     """Figure 3 from :func:`curve_frame`: ``role`` ``metric`` (percent, seed mean) per round, one
     panel per domain (``"<domain>/<role>/<metric>"``; the mean over domains when no domain series
-    exists), one line per (method, n). Returns ``None`` without points."""
+    exists), one line per (method, n), each with its own colour/line-style/marker combination
+    (:func:`series_style`) and one legend beside the panels. ``random_level`` (a fraction, e.g.
+    the MRR of a random ranking) draws a grey reference line. Returns ``None`` without points."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -823,18 +855,26 @@ def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
     panels = [(d, f"{d}{suffix}") for d in domains] or [("mean over domains", f"{role}/{metric}")]
     if not frame["series"].isin([s for _, s in panels]).any():
         return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.5), squeeze=False)
-    for ax, (title, series) in zip(axes[0], panels):
+    lines = list(dict.fromkeys(zip(frame["method"], frame["dim"])))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 2.6, 3.6), squeeze=False)
+    for ax, (panel_title, series) in zip(axes[0], panels):
         part = frame[frame["series"] == series]
-        for (method, dim), line in part.groupby(["method", "dim"], sort=False):
+        for index, (method, dim) in enumerate(lines):
+            line = part[(part["method"] == method) & (part["dim"] == dim)]
+            if line.empty:
+                continue
             line = line.groupby("round", as_index=False)["value"].mean()
-            ax.plot(line["round"], 100.0 * line["value"], marker=".", label=f"{method} (n={dim})")
-        ax.set_title(title)
+            ax.plot(line["round"], 100.0 * line["value"], markersize=4, label=f"{method} (n={dim})",
+                    **series_style(index))
+        if random_level is not None:
+            ax.axhline(100.0 * random_level, color="0.5", linestyle=":", linewidth=1.2, label="random ranking")
+        ax.set_title(panel_title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("communication round")
         ax.set_ylabel(f"{role} {metric} (%)")
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"FedCSR · Figure 3: {role} {metric} over communication rounds")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.suptitle(title or f"FedCSR · Figure 3: {role} {metric} over communication rounds")
     fig.tight_layout()
     return _save(fig, name, profile)
 
@@ -923,7 +963,9 @@ def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profil
         _grouped_bars(ax, groups, series, errors)
         ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
         ax.set_ylabel(f"test {metric} (%)")
-    axes[0][0].legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()      # below the panels: no bar is hidden
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
+               frameon=False)
     fig.suptitle("FedCSR · Figure 4: individual training (p#) vs FedCSR")
     fig.tight_layout()
     return _save(fig, name, profile)
