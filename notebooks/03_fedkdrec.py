@@ -139,8 +139,10 @@ print("Table 5, dataset statistics: ours (paper); '—' = needs download")
 print(paper_grid(statistics, rows="dataset", columns="metric", decimals=2, styled=False).to_string())
 
 # %%
-for name in ("ml-1m", "amazon-industrial"):
-    print(f"{name}: {dataset_status(name)}")
+for name in ("ml-1m", "amazon-industrial"):  # the paper's other two datasets
+    status = dataset_status(name)
+    print(f"{name}: {status} in the data root -> needs download; its cells read '— (paper)'"
+          if status != "complete" else f"{name}: complete")
 
 # %% [markdown]
 # ## 2. The method from its equations
