@@ -19,7 +19,7 @@ PAPER_LESSONS = [nb for nb in LESSONS if not nb.stem.startswith("00_")]
 # Lessons still being rewritten from reproduction reports into lessons. A lesson leaves this
 # set in the change that converts it; strict xfail makes a converted lesson that is still
 # listed here fail, so the set cannot go stale.
-PENDING: set[str] = {"01_fedrkg"}
+PENDING: set[str] = set()
 
 SECTIONS = [  # (what the heading must say, regex) in the lesson order
     ("the problem and the setting", r"^# ## .*(problem|setting)"),

@@ -126,49 +126,76 @@ def convergence_gains(results: Sequence[Mapping[str, Any]], interval: int, round
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=GAIN_COLUMNS)
 
 
-def _annotate_steps(ax, gains: pd.DataFrame, colors: Mapping[str, Any], label_method: Optional[str]) -> None:
+def _annotate_steps(ax, gains: pd.DataFrame, colors: Mapping[str, Any], label_method: Optional[str],
+                    min_points: float = 0.5, min_gap: float = 0.08) -> None:
     """Mark each guided curve's evaluation before (○) and after (▲) every guidance round, joined by
-    its step; print the step of ``label_method`` (points of the metric × 100) above it."""
-    for _, g in gains[gains["guided"]].iterrows():
+    its step; print the step of ``label_method`` (points of the metric × 100) above it.
+
+    A label is printed only for a step of at least ``min_points`` points and at least ``min_gap``
+    (a fraction of the x range) right of the previous label, so labels never overlap; the
+    unlabelled steps are in :func:`convergence_gains`.
+    """
+    if gains.empty or "round_after" not in gains:
+        return
+    x_range = max(1.0, float(gains["round_after"].max() - gains["round_before"].min()))
+    last_label_x = None
+    for _, g in gains[gains["guided"]].sort_values("round_after").iterrows():
         color = colors.get(g["method"], "black")
         ax.plot([g["round_before"], g["round_after"]], [g["value_before"], g["value_after"]], color=color, lw=1.6)
         ax.plot(g["round_before"], g["value_before"], "o", mfc="white", mec=color, ms=3.5)
         ax.plot(g["round_after"], g["value_after"], "^", color=color, ms=3.5)
-        if g["method"] == label_method:
-            ax.annotate(f"{100 * g['gain']:+.1f}", (g["round_after"], max(g["value_before"], g["value_after"])),
-                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=6, color=color)
+        step = 100 * g["gain"]
+        far_enough = last_label_x is None or g["round_after"] - last_label_x >= min_gap * x_range
+        if g["method"] == label_method and abs(step) >= min_points and far_enough:
+            ax.annotate(f"{step:+.1f}", (g["round_after"], max(g["value_before"], g["value_after"])),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7, color=color)
+            last_label_x = g["round_after"]
 
 
 def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, rounds: Optional[int] = None,
                        methods: Sequence[str] = CONVERGENCE_METHODS, metric: str = "Recall@10"):
-    """Figure 4: test ``metric`` per evaluation, one panel per sampler; grey lines = guidance rounds.
+    """Figure 4: test ``metric`` per evaluation, one panel per sampler (rows) and dataset (columns).
 
-    Only runs at the guidance ``interval`` given (or methods without one) are drawn. At every
-    guidance round each guided curve (:data:`GUIDED_LABELS`) is marked at its evaluation just
-    before (○) and just after (▲) the guidance, and FedRKG's step is written above it in points
-    (×100); :func:`convergence_gains` returns the same steps for every curve.
+    Colour = method (one legend for the figure); grey lines = guidance rounds. Only runs at
+    the guidance ``interval`` given (or methods without one) are drawn. At every guidance round
+    each guided curve (:data:`GUIDED_LABELS`) is marked at its evaluation just before (○) and
+    just after (▲) the guidance, and FedRKG's larger steps (≥ 0.5 points) are written above it;
+    :func:`convergence_gains` returns every step of every curve.
     """
     curves = _convergence_curves(results, interval, methods, metric)
     if curves.empty:
         return None
     samplers = [s for s in ("leaky", "correct") if s in set(curves["sampler"])]
+    datasets = list(dict.fromkeys(curves["dataset"]))
     drawn = [m for m in methods if m in set(curves["method"])]
-    colors = dict(zip(drawn, sns.color_palette(n_colors=len(drawn))))
-    fig, axes = plt.subplots(1, len(samplers), figsize=(5.5 * len(samplers), 3.6), squeeze=False)
-    for ax, sampler in zip(axes[0], samplers):
-        part = curves[curves["sampler"] == sampler]
-        sns.lineplot(data=part, x="round", y="value", hue="method", style="dataset", palette=colors,
-                     hue_order=[m for m in drawn if m in set(part["method"])], ax=ax)
-        scheduled = guidance_rounds(rounds or int(part["round"].max()), interval)
-        for t in scheduled:
-            ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
-        label_method = next((m for m in GUIDED_LABELS if m in set(part["method"])), None)
-        _annotate_steps(ax, step_gains(part, scheduled), colors, label_method)
-        ax.set_title(f"{sampler} sampler"), ax.set_ylabel(f"test {metric}")
-        if ax.get_legend() is not None:
-            ax.legend(fontsize=7)
-    fig.suptitle(f"Convergence (grey lines: guidance every {interval} rounds; ○ → ▲: the evaluations around it)")
-    fig.tight_layout()
+    colors = dict(zip(drawn, sns.color_palette("tab10", n_colors=len(drawn))))
+    fig, axes = plt.subplots(len(samplers), len(datasets), figsize=(4.2 * len(datasets) + 1.6, 3.0 * len(samplers)),
+                             squeeze=False)
+    for row, sampler in enumerate(samplers):
+        for col, dataset in enumerate(datasets):
+            ax = axes[row][col]
+            part = curves[(curves["sampler"] == sampler) & (curves["dataset"] == dataset)]
+            if part.empty:
+                ax.set_axis_off()
+                continue
+            for method in [m for m in drawn if m in set(part["method"])]:
+                line = part[part["method"] == method].sort_values("round")
+                ax.plot(line["round"], 100 * line["value"], color=colors[method], lw=1.2, label=method)
+            scheduled = guidance_rounds(rounds or int(part["round"].max()), interval)
+            for t in scheduled:
+                ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
+            label_method = next((m for m in GUIDED_LABELS if m in set(part["method"])), None)
+            gains = step_gains(part, scheduled)
+            gains[["value_before", "value_after"]] *= 100  # drawn in percent
+            _annotate_steps(ax, gains, colors, label_method)
+            ax.set_title(f"{dataset}, {sampler} sampler", fontsize=10)
+            ax.set_xlabel("round")
+            ax.set_ylabel(f"test {metric} (%)" if col == 0 else "")
+    handles = [plt.Line2D([], [], color=colors[m], lw=2) for m in drawn]
+    fig.legend(handles, drawn, title="method", loc="center right", fontsize=8, title_fontsize=9, frameon=False)
+    fig.suptitle(f"Figure 4, convergence: grey lines = guidance every {interval} rounds; "
+                 "○ → ▲ = the evaluations around it, FedRKG's step in points")
+    fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
     return fig
 
 
@@ -206,7 +233,9 @@ def figure2(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "
     for t in scheduled:
         ax.axvline(t, color="grey", lw=0.5, alpha=0.4)
     _annotate_steps(ax, gains, colors, "Knowledge Guidance")
-    ax.set_ylabel(f"test {metric}"), ax.set_title(f"{dataset}, {sampler} sampler")
+    ax.set_xlabel("round"), ax.set_ylabel(f"test {metric} (fraction of users)")
+    ax.set_title(f"Figure 2: the knowledge dilemma ({dataset}, {sampler} sampler)", fontsize=10)
+    ax.legend(title="method", fontsize=8)
     return fig
 
 
@@ -220,9 +249,13 @@ def interval_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler:
     if curves.empty:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
-    sns.lineplot(data=curves.drop_duplicates(["interval", "round"]), x="round", y="value", hue="interval",
-                 palette="viridis", ax=ax)
-    ax.set_ylabel(f"test {metric}"), ax.set_title(f"{dataset}, {sampler} sampler: guidance interval")
+    shown = curves.drop_duplicates(["interval", "round"])
+    order = sorted(set(shown["interval"]))
+    sns.lineplot(data=shown, x="round", y="value", hue="interval", hue_order=order,
+                 palette=dict(zip(order, sns.color_palette("tab10", n_colors=len(order)))), ax=ax)
+    ax.legend(title="$T_{int}$ (rounds)", fontsize=8)
+    ax.set_xlabel("round"), ax.set_ylabel(f"test {metric} (fraction of users)")
+    ax.set_title(f"Figure D.1: guidance interval, w/o AG ({dataset}, {sampler} sampler)", fontsize=10)
     return fig
 
 
@@ -247,6 +280,9 @@ def sensitivity_frame(results: Sequence[Mapping[str, Any]], dataset: str, sample
     return pd.DataFrame(rows, columns=["parameter", "value", "score"]).drop_duplicates(["parameter", "value"])
 
 
+SENSITIVITY_LABELS = {"gate_lr": "gate learning rate", "beta": "retention β", "interval": "guidance interval $T_{int}$ (rounds)"}
+
+
 def sensitivity_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
                        metric: str = "Recall@10"):
     """Figure D.2: one panel per hyperparameter (log-x for gate lr and ``T_int``)."""
@@ -260,8 +296,8 @@ def sensitivity_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampl
         ax.plot(part["value"], part["score"], marker="o")
         if name in ("gate_lr", "interval"):
             ax.set_xscale("log")
-        ax.set_xlabel(name), ax.set_ylabel(f"test {metric} (%)")
-    fig.suptitle(f"Sensitivity, {dataset}, {sampler} sampler")
+        ax.set_xlabel(SENSITIVITY_LABELS[name]), ax.set_ylabel(f"test {metric} (%)")
+    fig.suptitle(f"Figure D.2: sensitivity of FedRKG ({dataset}, {sampler} sampler)")
     fig.tight_layout()
     return fig
 
@@ -275,6 +311,8 @@ def warm_cold_figure(frame: pd.DataFrame):
     grid = sns.catplot(data=frame, x="metric", y="value", hue="method · group", col="sampler", kind="bar",
                        palette="Paired", height=3.2, aspect=1.3, errorbar=None, **by_dataset)
     grid.set_ylabels("score (%)")
+    grid.set_titles(**({"template": "{row_name}, {col_name} sampler"} if by_dataset else {"col_template": "{col_name} sampler"}))
+    grid.figure.suptitle("Figure 5: warm vs cold users (top / bottom 30 % by interactions)", y=1.02)
     return grid.figure
 
 
@@ -292,19 +330,33 @@ def trace_frame(results: Sequence[Mapping[str, Any]], dataset: str) -> pd.DataFr
 
 
 def trace_figure(trace: pd.DataFrame):
-    """Never-sampled share, median test-item rank and rank-1 share per round (the audit)."""
+    """Never-sampled share, median test-item rank and rank-1 share per round (the audit).
+
+    Colour = method, line style = sampler; one legend for the figure.
+    """
     if trace.empty:
         return None
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    sns.lineplot(data=trace, x="round", y="never_sampled_fraction", hue="method", style="sampler", ax=axes[0])
-    axes[0].set_ylabel("candidates never sampled (share)")
+    methods = list(dict.fromkeys(trace["method"]))
+    colors = dict(zip(methods, sns.color_palette("tab10", n_colors=len(methods))))
+    styles = {"leaky": "-", "correct": "--"}
+    fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     ranked = trace.dropna(subset=["test_rank_median"])
-    sns.lineplot(data=ranked, x="round", y="test_rank_median", hue="method", style="sampler", ax=axes[1],
-                 marker="o", legend=False)
-    axes[1].set_yscale("log"), axes[1].set_ylabel("median rank of the test item")
-    sns.lineplot(data=ranked, x="round", y="test_rank1_share", hue="method", style="sampler", ax=axes[2],
-                 marker="o", legend=False)
-    axes[2].set_ylabel("users with the test item at rank 1")
+    panels = [(trace, "never_sampled_fraction", "candidates never sampled\nas a negative (share)", None),
+              (ranked, "test_rank_median", "median rank of the test item\n(1 = top, log scale)", "o"),
+              (ranked, "test_rank1_share", "users with the test item\nat rank 1 (share)", "o")]
+    for ax, (frame, column, label, marker) in zip(axes, panels):
+        for (method, sampler), line in frame.groupby(["method", "sampler"], sort=False):
+            line = line.sort_values("round")
+            ax.plot(line["round"], line[column], color=colors[method], ls=styles.get(sampler, ":"),
+                    marker=marker, ms=3)
+        ax.set_xlabel("round"), ax.set_ylabel(label, fontsize=9)
+    axes[1].set_yscale("log")
+    handles = ([plt.Line2D([], [], color=colors[m], lw=2, label=m) for m in methods]
+               + [plt.Line2D([], [], color="black", ls=styles[s], label=f"{s} sampler")
+                  for s in styles if s in set(trace["sampler"])])
+    fig.legend(handles=handles, loc="center right", fontsize=8, frameon=False)
+    fig.suptitle("The audit: negatives sampled, and where the test item ranks")
+    fig.tight_layout(rect=(0, 0, 0.87, 1))
     return fig
 
 
