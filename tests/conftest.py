@@ -35,11 +35,22 @@ def isolated_data_env(monkeypatch, xdg_cache):
     download._FAILED_URLS.clear()
 
 
+def missing_data(message: str) -> None:
+    """Skip a test whose data is absent, except in CI (``CI=true``), where that is a failure.
+
+    CI runs beside the shared data root; a missing root or dataset there means the
+    checkout or the data layout is broken, and skipping would hide it.
+    """
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"{message} (CI=true: a missing data root is an error, not a skip)")
+    pytest.skip(message)
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     root = data_root()
     if not root.is_dir():
-        pytest.skip(f"data root {root} not found: set FEDLIB_DATA to the folder holding the raw datasets")
+        missing_data(f"data root {root} not found: set FEDLIB_DATA to the folder holding the raw datasets")
     return root
 
 

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import data_root
+from conftest import data_root, missing_data
 
 from fedlib.data import download
 from fedlib.data.download import download_dataset, resolve_file, verify_file
@@ -49,7 +49,7 @@ def online(monkeypatch):
 def reference_root() -> Path:
     root = data_root()
     if not (root / "ml-1m").is_dir():
-        pytest.skip(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
+        missing_data(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
     return root
 
 

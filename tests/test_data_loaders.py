@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import data_root
+from conftest import data_root, missing_data
 
 from fedlib.data import download
 from fedlib.data.loaders import (
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.usefixtures("isolated_data_env")  # offline, private ca
 def root() -> Path:
     path = data_root()
     if not (path / "ml-100k").is_dir():
-        pytest.skip(f"reference data collection not found at {path} (set FEDLIB_DATA to it)")
+        missing_data(f"reference data collection not found at {path} (set FEDLIB_DATA to it)")
     return path
 
 

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import data_root
+from conftest import data_root, missing_data
 
 from fedlib.data import cli as data_cli
 from fedlib.data import download
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("isolated_data_env")  # offline, private ca
 def reference_root() -> Path:
     root = data_root()
     if not (root / "manifest.json").is_file():
-        pytest.skip(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
+        missing_data(f"reference data collection not found at {root} (set FEDLIB_DATA to it)")
     return root
 
 

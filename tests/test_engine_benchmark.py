@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import missing_data
 
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engine_speed.py"
 
@@ -13,7 +14,7 @@ BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "engine_spee
 @pytest.mark.slow
 def test_engine_benchmark_json(shared_data, capsys, monkeypatch):
     if not (shared_data / "ml-100k" / "u.data").exists():
-        pytest.skip("ml-100k/u.data not in the data root")
+        missing_data("ml-100k/u.data not in the data root")
     monkeypatch.setenv("FEDLIB_DATA", str(shared_data))
     spec = importlib.util.spec_from_file_location("engine_speed", BENCHMARK)
     module = importlib.util.module_from_spec(spec)

@@ -15,6 +15,7 @@ from fedlib.engine.plan import round_generator, select_clients
 from fedlib.methods.fedpergnn import (GNN_NAMES, FedPerGNNConfig, ThirdParty, client_noise, client_upload, clip_rows,
                                       gat_layer, train_fedpergnn)
 from fedlib.metrics.ranking import candidate_set_metrics
+from conftest import missing_data
 
 torch.set_num_threads(1)  # other experiments share this machine
 
@@ -238,7 +239,7 @@ def test_ledger_records_only_selected_clients(planted):
 # ------------------------------------------------------------------------------ real data
 def test_ml100k_two_rounds(shared_data):
     if not (shared_data / "ml-100k" / "u.data").exists():
-        pytest.skip("ml-100k not in the data root")
+        missing_data("ml-100k not in the data root")
     split = fedkdrec.build("ml-100k", root=shared_data)
     calls = []
     run = train_fedpergnn(split, FedPerGNNConfig(rounds=2, eval_every=1),

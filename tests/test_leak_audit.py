@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from conftest import data_root
+from conftest import data_root, missing_data
 from fedlib.data.protocols import fedrkg
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
@@ -216,10 +216,10 @@ def test_engine_hook_replays_the_plans_and_shows_the_leak():
 LASTFM_DIR = data_root() / "hetrec2011-lastfm-2k"
 
 
-@pytest.mark.skipif(not (LASTFM_DIR / "user_taggedartists.dat").is_file(),
-                    reason=f"LastFM-2K raw file {LASTFM_DIR / 'user_taggedartists.dat'} not found "
-                           "(set FEDLIB_DATA to the folder holding hetrec2011-lastfm-2k/)")
 def test_lastfm_duplicate_pairs():
+    if not (LASTFM_DIR / "user_taggedartists.dat").is_file():
+        missing_data(f"LastFM-2K raw file {LASTFM_DIR / 'user_taggedartists.dat'} not found "
+                     "(set FEDLIB_DATA to the folder holding hetrec2011-lastfm-2k/)")
     table = lastfm_duplicate_leak(data_root()).set_index("construction")
     project = table.loc["fedrkg protocol (tag_assignments)"]
     reference = table.loc["reference code (rebuilt)"]

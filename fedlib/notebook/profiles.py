@@ -33,7 +33,7 @@ PROFILES = ("smoke", "quick", "paper")
 DEFAULT_PROFILE = "quick"
 PROFILE_DESCRIPTIONS = {
     "smoke": "seconds on synthetic or tiny data; exercises every code path (tests, CI)",
-    "quick": "the default: real data, a documented subset of the grid, <= 15 min on 2 CPU cores",
+    "quick": "the default: real data, a documented subset of the grid, <= 8 min per lesson on 2 CPU cores",
     "paper": "the paper's reported configurations; writes results/<paper>/ (hours, resumable)",
 }
 
