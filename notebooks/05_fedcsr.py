@@ -37,8 +37,8 @@
 # recommendation, contrastive losses). Background: self-attention sequence models (SASRec),
 # softmax cross-entropy, cosine similarity.
 #
-# **Time.** smoke: under 1 minute; quick (the default): about 5 minutes on 2 idle CPU cores
-# (two live runs of under 2 minutes each); paper: the recorded grid (46 runs of up to 20 rounds,
+# **Time.** smoke: under 1 minute; quick (the default): about 3 minutes on 2 idle CPU cores
+# (two live runs of under 2 minutes each, exercises included); paper: the recorded grid (46 runs of up to 20 rounds,
 # each trained once on one thread), read from `results/fedcsr/`, not re-run here.
 #
 # **Glossary.**
@@ -358,7 +358,7 @@ domains = fedcsr_result["extra"]["domains"]
 live_mrr = {variant: float(np.mean([result["metrics"][f"{d}/test/MRR"] for d in domains]))
             for variant, result in (("FedCSR", fedcsr_result), ("w/o SCL & MCL", plain_result))}
 summary = pd.DataFrame({"test MRR (selected round)": live_mrr,
-                        "x random": {k: v / random_mrr for k, v in live_mrr.items()}})
+                        "x random": {k: v / random_mrr for k, v in live_mrr.items()}}).rename_axis("variant")
 fnb.show(summary, f"Live test MRR, mean over domains; random ranking = {random_mrr:.4f}", decimals=4)
 fnb.record("live_mrr", {**live_mrr, "random": random_mrr, "rounds": int(settings.rounds)})
 
