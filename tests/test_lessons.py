@@ -61,7 +61,7 @@ def test_front_matter(nb):
     objectives = _section(front, r"^# #+ .*Learning objectives|\*\*Learning objectives")
     assert 3 <= len(re.findall(r"^# (\d+\.|-|\*) ", objectives, re.M)) <= 5, "3-5 learning objectives"
     if nb in PAPER_LESSONS:
-        assert re.search(r"https?://(doi\.org|arxiv\.org|dl\.acm\.org|ieeexplore|link\.springer|www\.)", front), \
+        assert re.search(r"https?://(doi\.org|arxiv\.org|openreview\.net|aclanthology\.org|dl\.acm\.org|ieeexplore|link\.springer|www\.)", front), \
             f"{nb.stem}: the citation needs a DOI, arXiv or publisher link"
 
 

@@ -169,8 +169,8 @@ def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, roun
     datasets = list(dict.fromkeys(curves["dataset"]))
     drawn = [m for m in methods if m in set(curves["method"])]
     colors = dict(zip(drawn, sns.color_palette("tab10", n_colors=len(drawn))))
-    fig, axes = plt.subplots(len(samplers), len(datasets), figsize=(4.2 * len(datasets) + 1.6, 3.0 * len(samplers)),
-                             squeeze=False)
+    width = max(8.0, 4.2 * len(datasets) + 1.6)  # room for the two-line title and the legend
+    fig, axes = plt.subplots(len(samplers), len(datasets), figsize=(width, 3.0 * len(samplers) + 0.6), squeeze=False)
     for row, sampler in enumerate(samplers):
         for col, dataset in enumerate(datasets):
             ax = axes[row][col]
@@ -193,8 +193,8 @@ def convergence_figure(results: Sequence[Mapping[str, Any]], interval: int, roun
             ax.set_ylabel(f"test {metric} (%)" if col == 0 else "")
     handles = [plt.Line2D([], [], color=colors[m], lw=2) for m in drawn]
     fig.legend(handles, drawn, title="method", loc="center right", fontsize=8, title_fontsize=9, frameon=False)
-    fig.suptitle(f"Figure 4, convergence: grey lines = guidance every {interval} rounds; "
-                 "○ → ▲ = the evaluations around it, FedRKG's step in points")
+    fig.suptitle(f"Figure 4, convergence: grey lines = guidance every {interval} rounds;\n"
+                 "○ → ▲ = the evaluations around it, FedRKG's step in points", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1 - 1.5 / fig.get_figwidth(), 1))
     return fig
 
