@@ -387,7 +387,7 @@ print(rounds.iloc[:: max(1, len(rounds) // 6)].round(2).to_string(index=False))
 # %%
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.6))
 left.fill_between(rounds["round"], rounds["smallest ω·C"], rounds["largest ω·C"], alpha=0.3, label="range over clients")
-left.axhline(1.0, color="black", lw=1, ls="--", label="uniform (−c)")
+left.axhline(1.0, color="black", lw=1, ls="--", label="uniform (ω = 1/C)")
 left.set(title="teacher weight × clients, per round", xlabel="round", ylabel="ω·C (1 = uniform)")
 left.legend()
 right.plot(rounds["round"], rounds["effective teachers"], label=r"effective teachers $e^{H(\omega)}$")
