@@ -104,7 +104,7 @@ from fedlib.reporting import deviations, paper_grid, read_runs, recorded_or_none
 PAPER = "fedcsr"
 profile = settings.profile
 use_style()
-torch.manual_seed(settings.seed)
+torch.manual_seed(settings.seed);
 
 # %% [markdown]
 # Every setting of every profile (this table does not depend on the profile being run).
@@ -148,8 +148,8 @@ print(protocol.platform_statistics(food_kitchen).round(2).to_string(index=False)
 
 # %%
 table1 = recorded_or_none(PAPER, "table1")
-table1 = table1[table1["setting"].isna()].assign(
-    statistic=lambda t: t["metric"] + t["domain"].map(lambda d: f" ({d})" if isinstance(d, str) else ""))
+table1 = table1[table1["setting"].fillna("") == ""].assign(
+    statistic=lambda t: t["metric"] + t["domain"].map(lambda d: f" ({d})" if isinstance(d, str) and d else ""))
 paper_grid(table1, rows="statistic", columns="dataset", decimals=1,
            caption="Table 1: dataset statistics, ours on the substitute split")
 

@@ -58,6 +58,11 @@ def test_paper_grid_cells_read_ours_then_paper_with_flags():
     assert "#fbdcd8" in html and "#e3f2e6" in html  # A/Y is 37 % off (red), A/X 2 % (green)
 
 
+def test_paper_grid_refuses_an_empty_table():
+    with pytest.raises(ValueError, match="no rows"):
+        paper_grid(_results().iloc[:0], rows="method", columns="dataset")
+
+
 def test_paper_grid_refuses_two_rows_on_one_cell():
     doubled = pd.concat([_results(), _results()])
     with pytest.raises(ValueError, match="several rows fall on one cell"):

@@ -288,6 +288,9 @@ def paper_grid(
     absent = [key for key in rows + columns + ["value_ours", "value_paper"] if key not in frame.columns]
     if absent:
         raise ValueError(f"paper_grid: the table has no column(s) {absent}; it has {list(frame.columns)}")
+    if frame.empty:
+        raise ValueError("paper_grid: the table has no rows; the filter before it matched nothing "
+                         "(check the key values, and that empty keys read as '' rather than NaN)")
     duplicated = frame.duplicated(rows + columns, keep=False)
     if duplicated.any():
         example = frame.loc[duplicated, rows + columns].head(3).to_dict(orient="records")
