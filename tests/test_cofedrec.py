@@ -3,7 +3,6 @@ the supervised contrastive term, parameter roles, the server hook, short federat
 from __future__ import annotations
 
 import math
-import time
 
 import numpy as np
 import pytest
@@ -371,7 +370,6 @@ def _balanced_bce(model, state, train):
 
 
 def test_federated_run_reduces_training_loss():
-    start = time.perf_counter()
     train = toy_train()
     model = CoFedRecModel(NUM_USERS, NUM_ITEMS, dim=8, init_std=0.1)
     config = FederatedConfig(rounds=8, seed=0, batch_size=BATCH)
@@ -382,7 +380,6 @@ def test_federated_run_reduces_training_loss():
     assert after < 0.8 * before, (before, after)
     assert state.history[-1]["train_loss"] < state.history[1]["train_loss"]  # round 0 is BCE only
     assert state.extra[STATS_KEY]["round"] == config.rounds - 1
-    assert time.perf_counter() - start < 5.0
 
 
 # ---------------------------------------------------------------------------------------------
