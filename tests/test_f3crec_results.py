@@ -9,7 +9,8 @@ import pytest
 
 from fedlib.experiments.f3crec import OFFLINE_DATASETS
 from fedlib.paths import project_root
-from fedlib.reporting.results import NEEDS_DOWNLOAD_NOTE, read_results_table
+from fedlib.reporting.results import NEEDS_DOWNLOAD_NOTE
+from fedlib.reporting.results_tables import read_results_table
 
 TABLES = [f"table{i}" for i in range(1, 9)]
 

@@ -12,7 +12,8 @@ import pytest
 
 from fedlib.paths import project_root
 from fedlib.reporting import read_runs
-from fedlib.reporting.results import NEEDS_DOWNLOAD_NOTE, read_results_table
+from fedlib.reporting.results import NEEDS_DOWNLOAD_NOTE
+from fedlib.reporting.results_tables import read_results_table
 
 RESULTS = project_root() / "results" / "fedrkg"
 TABLES = sorted(p.stem for p in RESULTS.glob("table*.csv")) if RESULTS.is_dir() else []

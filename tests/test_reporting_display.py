@@ -13,7 +13,7 @@ import pytest  # noqa: E402
 from fedlib.paths import PAPER_SLUGS  # noqa: E402
 from fedlib.reporting.display import FLAG, LEGEND, RECORDED_SOURCE, comparison_long, paper_vs_ours  # noqa: E402
 from fedlib.reporting.figures import save_figure  # noqa: E402
-from fedlib.reporting.paper_tables import list_paper_tables, load_paper_table, paper_key_columns  # noqa: E402
+from fedlib.data.paper_tables import list_paper_tables, load_paper_table, paper_key_columns  # noqa: E402
 from fedlib.reporting.results import compare_with_paper  # noqa: E402
 
 # ------------------------------------------------------------------ paper tables (real files)

@@ -14,11 +14,9 @@ from fedlib.reporting.results import (
     aggregate_runs,
     append_run,
     compare_with_paper,
-    read_results_table,
     read_runs,
-    recorded_or_none,
-    write_results_table,
 )
+from fedlib.reporting.results_tables import read_results_table, recorded_or_none, write_results_table
 
 KEYS = ["dataset", "backbone", "method", "metric"]
 

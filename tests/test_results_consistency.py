@@ -15,7 +15,7 @@ import pytest
 
 from fedlib.paths import PAPER_SLUGS, project_root
 from fedlib.reporting.consistency import check_results_dir
-from fedlib.reporting.paper_tables import load_paper_table
+from fedlib.data.paper_tables import load_paper_table
 from fedlib.reporting.results import (
     NEEDS_DOWNLOAD_NOTE,
     aggregate_runs,
@@ -23,8 +23,8 @@ from fedlib.reporting.results import (
     compare_with_paper,
     read_results_csv,
     read_runs,
-    write_results_table,
 )
+from fedlib.reporting.results_tables import write_results_table
 
 # ------------------------------------------------------------------ the real results
 

@@ -21,6 +21,7 @@ from typing import Optional
 
 import pandas as pd
 
+from fedlib.data.paper_tables import load_paper_table
 from fedlib.data.protocols import get_protocol
 
 # Our statistic name -> the paper table's metric name, per protocol, and the table id.
@@ -91,8 +92,6 @@ def _compare(protocol: str, dataset: str, wide: pd.DataFrame) -> pd.DataFrame:
 
 def _paper_rows(protocol: str, dataset: str) -> pd.DataFrame:
     """Rows of the paper's statistics table for ``dataset`` (empty frame if the paper has none)."""
-    from fedlib.reporting.paper_tables import load_paper_table
-
     table_id, _ = _PAPER_TABLE[protocol]
     try:
         table = load_paper_table(protocol, table_id)

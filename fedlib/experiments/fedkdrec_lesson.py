@@ -241,7 +241,8 @@ def recorded_table(table: str, protocol: Optional[str] = "sampled 1+99", stat: O
     Baselines without a backbone get ``"—"`` so that they form a row of their own.
     """
     from fedlib.reporting import read_runs
-    from fedlib.reporting.results import latest_records, read_results_table
+    from fedlib.reporting.results import latest_records
+    from fedlib.reporting.results_tables import read_results_table
 
     frame = read_results_table(X.PAPER, table)
     if protocol is not None and "protocol" in frame:

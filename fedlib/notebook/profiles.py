@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedlib.paths import project_root
+from fedlib.reporting.results import PROFILES  # the results folders are named after the profiles
 
-PROFILES = ("smoke", "quick", "paper")
 DEFAULT_PROFILE = "quick"
 PROFILE_DESCRIPTIONS = {
     "smoke": "seconds on synthetic or tiny data; exercises every code path (tests, CI)",

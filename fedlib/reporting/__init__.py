@@ -13,10 +13,10 @@ The pieces a paper notebook uses, in the order it uses them:
 """
 from __future__ import annotations
 
+from fedlib.data.paper_tables import list_paper_tables, load_paper_table, paper_key_columns
 from fedlib.reporting.cache import ResultCache
 from fedlib.reporting.consistency import check_results_dir, check_results_table
 from fedlib.reporting.display import comparison_long, deviations, paper_grid, paper_vs_ours
-from fedlib.reporting.paper_tables import list_paper_tables, load_paper_table, paper_key_columns
 from fedlib.reporting.results import (
     NEEDS_DOWNLOAD_NOTE,
     REQUIRED_COLUMNS,
@@ -27,11 +27,9 @@ from fedlib.reporting.results import (
     compare_with_paper,
     config_hash,
     current_commit,
-    read_results_table,
     read_runs,
-    recorded_or_none,
-    write_results_table,
 )
+from fedlib.reporting.results_tables import read_results_table, recorded_or_none, write_results_table
 from fedlib.reporting.status import render_status_markdown, update_readme
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 :func:`check_results_dir` returns a list of human-readable problems (empty when the folder
 is consistent). It is run by ``tests/test_results_consistency.py`` over every
-``results/<paper>/`` and, table by table, by :func:`~fedlib.reporting.results.write_results_table`
+``results/<paper>/`` and, table by table, by :func:`~fedlib.reporting.results_tables.write_results_table`
 before anything is written.
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from fedlib.notebook.profiles import PROFILES
+from fedlib.data.paper_tables import load_paper_table, paper_key_columns
 from fedlib.paths import PAPER_SLUGS
-from fedlib.reporting.paper_tables import load_paper_table, paper_key_columns
 from fedlib.reporting.results import (
+    PROFILES,
     REQUIRED_COLUMNS,
     RUN_ID_SEPARATOR,
     RunRecord,

@@ -42,7 +42,7 @@ def source_label(table: pd.DataFrame, *, recorded: Optional[bool] = None) -> str
     """The "ours" label of a results table.
 
     ``recorded`` defaults to ``table.attrs['recorded']``, which
-    :func:`~fedlib.reporting.results.read_results_table` sets for paper-profile files.
+    :func:`~fedlib.reporting.results_tables.read_results_table` sets for paper-profile files.
     """
     profiles = sorted(set(table["profile"].astype(str)))
     if len(profiles) != 1:

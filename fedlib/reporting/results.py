@@ -11,7 +11,8 @@ Two kinds of file live in ``results/<paper>/`` (``paper`` profile) and in
 
 ``<table_id>.csv``
     One row per number of a paper table: the paper's value, ours, the delta and where
-    ours came from (:func:`compare_with_paper`, :func:`write_results_table`). Every
+    ours came from (:func:`compare_with_paper`; written by
+    :func:`fedlib.reporting.results_tables.write_results_table`). Every
     ``value_ours`` names the runs it was computed from in ``run_ids``, so the consistency
     check (:mod:`fedlib.reporting.consistency`) can recompute it from ``runs.jsonl``.
 
@@ -37,15 +38,18 @@ from typing import Any, Literal, Optional
 import numpy as np
 import pandas as pd
 
-from fedlib.notebook.profiles import PROFILES
+from fedlib.data.paper_tables import PAPER_VALUE_COLUMNS
 from fedlib.paths import project_root, results_dir
-from fedlib.reporting._atomic import atomic_writer
-from fedlib.reporting.paper_tables import PAPER_VALUE_COLUMNS
 
 try:  # POSIX only; elsewhere appends rely on O_APPEND alone.
     import fcntl
 except ImportError:  # pragma: no cover - exercised on Windows only
     fcntl = None
+
+PROFILES = ("smoke", "quick", "paper")
+"""The run profiles, cheapest first. Each writes its own results folder
+(:func:`fedlib.paths.results_dir`); notebooks read their settings per profile
+(:mod:`fedlib.notebook.profiles`, which takes the names from here)."""
 
 # --------------------------------------------------------------------------------------
 # Schema of a results table
@@ -621,7 +625,7 @@ def compare_with_paper(
 ) -> pd.DataFrame:
     """Put our numbers next to the paper's, one row per paper cell, in the results layout.
 
-    ``paper`` is one paper table (:func:`~fedlib.reporting.paper_tables.load_paper_table`),
+    ``paper`` is one paper table (:func:`~fedlib.data.paper_tables.load_paper_table`),
     usually filtered to the cells this table regenerates. ``ours`` has the ``keys`` columns
     and ``value``; optionally ``std``, ``n_seeds``, ``run_ids``, ``run_metric``,
     ``ours_unit``, ``commit``, ``device`` and ``note`` (:func:`aggregate_runs` builds it).
@@ -779,75 +783,8 @@ def order_columns(table: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------------------
-# Writing and reading results tables
+# Reading results tables (writing them: fedlib.reporting.results_tables)
 # --------------------------------------------------------------------------------------
-
-
-def results_table_path(paper: str, table_id: str, profile: str) -> Path:
-    """``results_dir(paper, profile)/<table_id>.csv``."""
-    return results_dir(paper, check_profile(profile)) / f"{check_slug(table_id, 'table id')}.csv"
-
-
-def write_results_table(
-    paper: str, table_id: str, df: pd.DataFrame, profile: str, *, validate: bool = True
-) -> Path:
-    """Write a paper-vs-ours table to ``results_dir(paper, profile)/<table_id>.csv``.
-
-    Refuses to write when a required column is missing, when the frame's ``table`` column
-    is not ``table_id``, or when its ``profile`` column disagrees with ``profile``: a
-    frame labelled ``paper`` can only be written by a ``paper``-profile run, and a
-    quick/smoke frame can only go to its own sub-folder, never over a recorded table.
-
-    With ``validate`` (the default) the table must also pass the consistency checks of
-    :func:`fedlib.reporting.consistency.check_results_table`, including the run records
-    behind every ``value_ours``, so a bad table fails here rather than in CI.
-
-    The file is written to a temporary name and renamed into place: an interrupted write
-    leaves the previous file (or none), never a partial one. Returns the path.
-    """
-    check_profile(profile)
-    path = results_table_path(paper, table_id, profile)
-    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"results table {table_id!r} lacks required column(s) {missing}")
-    if df.empty:
-        raise ValueError(f"results table {table_id!r} has no rows")
-    labels = set(df["profile"].astype(str))
-    if labels != {profile}:
-        raise PermissionError(
-            f"refusing to write {table_id!r} of {paper!r} at profile {profile!r}: its rows are "
-            f"labelled {sorted(labels)}; only a paper-profile run writes results/{paper}/{table_id}.csv"
-        )
-    table_ids = set(df["table"].astype(str))
-    if table_ids != {table_id}:
-        raise ValueError(f"rows of {table_id}.csv must have table == {table_id!r}, found {sorted(table_ids)}")
-
-    table = order_columns(df.reset_index(drop=True).copy())
-    for column in FLOAT_COLUMNS:
-        if column in table.columns:
-            table[column] = pd.to_numeric(table[column], errors="raise").astype(float)
-    table["n_seeds"] = pd.to_numeric(table["n_seeds"], errors="raise").fillna(0).astype(int)
-    for column in table.columns:
-        if column not in FLOAT_COLUMNS and column != "n_seeds":
-            table[column] = table[column].map(_text)
-
-    if validate:
-        from fedlib.reporting.consistency import check_results_table  # consistency imports this module
-
-        problems = check_results_table(
-            table,
-            table_id=table_id,
-            expected_profile=profile,
-            runs=latest_records(read_run_file(path.parent / "runs.jsonl")),
-            paper=paper,
-        )
-        if problems:
-            listed = "\n  ".join(problems[:20])
-            raise ValueError(f"results table {paper}/{table_id} at profile {profile!r} is inconsistent:\n  {listed}")
-
-    with atomic_writer(path) as handle:
-        table.to_csv(handle, index=False, lineterminator="\n")
-    return path
 
 
 def read_results_csv(path: str | Path) -> pd.DataFrame:
@@ -859,42 +796,3 @@ def read_results_csv(path: str | Path) -> pd.DataFrame:
     if "n_seeds" in table.columns:
         table["n_seeds"] = [int(float(text)) if text.strip() else 0 for text in table["n_seeds"]]
     return table
-
-
-def read_results_table(paper: str, table_id: str, profile: str = "paper") -> pd.DataFrame:
-    """A written results table; ``attrs['recorded']`` is True for the ``paper`` profile.
-
-    :func:`fedlib.reporting.display.paper_vs_ours` uses ``attrs`` to label its columns
-    "ours (recorded, paper profile)" rather than "ours (live, ...)".
-    """
-    path = results_table_path(paper, table_id, profile)
-    if not path.exists():
-        raise FileNotFoundError(f"no results table {path} (has the {profile!r} profile been run for {paper}?)")
-    table = read_results_csv(path)
-    table.attrs.update({"recorded": profile == "paper", "profile": profile, "path": str(path)})
-    return table
-
-
-def recorded_or_none(paper: str, table_id: str) -> Optional[pd.DataFrame]:
-    """The recorded paper-profile table, or ``None`` when the paper profile has not been run.
-
-    Quick and smoke notebooks show it next to their live numbers; it is read-only here.
-    ``table_id`` may also be the name of a ``paper_tables`` file (``table1_main``): results
-    files carry the paper's own table id (``table1.csv``), read from that file's ``table`` column.
-    """
-    try:
-        return read_results_table(paper, table_id, "paper")
-    except FileNotFoundError:
-        pass
-    try:
-        from fedlib.reporting.paper_tables import load_paper_table
-
-        short = str(load_paper_table(paper, table_id)["table"].iloc[0])
-    except (FileNotFoundError, KeyError, ValueError, IndexError):
-        return None
-    if short == table_id:
-        return None
-    try:
-        return read_results_table(paper, short, "paper")
-    except FileNotFoundError:
-        return None

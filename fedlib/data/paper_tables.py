@@ -1,5 +1,9 @@
 """The numbers the papers report, as tidy tables (``paper_tables/<paper>/*.csv``).
 
+Read-only reference input, like the datasets: the data layer compares its dataset statistics
+with them (:mod:`fedlib.data.stats`) and :mod:`fedlib.reporting` puts our results beside them
+(``fedlib.reporting.load_paper_table`` is this module's :func:`load_paper_table`).
+
 Each CSV holds one table of one paper, one row per reported number; its layout is
 described in ``paper_tables/README.md``. A table is addressed by its id, the value of its
 ``table`` column, which is also the file name up to the first underscore
