@@ -19,8 +19,9 @@ from fedlib.methods.fedrkg import (
     train_gates_on_model_sequential,
 )
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
+from fedlib.methods.guided import guided_method
 from fedlib.models.guided import (GUIDED_BACKBONES, PERSONAL_TABLE, GuidedFedNCF, GuidedPFedRec, backbone_name,
-                                  guided_backbone, guided_method)
+                                  guided_backbone)
 
 torch.set_num_threads(1)  # other experiments share this machine
 

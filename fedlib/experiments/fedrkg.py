@@ -421,7 +421,8 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         executor = FedDAEExecutor(chunk_size=256, reference_chunk_size=64)
     elif name == "FedRKG":
         from fedlib.methods.fedrkg import KnowledgeGuidance
-        from fedlib.models.guided import guided_backbone, guided_method
+        from fedlib.methods.guided import guided_method
+        from fedlib.models.guided import guided_backbone
         model = guided_backbone(config.get("backbone") or "FedMF", num_users, num_items, dim)
         clip = None if gradient_noise is not None else 1.0  # GradientNoise clips (to its own bound)
         if (config.get("backbone") or "FedMF") == "FedMF":
@@ -567,10 +568,11 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
             extra["probe"] = probe
         trace = None
         if config["trace_every"] > 0:
+            from fedlib.methods.leak_trace import leak_trace_hook
             from fedlib.metrics.leak_audit import LeakTrace
             trace = LeakTrace(split.train, split.test, split.num_items, valid=split.valid)
-            hooks.append(trace.engine_callback(method, split.train, fed_config, sampler=sampler,
-                                               every=config["trace_every"]))
+            hooks.append(leak_trace_hook(trace, method, split.train, fed_config, sampler=sampler,
+                                         every=config["trace_every"]))
         if progress is not None:
             hooks.append(lambda state, record: progress(record))
 

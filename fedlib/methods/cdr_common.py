@@ -6,7 +6,7 @@ A method trains on a :class:`~fedlib.data.splits.DomainSplit` (2+ domains, users
 The shared pieces:
 
 * :func:`evaluate_scorer`: HR@K, NDCG@K and MRR of a ``score(users (n,), items (n, C)) -> (n, C)``
-  function on one domain and role;
+  function on one domain and role (a metric, :mod:`fedlib.metrics.scorer`, imported here);
 * :class:`SelectionTracker`: keeps the metrics at the best mean **validation** HR@10 (our rule,
   with patience) and, for the audit, at the best mean **test** HR@10 (the FedPCL-CDR code's
   rule);
@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
-import torch
 
-from fedlib.data.splits import InteractionSplit
-from fedlib.metrics.ranking import candidate_set_metrics
+from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
 __all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "SelectionTracker", "CDRResult", "SELECTION_METRIC",
            "check_positive_ints", "check_training_loop"]
-
-PairScorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-"""``score(users (n,) int64, items (n, C) int64) -> (n, C)`` scores (higher = better)."""
 
 SELECTION_METRIC = "HR@10"
 
@@ -73,31 +68,6 @@ def check_training_loop(config: Any, positive_ints: Sequence[str] = ()) -> None:
                          f"test set), got {config.select_on!r}")
     if isinstance(config.seed, bool) or not isinstance(config.seed, (int, np.integer)) or config.seed < 0:
         raise ValueError(f"{name}.seed must be an integer >= 0, got {config.seed!r}")
-
-
-def evaluate_scorer(score: PairScorer, split: InteractionSplit, role: str, ks: Sequence[int] = (5, 10),
-                    device=None, chunk_size: int = 2048) -> Dict[str, float]:
-    """Mean ``HR@K``, ``NDCG@K`` and ``MRR`` of ``score`` on one domain's ``role`` candidates.
-
-    Ties count against the positive (``tie_rule="pessimistic"``), so a constant scorer gets 0.
-    Raises ``ValueError`` when the split has no candidates for ``role``.
-    """
-    held = getattr(split, role)
-    candidates = split.extra.get(f"{role}_candidates")
-    if candidates is None or len(held) == 0:
-        raise ValueError(f"{split.name}: no {role} candidates; build the split with the fedpcl_cdr protocol "
-                         f"(valid_holdout=True for 'valid')")
-    with torch.no_grad():
-        per_user = candidate_set_metrics(None, held.users, candidates, ks=ks, chunk_size=chunk_size, device=device,
-                                         pair_fn=score)
-    return {key: float(value.float().mean()) for key, value in per_user.items()}
-
-
-def evaluate_both(score: PairScorer, split: InteractionSplit, ks: Sequence[int] = (5, 10),
-                  device=None) -> Dict[str, float]:
-    """``{"valid/HR@10": ..., "test/HR@10": ..., ...}`` of one domain."""
-    return {f"{role}/{key}": value for role in ("valid", "test")
-            for key, value in evaluate_scorer(score, split, role, ks, device).items()}
 
 
 @dataclass

@@ -17,8 +17,8 @@ What this module measures, all vectorised:
 * :class:`NegativeCoverage` - per user, which items were drawn as a negative at least once;
   the never-sampled share of the candidates and whether the test item was ever drawn.
 * :func:`test_item_rank` - pessimistic full-ranking rank of each user's test item.
-* :class:`LeakTrace` - both per round, as a ``pandas.DataFrame`` (also as a
-  :func:`~fedlib.engine.run_federated` ``on_round_end`` hook: :func:`trace_federated_run`).
+* :class:`LeakTrace` - both per round, as a ``pandas.DataFrame`` (attached to a federated run
+  by :mod:`fedlib.methods.leak_trace`, which needs the engine: this module does not).
 * :func:`duplicate_pair_leak`, :func:`lastfm_duplicate_leak` - test pairs that also occur in
   train, on any split and on the LastFM-2K raw files.
 
@@ -35,13 +35,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlib.data.splits import InteractionSplit, Pairs
+from fedlib.data.splits import Pairs
 from fedlib.metrics.ranking import DivergedModelError
 
 __all__ = [
-    "NegativeCoverage", "negatives_from_plan", "replay_round_plan",
+    "NegativeCoverage", "negatives_from_plan",
     "test_item_rank", "exclusion_mask",
-    "LeakTrace", "trace_federated_run",
+    "LeakTrace",
     "DuplicatePairLeak", "duplicate_pair_leak", "reference_code_leave_last_out", "lastfm_duplicate_leak",
 ]
 
@@ -110,21 +110,6 @@ def negatives_from_plan(plan) -> Tuple[np.ndarray, np.ndarray]:
     owners = np.asarray(plan.clients, dtype=np.int64)[plan.example_positions()]
     negative = np.asarray(plan.labels) == 0
     return owners[negative], np.asarray(plan.items, dtype=np.int64)[negative]
-
-
-def replay_round_plan(train: Pairs, sampler, config, round_index: int):
-    """The exact plan :func:`~fedlib.engine.run_federated` drew in round ``round_index``.
-
-    The engine's ``on_round_end`` hook does not receive the plan, but a plan is a pure function
-    of ``(train, sampler, config, seed, round)`` (:func:`~fedlib.engine.plan.round_generator`),
-    so drawing it again gives the same clients, negatives and batches. ``sampler`` must be the
-    one passed to ``run_federated`` (its default: ``NegativeSampler(train, num_items)``).
-    """
-    from fedlib.engine.plan import make_round_plan, round_generator  # engine imports metrics
-
-    return make_round_plan(train, sampler, round_generator(config.seed, round_index), round_index=int(round_index),
-                           num_negatives=config.num_negatives, batch_size=config.batch_size,
-                           local_epochs=config.local_epochs, clients_per_round=config.clients_per_round)
 
 
 class NegativeCoverage:
@@ -394,7 +379,8 @@ class LeakTrace:
     """Per-round record of negative coverage and test-item rank, as a DataFrame.
 
     Call :meth:`record` once per round, or hook it into the round loop with
-    :meth:`engine_callback` (see :func:`trace_federated_run`).
+    :func:`fedlib.methods.leak_trace.leak_trace_hook` (see
+    :func:`fedlib.methods.leak_trace.trace_federated_run`).
 
     Args:
         train, test, num_items, valid, storage: as in :class:`NegativeCoverage`; ranks mask
@@ -463,60 +449,6 @@ class LeakTrace:
     def frame(self) -> pd.DataFrame:
         """One row per recorded round."""
         return pd.DataFrame(self.rows)
-
-    def engine_callback(self, method, train: Pairs, config, *, sampler=None, every: int = 1, chunk_size: int = 256,
-                        then: Optional[Callable] = None) -> Callable:
-        """An ``on_round_end(state, record)`` hook for :func:`~fedlib.engine.run_federated`.
-
-        The hook receives no plan, so it replays the round's plan (:func:`replay_round_plan`;
-        pass the same ``sampler`` as to ``run_federated``) to update the coverage every round, and
-        scores the traced users with ``method.model.score_users`` every ``every`` rounds (and
-        never in other rounds: rank columns are NaN there). ``then`` is called afterwards
-        (to chain an existing hook).
-        """
-        from fedlib.data.sampling import NegativeSampler
-
-        if int(every) < 1:
-            raise ValueError(f"every must be >= 1 (score every k rounds), got {every}")
-        model = method.model
-        sampler = sampler if sampler is not None else NegativeSampler(train, model.num_items)
-
-        def on_round_end(state, record):
-            t = state.round_index - 1  # the round just completed
-            plan = replay_round_plan(train, sampler, config, t)
-            score_fn = None
-            if state.round_index % int(every) == 0 or state.round_index == config.rounds:
-                device = next(iter({**state.global_state, **state.private_state}.values())).device
-                score_fn = lambda u: model.score_users(state.global_state, state.private_state, u.to(device))  # noqa: E731
-            self.record(state.round_index, plan, score_fn, chunk_size=chunk_size)
-            if then is not None:
-                then(state, record)
-
-        return on_round_end
-
-
-def trace_federated_run(method, split: InteractionSplit, config, *, sampler=None, every: int = 1,
-                        chunk_size: int = 256, **run_kwargs):
-    """Run :func:`~fedlib.engine.run_federated` with a :class:`LeakTrace` attached.
-
-    Args:
-        sampler: training negative sampler, e.g. ``NegativeSampler(train, I, exclude="all_rated",
-            all_rated=union_pairs(train, valid, test))`` to reproduce the leak.
-        every: score the traced users every ``every`` rounds.
-        run_kwargs: passed on (``executor``, ``evaluator``, ``device``, ``on_round_end``, ...).
-
-    Returns:
-        ``(state, frame)``: the final ``TrainState`` and the per-round trace.
-    """
-    from fedlib.data.sampling import NegativeSampler
-    from fedlib.engine.loop import run_federated
-
-    sampler = sampler if sampler is not None else NegativeSampler(split.train, split.num_items)
-    trace = LeakTrace(split.train, split.test, split.num_items, valid=split.valid)
-    hook = trace.engine_callback(method, split.train, config, sampler=sampler, every=every, chunk_size=chunk_size,
-                                 then=run_kwargs.pop("on_round_end", None))
-    state = run_federated(method, split.train, config, sampler=sampler, on_round_end=hook, **run_kwargs)
-    return state, trace.frame()
 
 
 # ======================================================================================

@@ -52,25 +52,24 @@ Backbone definitions taken from the paper (Appendix C.2), and where this module 
   a single ``Linear(d → 1)``. ``hidden=()`` (default) is the latter, so the guided form matches
   the library's unguided PFedRec; ``hidden=(16,)`` is the appendix's private ReLU MLP.
 
-Learning rates (:func:`guided_method`), FedRKG's code recipe for every backbone: item tables
-``lr × I × lr_eta`` (``0.1 × I × 80``), every other parameter ``lr`` (the code's
+Learning rates (:func:`fedlib.methods.guided.guided_method`, FedRKG's code recipe for every
+backbone): item tables ``lr × I × lr_eta`` (``0.1 × I × 80``), every other parameter ``lr`` (the code's
 ``lr_u = lr`` for a user vector, scaled by ``user_lr_scale``), plain SGD, each update step's
 gradient clipped to norm 1 per client (the code's ``clip_grad_norm_(params, 1.0)``). PFedRec
 keeps its two steps per batch (score function, then the item table), each clipped on its own.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Sequence, Tuple
 
 import torch
 
-from fedlib.engine.method import FederatedMethod
 from fedlib.models.base import FederatedModel, normal_, torch_linear_init
 from fedlib.models.ncf import FedNCF
 from fedlib.models.personal import PersonalItemTableModel
 
 __all__ = [
-    "PERSONAL_TABLE", "GUIDED_BACKBONES", "GuidedFedNCF", "GuidedPFedRec", "guided_backbone", "guided_method",
+    "PERSONAL_TABLE", "GUIDED_BACKBONES", "GuidedFedNCF", "GuidedPFedRec", "guided_backbone",
     "check_guided_model", "backbone_name",
 ]
 
@@ -316,44 +315,3 @@ def check_guided_model(model: FederatedModel) -> int:
         raise ValueError(f"knowledge guidance guides one item table, {PERSONAL_TABLE!r}, but {type(model).__name__} "
                          f"has other row tables {others}")
     return int(model.dim)
-
-
-# ======================================================================================
-# Learning-rate scheme
-# ======================================================================================
-def guided_method(model: FederatedModel, lr: float = 0.1, lr_eta: float = 80.0, user_lr_scale: float = 1.0,
-                  grad_clip_norm: Optional[float] = 1.0, **kwargs) -> FederatedMethod:
-    """FedRKG's local recipe for a guided backbone (the plain personal-table run, "w/ PIE").
-
-    Learning rates: ``personal_item_emb`` ``lr × I × lr_eta``; user vectors (``user_emb*``)
-    ``lr × user_lr_scale`` (the code's ``lr_u = lr``; F3CRec's FedNCF uses ``lr_eta``); every
-    other parameter (heads, MLP layers) ``lr``. Each update step's gradient is clipped to
-    ``grad_clip_norm`` per client (the code's ``clip_grad_norm_(params, 1.0)``); the update
-    steps are the model's own (:attr:`GuidedPFedRec.update_steps`: score function, then
-    items), one step on everything otherwise. FedNCF's public tower is FedAvg-aggregated with
-    the default uniform weights (the paper's ``α_u = 1/n``).
-
-    For :class:`~fedlib.models.PersonalItemTableModel` this is exactly
-    :func:`~fedlib.engine.personal_table_method`'s learning rates. Attach the guidance with
-    ``KnowledgeGuidance(...).attach(guided_method(model), train, config)``.
-
-    Args:
-        model: a guided model (:func:`guided_backbone`).
-        lr, lr_eta: base learning rate (code: 0.1) and item multiplier (code: 80).
-        user_lr_scale: user-vector learning rate over ``lr``.
-        grad_clip_norm: per-client clip of each step's gradient (``None`` = off).
-        kwargs: any other :class:`~fedlib.engine.FederatedMethod` field (``aggregation``,
-            ``lr_decay``, ``name``, ...).
-    """
-    check_guided_model(model)
-    rates: Dict[str, float] = {}
-    for name, kind in model.param_kinds.items():
-        if kind == "private_rows":
-            rates[name] = lr * model.num_items * lr_eta
-        elif name.startswith("user_emb"):
-            rates[name] = lr * user_lr_scale
-        else:
-            rates[name] = lr
-    kwargs.setdefault("name", backbone_name(model))
-    kwargs.setdefault("update_steps", getattr(model, "update_steps", None))
-    return FederatedMethod(model, rates, grad_clip_norm=grad_clip_norm, **kwargs)

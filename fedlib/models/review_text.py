@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from fedlib.data.splits import InteractionSplit, Pairs
+from fedlib.metrics.scorer import evaluate_scorer
 
 __all__ = ["review_documents", "doc2vec_vectors", "review_embeddings", "synthetic_reviews", "review_leak_effect"]
 
@@ -118,8 +119,6 @@ def review_leak_effect(split: InteractionSplit, texts: ReviewTexts, dim: int = 3
     The scorer knows nothing but the review vectors, so any gap is what the held-out reviews
     put into them. Returns ``{"clean/HR@10", "leaky/HR@10", "clean/NDCG@10", "leaky/NDCG@10"}``.
     """
-    from fedlib.methods.cdr_common import evaluate_scorer
-
     out: Dict[str, float] = {}
     for label, leaky in (("clean", False), ("leaky", True)):
         users, items = review_embeddings(split, texts, dim, include_heldout=leaky, epochs=epochs, seed=seed)
