@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from conftest import data_root, missing_data
 
 from fedlib.data import cli as data_cli
 from fedlib.data import download
-from fedlib.data.errors import UnknownDatasetError, UnknownVariantError
+from fedlib.data.errors import FedlibDataError, UnknownDatasetError, UnknownVariantError
 from fedlib.data.registry import STATUSES, get_spec, list_specs
 
 EXPECTED_IDS = (
@@ -118,10 +119,21 @@ def test_variants_only_name_registered_files_and_parsers_exist():
     from fedlib.data import loaders
 
     for spec in list_specs():
-        assert callable(getattr(loaders, spec.parser)), spec.parser
+        assert loaders.parser_of(spec).__name__ == spec.parser
         for variant in spec.variants:
             for rel in variant.required + variant.optional:
                 assert spec.file(rel) is not None, f"{spec.id} variant {variant.name!r}: {rel} not registered"
+
+
+def test_a_parser_name_the_loaders_do_not_define_is_refused_with_where_to_fix_it():
+    from fedlib.data.loaders import parser_of
+
+    misspelt = dataclasses.replace(get_spec("ml-100k"), parser="load_movielens_100")
+    with pytest.raises(FedlibDataError, match=r"'load_movielens_100'.*fedlib/data/registry\.py"):
+        parser_of(misspelt)
+    not_a_loader = dataclasses.replace(get_spec("ml-100k"), parser="data_root")  # a function, but not a parser
+    with pytest.raises(FedlibDataError, match="does not define"):
+        parser_of(not_a_loader)
 
 
 def test_downloadability_and_manual_instructions():

@@ -34,7 +34,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -167,7 +167,7 @@ def load_interactions(
             f"{spec.id} holds cross-domain sequences, not an interaction table; "
             f"use fedlib.data.loaders.load_sequences({spec.id!r}).")
     spec.variant(variant)  # validates the name early, with the list of valid ones
-    return spec.load(spec, variant=variant, root=root, allow_partial=allow_partial)
+    return parser_of(spec)(spec, variant=variant, root=root, allow_partial=allow_partial)
 
 
 def load_sequences(dataset: "str | DatasetSpec", *, root: "str | os.PathLike | None" = None) -> LoadedSequences:
@@ -182,7 +182,21 @@ def load_sequences(dataset: "str | DatasetSpec", *, root: "str | os.PathLike | N
     if spec.kind != "sequences":
         raise FedlibDataError(
             f"{spec.id} is an interaction table, not C2DSR sequences; use load_interactions({spec.id!r}).")
-    return spec.load(spec, root=root)
+    return parser_of(spec)(spec, root=root)
+
+
+def parser_of(spec: DatasetSpec) -> Callable:
+    """The loader function of this module that ``spec.parser`` names.
+
+    The registry names its parser rather than holding it: this module imports the registry,
+    so the registry importing this module would close an import circle.
+    """
+    function = globals().get(spec.parser)
+    if not callable(function) or not spec.parser.startswith("load_"):
+        raise FedlibDataError(
+            f"dataset {spec.id!r} names the parser {spec.parser!r}, which fedlib.data.loaders does not define; "
+            "define it there (a load_... function) or correct DatasetSpec.parser in fedlib/data/registry.py")
+    return function
 
 
 # ----------------------------------------------------------------------------------------
@@ -893,6 +907,7 @@ __all__ = [
     "LoadedSequences",
     "load_interactions",
     "load_sequences",
+    "parser_of",
     "c2dsr_item_counts",
     "parse_c2dsr_file",
     "parse_amazon_reviews",

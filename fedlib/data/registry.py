@@ -25,9 +25,8 @@ Status vocabulary (``DatasetSpec.status`` and :func:`DatasetSpec.status_for`):
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from fedlib.data.errors import UnknownDatasetError, UnknownVariantError
 
@@ -139,7 +138,8 @@ class DatasetSpec:
             data root), or ``None`` when everything can be downloaded by script.
         licence: licence / terms of use (short but complete).
         licence_short: a few words for tables.
-        parser: name of the loader function in :mod:`fedlib.data.loaders`.
+        parser: name of the loader function in :mod:`fedlib.data.loaders` (a name, not the
+            function: the loaders import this registry, so it must not import them).
         kind: ``"interactions"`` (use ``load_interactions``) or ``"sequences"``
             (use ``load_sequences``).
         provenance: where the reference copy came from (repository @ commit, path).
@@ -220,12 +220,6 @@ class DatasetSpec:
         if any(here(f) for f in self.files if f.role in INTERACTION_ROLES):
             return self.full_status if self.full_status in ("processed", "substitute") else "partial"
         return "metadata-only"
-
-    @property
-    def load(self) -> Callable:
-        """The parser function (imported lazily to keep the registry import-light)."""
-        module = importlib.import_module("fedlib.data.loaders")
-        return getattr(module, self.parser)
 
     def manual_instructions(self, root: str = "<data root>") -> str:
         """Manual instructions with ``{root}`` filled in (empty string if there are none)."""
