@@ -4,13 +4,14 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, SequentialExecutor, fedmf_method,
                            make_round_plan, round_generator, run_federated)
-from fedlib.engine.loop import TrainState, _select
+from fedlib.engine.selection import Selection
 from fedlib.models import FedMF
 
 
@@ -90,20 +91,31 @@ def test_training_improves_validation_ndcg():
 
 
 def test_best_selection_ties_and_patience():
-    config = FederatedConfig(rounds=10, patience=2, selection_metric="m")
-    state = TrainState(round_index=1, global_state={"x": torch.zeros(1)}, private_state={})
-    for round_index, score in [(1, 0.5), (2, 0.5), (3, 0.4)]:
-        state.round_index = round_index
-        state.global_state = {"x": torch.full((1,), float(round_index))}
-        _select(state, {"m": score}, config, keep_best_state=True)
-    assert state.best_round == 1 and state.best_global_state["x"].item() == 1.0  # first of tied rounds
-    assert state.stopped_early  # two evaluations without improvement
-    later = FederatedConfig(rounds=10, selection_metric="m", prefer_later_ties=True)
-    state = TrainState(round_index=1, global_state={}, private_state={})
+    selection = Selection("m", patience=2)
+    improved = [selection.update(round_index, {"m": score}) for round_index, score in [(1, 0.5), (2, 0.5), (3, 0.4)]]
+    assert improved == [True, False, False]
+    assert selection.best_round == 1 and selection.best_metrics == {"m": 0.5}  # first of tied rounds
+    assert selection.stopped_early  # two evaluations without improvement
+    later = Selection("m", prefer_later_ties=True)
     for round_index, score in [(1, 0.5), (2, 0.5)]:
-        state.round_index = round_index
-        _select(state, {"m": score}, later, keep_best_state=False)
-    assert state.best_round == 2
+        later.update(round_index, {"m": score})
+    assert later.best_round == 2 and not later.stopped_early
+    with pytest.raises(ValueError, match="not among the evaluated metrics"):
+        later.update(3, {"other": 1.0})
+
+
+def test_selection_patience_is_recomputed_after_an_improvement():
+    selection = Selection("m", patience=1)
+    selection.update(1, {"m": 0.5})
+    selection.update(2, {"m": 0.4})
+    assert selection.stopped_early
+    selection.update(3, {"m": 0.6})  # a caller that let the run go on sees the gain clear it
+    assert not selection.stopped_early and selection.best_round == 3
+    restored = Selection("m", patience=1)
+    restored.load_state_dict(selection.state_dict())
+    assert restored == selection
+    with pytest.raises(ValueError, match="resumed under the rule"):
+        Selection("m", patience=2).load_state_dict(selection.state_dict())
 
 
 def test_early_stopping_stops_the_loop():

@@ -1,4 +1,10 @@
-"""The federated engine: round loop, executors, aggregation, checkpoints.
+"""The federated engine: the algorithm interface, the trainer, executors, aggregation, checkpoints.
+
+Every method of the course is an :class:`Algorithm` (``init``, ``plan_round``, ``run_round``,
+``evaluate`` over a named state) trained by the one loop over rounds, :func:`train`, which owns
+the :class:`Schedule`, validation :class:`Selection`, early stopping, checkpoints, the ledger
+and the :class:`RunResult`. :class:`ParameterAveraging` is the algorithm of the FedAvg family;
+:func:`run_federated` builds it from a :class:`FederatedMethod` and trains it.
 
 Typical use (FedMF on a split, batched executor)::
 
@@ -26,18 +32,23 @@ Gaussian noise) and its ε under user-level adjacency (Opacus' RDP accountant)::
     method = personal_table_method(model, gradient_noise=noise)
     dp_epsilon(noise, steps_per_round=1, rounds=1000, sample_rate=1.0, delta=1e-5)
 """
+from fedlib.engine.algorithm import Algorithm, RoundContext, RoundReport
 from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
 from fedlib.engine.centralised import train_centralised
 from fedlib.engine.checkpoint import Checkpointer, checkpoint_progress
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
-from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
+from fedlib.engine.loop import (
+    AveragingState, FederatedConfig, ParameterAveraging, TrainState, init_train_state, run_federated,
+)
 from fedlib.engine.method import (
     FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method,
     pfedrec_method, personal_table_method,
 )
 from fedlib.engine.privacy import dp_epsilon
+from fedlib.engine.selection import Selection
+from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.engine.plan import (
     RoundPlan, client_noise_generator, make_round_plan, round_generator, round_noise_key, select_clients,
 )
@@ -46,6 +57,8 @@ from fedlib.engine.uploads import (
 )
 
 __all__ = [
+    "Algorithm", "RoundContext", "RoundReport", "Schedule", "Selection", "RunResult", "train",
+    "ParameterAveraging", "AveragingState",
     "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
     "train_centralised", "Checkpointer", "checkpoint_progress", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",

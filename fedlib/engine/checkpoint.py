@@ -152,19 +152,29 @@ class Checkpointer:
         self._last_save = time.perf_counter()
 
     def load(self, config=None, device=None):
-        """The saved :class:`TrainState`, or ``None`` when there is no checkpoint.
+        """The saved :class:`TrainState` of a parameter-averaging run, or ``None`` when there is no checkpoint.
 
-        Restores the attachments, :attr:`earlier_seconds` and :attr:`resumed_at` (which gains
-        the loaded round). Raises ``ValueError`` when ``config`` differs from the saved one in
-        anything but ``rounds`` (a run may be extended, not changed), or when the checkpoint
-        lacks an attachment this object has (it was written by a run that did not save it).
+        Reads what the trainer saves for :func:`~fedlib.engine.run_federated` (and the older
+        ``TrainState`` body). Restores the attachments, :attr:`earlier_seconds` and
+        :attr:`resumed_at` (which gains the loaded round). Raises ``ValueError`` when ``config``
+        differs from the saved one in anything but ``rounds`` (a run may be extended, not
+        changed), or when the checkpoint lacks an attachment this object has (it was written by
+        a run that did not save it).
         """
         from fedlib.engine.loop import TrainState
 
-        payload = self._read(None if config is None else dataclasses.asdict(config), device, body="state")
-        if payload is None:
+        if not self.path.exists():
             return None
-        state = TrainState(**payload["state"])
+        held = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
+        body = "snapshot" if isinstance(held, dict) and "snapshot" in held else "state"
+        if body == "snapshot" and "selection" not in held["snapshot"]:
+            raise ValueError(f"{self.path} holds a snapshot of another round loop, not a TrainState; "
+                             "delete it to start the run afresh")
+        payload = self._read(None if config is None else dataclasses.asdict(config), device, body=body)
+        if body == "snapshot":
+            state = TrainState.from_snapshot(payload["snapshot"])
+        else:
+            state = TrainState(**payload["state"])
         if config is not None and state.round_index < config.rounds and not state.stopped_early:
             state.test_metrics = None  # an extended run is tested again when it ends
         return state
