@@ -104,6 +104,11 @@ def test_test_every_evaluation_keeps_the_selected_rounds_test_numbers_and_the_au
     assert run.audit.best_round == int(np.argmin(positions)) + 1  # selecting on test = the lowest position
     with pytest.raises(ValueError, match="test_every_evaluation"):
         Schedule(rounds=3, audit_metric="score")
+    on_test = train(RandomWalk(), Schedule(rounds=9, selection_metric="score", test_every_evaluation=True,
+                                           select_on="test"), seed=4)
+    assert on_test.best_round == run.audit.best_round
+    with pytest.raises(ValueError, match="select_on"):
+        Schedule(rounds=3, select_on="test")
 
 
 def test_a_callback_may_stop_the_run_and_evaluate_false_runs_without_selection():

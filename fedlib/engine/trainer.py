@@ -52,6 +52,8 @@ class Schedule:
         audit_metric: with ``test_every_evaluation``, also keep the evaluation with the best
             *test* value of this metric (the audit of selecting on the test set); never stops
             the run.
+        select_on: ``"valid"`` (our rule), or ``"test"`` to reproduce a paper's code that
+            selects (and stops) on the test set; needs ``test_every_evaluation``.
     """
 
     rounds: int
@@ -63,6 +65,7 @@ class Schedule:
     keep_best_state: bool = True
     test_every_evaluation: bool = False
     audit_metric: Optional[str] = None
+    select_on: str = "valid"
 
     def __post_init__(self):
         for name in ("rounds", "eval_every"):
@@ -70,6 +73,11 @@ class Schedule:
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "rounds" else 1):
                 bound = ">= 0" if name == "rounds" else ">= 1"
                 raise ValueError(f"Schedule.{name} must be an integer {bound}, got {value!r}")
+        if self.select_on not in ("valid", "test"):
+            raise ValueError(f"Schedule.select_on must be 'valid' or 'test', got {self.select_on!r}")
+        if self.select_on == "test" and not self.test_every_evaluation:
+            raise ValueError("Schedule.select_on='test' needs test_every_evaluation=True (test numbers are computed "
+                             "at every evaluation only then)")
         if self.audit_metric is not None and not self.test_every_evaluation:
             raise ValueError("Schedule.audit_metric needs test_every_evaluation=True (the audit selects on test "
                              "numbers, which are only computed at every evaluation then)")
@@ -131,7 +139,8 @@ class RunResult(Generic[StateT]):
 
 
 def _new_selection(schedule: Schedule) -> Selection:
-    return Selection(f"valid/{schedule.selection_metric}", schedule.patience, schedule.prefer_later_ties)
+    return Selection(f"{schedule.select_on}/{schedule.selection_metric}", schedule.patience,
+                     schedule.prefer_later_ties)
 
 
 def _new_audit(schedule: Schedule) -> Optional[Selection]:
