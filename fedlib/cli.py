@@ -12,6 +12,8 @@ Examples::
     python -m fedlib status --write-readme         # rebuild the README status table
     python -m fedlib course build                  # build/course/student and build/course/instructor
     python -m fedlib course budget                 # each lesson's cells, output size and time
+    python -m fedlib grid fedcsr table2 --pending  # what is left of a paper-profile grid
+    python -m fedlib grid fedrkg table1 --seeds 0 1 2 3 4   # run it (resumable)
 """
 from __future__ import annotations
 
@@ -97,8 +99,36 @@ def build_parser() -> argparse.ArgumentParser:
     p_budget = course_sub.add_parser("budget", help="code cells, longest cell, text output and recorded time per notebook")
     p_budget.set_defaults(func=_cmd_course_budget)
 
+    p_grid = sub.add_parser(
+        "grid", help="run (or list what is left of) parts of a paper's paper-profile grid",
+        description="Run parts of a paper's recorded grid, resumably: every finished cell is appended to "
+        "results/<paper>/runs.jsonl and skipped next time. Everything after the paper is the paper's own "
+        "options: python -m fedlib grid <paper> --help lists them (parts, --pending, --rerun, --seeds, filters).",
+        add_help=False)
+    p_grid.add_argument("paper", help="paper slug: " + ", ".join(_grid_papers()))
+    p_grid.add_argument("options", nargs=argparse.REMAINDER, help="the paper's grid options")
+    p_grid.set_defaults(func=_cmd_grid)
+
     _add_optional_commands(sub)
     return parser
+
+
+def _grid_papers():
+    from fedlib.experiments import GRID_COMMANDS
+
+    return list(GRID_COMMANDS)
+
+
+def _cmd_grid(args) -> int:
+    from fedlib.experiments import grid_command
+
+    try:
+        command = grid_command(args.paper)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    command(list(args.options))
+    return 0
 
 
 def _cmd_course_build(args) -> int:

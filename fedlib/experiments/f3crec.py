@@ -34,7 +34,6 @@ values of the paper's grid diverge with F3CRec's ``lr × |I|`` item step.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import time
@@ -712,30 +711,16 @@ def memory_consumed_share(config: Mapping[str, Any], base: BlockResult, stream, 
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m fedlib.experiments.f3crec",
-                                     description="Run parts of the F3CRec paper-profile grid (resumable).")
-    parser.add_argument("parts", nargs="+", choices=PARTS)
-    parser.add_argument("--datasets", nargs="+", default=list(OFFLINE_DATASETS), choices=list(DATASETS))
-    parser.add_argument("--backbones", nargs="+", default=list(BACKBONES), choices=list(BACKBONES))
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-    parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=".cache/f3crec/paper")
-    parser.add_argument("--worker", type=int, default=0)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--rerun", action="store_true",
-                        help="train the selected cells again even when recorded, appending a new record that the "
-                             "tables then read (e.g. to record metrics added since the cell ran)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    cells: List[Dict[str, Any]] = []
-    for part in args.parts:
-        if part == "table2":
-            cells += table2_cells(args.datasets, args.backbones, args.methods)
-        else:
-            cells += grid_cells(part, args.datasets)
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers,
-             rerun=args.rerun)
+    """``python -m fedlib grid f3crec <parts> [--datasets ..] [--backbones ..] [--methods ..] [--seeds ..] [--pending]``
+    (:func:`fedlib.experiments.grid.grid_main`)."""
+    from fedlib.experiments import grid
+
+    grid.grid_main(argv, paper=PAPER, title="F3CRec", parts=PARTS, grid_cells=grid_cells, run_grid=run_grid,
+                   part_options={"--datasets": dict(nargs="+", default=list(OFFLINE_DATASETS), choices=list(DATASETS))},
+                   filters={"--backbones": grid.CellFilter("backbone", BACKBONES, keep_missing=True),
+                            "--methods": grid.CellFilter("method", METHODS, keep_missing=True,
+                                                         help="keep only cells of these methods")},
+                   cache_dir=".cache/f3crec/paper")
 
 
 if __name__ == "__main__":

@@ -375,8 +375,8 @@ class CellFilter(NamedTuple):
 def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: Sequence[str],
               grid_cells: Callable[..., List[Dict[str, Any]]], run_grid: Callable[..., Any],
               label: Optional[Callable[[Mapping[str, Any]], str]] = None,
-              filters: Mapping[str, CellFilter] = {}, part_options: Mapping[str, Mapping[str, Any]] = {}
-              ) -> List[Dict[str, Any]]:
+              filters: Mapping[str, CellFilter] = {}, part_options: Mapping[str, Mapping[str, Any]] = {},
+              cache_dir: Optional[str] = None) -> List[Dict[str, Any]]:
     """The command line of a paper's resumable grid: pick parts, filter cells, add seeds, run.
 
     Args:
@@ -387,6 +387,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         filters: option (``"--datasets"``) -> :class:`CellFilter`.
         part_options: option -> ``argparse`` keywords; its value goes to ``grid_cells`` under
             the option's name (``--dataset ML-1M`` -> ``grid_cells(part, dataset="ML-1M")``).
+        cache_dir: the default of ``--cache-dir`` (``.cache/<paper>``).
     Returns:
         The cells handed to ``run_grid`` (seeds applied, duplicates removed); with
         ``--pending``, the selected cells without a recorded run (nothing is trained).
@@ -398,7 +399,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     filters = dict(filters)
     if label is not None and "--methods" not in filters:
         filters["--methods"] = CellFilter(label, help="keep only cells with these row labels")
-    parser = argparse.ArgumentParser(prog=f"python -m fedlib.experiments.{paper}",
+    parser = argparse.ArgumentParser(prog=f"python -m fedlib grid {paper}",
                                      description=f"Run parts of the {title} paper-profile grid (resumable).")
     parser.add_argument("parts", nargs="+", choices=list(parts))
     for option, kwargs in part_options.items():
@@ -409,7 +410,7 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],
                         help="run every selected cell with each of these seeds")
     parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=f".cache/{paper}")
+    parser.add_argument("--cache-dir", default=cache_dir or f".cache/{paper}")
     parser.add_argument("--worker", type=int, default=0, help="this process takes every WORKERS-th cell from WORKER")
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
