@@ -44,14 +44,13 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 import pandas as pd
 import torch
-import torch.nn.functional as F
 
 from fedlib.data.protocols import build_split
-from fedlib.data.sampling import NegativeSampler
 from fedlib.device import default_device
 from fedlib.engine import CommunicationLedger, FederatedConfig, fedmf_method, fedncf_method, run_federated
+from fedlib.engine.centralised import Centralised
 from fedlib.engine.method import LocalOptimizer
-from fedlib.engine.plan import round_generator
+from fedlib.engine.trainer import Schedule, train
 from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
@@ -365,45 +364,35 @@ def _run_fedpergnn(config, split, recorder, init, device, progress):
 def _run_centralised(config, split, recorder, init, device, progress):
     """The backbone trained on the pooled data with Adam (FedKDRec's "Centralized" rows).
 
-    One epoch: every training pair with 4 fresh negatives, shuffled, batch :data:`CENTRAL_BATCH`, BCE; LightGCN
-    propagates over the training graph. Evaluated every ``eval_every // 10`` epochs (at
-    least 1), stopped after :data:`CENTRAL_PATIENCE` evaluations without improvement.
+    The :class:`~fedlib.engine.centralised.Centralised` algorithm: one round = one epoch over every
+    training pair with 4 fresh negatives, shuffled, batch :data:`CENTRAL_BATCH`, BCE; LightGCN
+    propagates over the training graph. Evaluated every ``eval_every // 10`` epochs (at least 1),
+    stopped after :data:`CENTRAL_PATIENCE` evaluations without improvement (the trainer's selection
+    on the recorder's validation value; the recorder keeps the test numbers of the selected epoch).
     """
     kind = BACKBONES[config["backbone"]]
     backbone = Backbone(kind, split.num_users, split.num_items, config["dim"],
                         paper_hidden(kind, DATASETS.get(config["dataset"], "ml-100k")))
-    generator = torch.Generator().manual_seed(int(config["seed"]))
-    params = {n: v.requires_grad_() for n, v in backbone.init_server(generator, init, device=device).items()}
     graph = backbone.server_graph(split.train, device=device)
-    optimizer = torch.optim.Adam(list(params.values()), lr=config["lr"], weight_decay=config["weight_decay"])
-    sampler = NegativeSampler(split.train, split.num_items)
-    users_np, items_np = split.train.users, split.train.items
-    every = max(1, config["eval_every"] // 10)
-    since_best = 0
-    for epoch in range(config["rounds"]):
-        rng = round_generator(config["seed"], epoch)
-        negatives = sampler.sample(users_np, 4, rng)  # (P, 4)
-        users = torch.as_tensor(np.repeat(users_np, 5), device=device)
-        items = torch.as_tensor(np.concatenate([items_np[:, None], negatives], 1).ravel(), device=device)
-        labels = torch.as_tensor(np.tile(np.r_[1.0, np.zeros(4)], users_np.size), device=device, dtype=torch.float32)
-        order = torch.as_tensor(rng.permutation(users.numel()), device=device)
-        for start in range(0, users.numel(), CENTRAL_BATCH):
-            idx = order[start:start + CENTRAL_BATCH]
-            loss = F.binary_cross_entropy_with_logits(backbone.server_logits(params, users[idx], items[idx], graph),
-                                                      labels[idx])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        if progress is not None:
-            progress(epoch + 1)
-        if (epoch + 1) % every == 0 or epoch + 1 == config["rounds"]:
-            frozen = {n: v.detach() for n, v in params.items()}
-            before = recorder.best
-            recorder(epoch + 1, lambda u: backbone.server_scores(frozen, u, graph),
-                     lambda u, i: backbone.server_pair_scores(frozen, u, i, graph), device)
-            since_best = 0 if recorder.best != before else since_best + 1
-            if since_best >= CENTRAL_PATIENCE:
-                break
+
+    def init_params(seed):
+        return backbone.init_server(torch.Generator().manual_seed(int(seed)), init, device=device)
+
+    def make_optimizer(params):
+        return torch.optim.Adam(params, lr=config["lr"], weight_decay=config["weight_decay"])
+
+    def evaluator(state, split_name):
+        frozen = {n: v.detach() for n, v in state.params.items()}
+        return {"value": recorder(state.round_index, lambda u: backbone.server_scores(frozen, u, graph),
+                                  lambda u, i: backbone.server_pair_scores(frozen, u, i, graph), device)}
+
+    algorithm = Centralised(lambda params, users, items: backbone.server_logits(params, users, items, graph),
+                            init_params, make_optimizer, split.train, split.num_items, batch_size=CENTRAL_BATCH,
+                            num_negatives=4, evaluator=evaluator)
+    schedule = Schedule(rounds=config["rounds"], eval_every=max(1, config["eval_every"] // 10),
+                        patience=CENTRAL_PATIENCE, selection_metric="value", test_at_end=False, keep_best_state=False)
+    train(algorithm, schedule, seed=config["seed"],
+          on_round_end=None if progress is None else (lambda run, record: progress(record["round"])))
     return None, {}
 
 

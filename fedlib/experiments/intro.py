@@ -17,11 +17,13 @@ import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
-from fedlib.engine.centralised import train_centralised
+from fedlib.engine.centralised import CentralisedState, sgd_centralised
 from fedlib.engine.executors import BatchedExecutor
 from fedlib.engine.loop import FederatedConfig, init_train_state, run_federated
 from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import make_round_plan, round_generator
+from fedlib.engine.trainer import Schedule, start_run
+from fedlib.engine.trainer import train as train_rounds
 from fedlib.methods.inference_attack import attack_scores, changed_rows_attack, sign_attack
 from fedlib.models.mf import MF
 
@@ -36,7 +38,11 @@ def train_centralised_selected(model: MF, train: Pairs, num_items: int, evaluate
                                lr: float, batch_size: int, num_negatives: int, seed: int, eval_every: int,
                                patience: Optional[int], sampler: Optional[NegativeSampler] = None,
                                ) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor], pd.DataFrame]:
-    """Train centralised MF epoch by epoch and keep the state best on validation.
+    """Train centralised MF epoch by epoch with the trainer and keep the state best on validation.
+
+    The :class:`~fedlib.engine.centralised.Centralised` algorithm (one round = one epoch over
+    the pooled data) under a :class:`~fedlib.engine.trainer.Schedule` with ``eval_every`` and
+    ``patience``: the trainer's one selection rule (the first best wins ties).
 
     Args:
         model: a :class:`~fedlib.models.mf.MF` (trained in place).
@@ -45,29 +51,30 @@ def train_centralised_selected(model: MF, train: Pairs, num_items: int, evaluate
         eval_every: evaluate every k epochs and after the last one; ``patience``: stop after
             that many evaluations without improvement (``None`` = never).
         Other arguments as :func:`~fedlib.engine.centralised.train_centralised` (epoch ``e``
-        draws from ``round_generator(seed, e)``, as one call over all epochs would).
+        draws from ``round_generator(seed, e)``).
 
     Returns:
         ``(global_state, private_state, history)``: the best states (copies) and one history
         row per evaluated epoch (``round`` = epoch, ``train_loss``, ``valid/score``).
     """
-    sampler = sampler if sampler is not None else NegativeSampler(train, num_items)
-    history, best, since_best, best_states = [], -np.inf, 0, None
-    for epoch in range(epochs):
-        loss = train_centralised(model, train, num_items, epochs=1, lr=lr, batch_size=batch_size,
-                                 num_negatives=num_negatives, seed=seed, sampler=sampler, first_epoch=epoch)[0]
-        if (epoch + 1) % eval_every and epoch + 1 != epochs:
-            continue
-        states = ({"item_emb": model.item_emb.detach().clone()}, {"user_emb": model.user_emb.detach().clone()})
-        score = float(evaluate_valid(*states))
-        history.append({"round": epoch + 1, "train_loss": loss, "valid/score": score})
-        if score > best:
-            best, since_best, best_states = score, 0, states
-        else:
-            since_best += 1
-            if patience is not None and since_best >= patience:
-                break
-    return best_states[0], best_states[1], pd.DataFrame(history)
+    def fedmf_layout(state: CentralisedState):
+        return ({"item_emb": state.params["item_emb"].detach().clone()},
+                {"user_emb": state.params["user_emb"].detach().clone()})
+
+    def evaluator(state: CentralisedState, split: str) -> Dict[str, float]:
+        return {"score": float(evaluate_valid(*fedmf_layout(state)))}
+
+    algorithm = sgd_centralised(model, train, num_items, lr=lr, batch_size=batch_size, num_negatives=num_negatives,
+                                sampler=sampler, evaluator=evaluator)
+    schedule = Schedule(rounds=epochs, eval_every=eval_every, patience=patience, selection_metric="score",
+                        test_at_end=False)
+    start = start_run(algorithm, schedule, seed)
+    start.state = algorithm.state_from(dict(model.named_parameters()))  # the model itself is trained
+    run = train_rounds(algorithm, schedule, seed=seed, start=start)
+    history = [{k: row[k] for k in ("round", "train_loss", "valid/score")} for row in run.history
+               if "valid/score" in row]
+    best_global, best_private = fedmf_layout(run.best_state)
+    return best_global, best_private, pd.DataFrame(history)
 
 
 def attack_one_round(method: FederatedMethod, global_state: Dict[str, torch.Tensor],
