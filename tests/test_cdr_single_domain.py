@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.data.synthetic import overlapping_domains
+from fedlib.engine import Checkpointer
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.methods import cdr_single_domain as S
 from fedlib.models.ncf import FedNCF, NeuMF
@@ -76,14 +77,15 @@ def test_lightgcn_scores_average_the_layers_on_a_path_graph():
     # u0 — i0 — u1: Â[u, i0] = 1/√2. Scalars x(u0) = 1, x(u1) = 0, y(i0) = 2.
     toy = _toy_split([0, 1], [0, 0], 2, 1)
     domain = S._LightGCNDomain(toy, S.LightGCNConfig(dim=1), 0, torch.device("cpu"))
+    live = domain.init()
     with torch.no_grad():
-        domain.model.user_emb.copy_(torch.tensor([[1.0], [0.0]]))
-        domain.model.item_emb.copy_(torch.tensor([[2.0]]))
+        live.model.user_emb.copy_(torch.tensor([[1.0], [0.0]]))
+        live.model.item_emb.copy_(torch.tensor([[2.0]]))
     r2 = math.sqrt(2.0)
     # Layers of u0: 1, √2, 1/2, √2; of i0: 2, 1/√2, 2, 1/√2 (the mean, not the sum).
     e_u0 = (1 + r2 + 0.5 + r2) / 4
     e_i0 = (2 + 1 / r2 + 2 + 1 / r2) / 4
-    score = domain.scorer()(torch.tensor([0]), torch.tensor([[0]]))
+    score = domain.scorer(live)(torch.tensor([0]), torch.tensor([[0]]))
     assert score.item() == pytest.approx(e_u0 * e_i0, rel=1e-6)
 
 
@@ -92,17 +94,18 @@ def test_lightgcn_epoch_loss_is_bpr_against_the_only_possible_negative():
     toy = _toy_split([0, 1], [0, 0], 2, 2)
     config = S.LightGCNConfig(dim=2, num_layers=2, batch_size=8, l2=0.0, lr=1e-3)
     domain = S._LightGCNDomain(toy, config, 0, torch.device("cpu"))
+    live = domain.init()
     e0 = torch.tensor([[1.0, 0.5], [-0.5, 1.0], [0.3, 0.2], [1.0, -1.0]], dtype=torch.float64)  # u0, u1, i0, i1
     with torch.no_grad():
-        domain.model.user_emb.copy_(e0[:2])
-        domain.model.item_emb.copy_(e0[2:])
+        live.model.user_emb.copy_(e0[:2])
+        live.model.item_emb.copy_(e0[2:])
     a = torch.zeros(4, 4, dtype=torch.float64)
     a[0, 2] = a[2, 0] = a[1, 2] = a[2, 1] = 1 / math.sqrt(2)  # degrees 1, 1, 2, 0
     layers = [e0, a @ e0, a @ a @ e0]
     e = sum(layers) / 3
     diff = (e[:2] * e[2]).sum(1) - (e[:2] * e[3]).sum(1)
     expected = -F.logsigmoid(diff).mean().item()
-    assert domain.train_epoch()["loss"] == pytest.approx(expected, rel=1e-5)
+    assert domain.train_epoch(live)[1]["loss"] == pytest.approx(expected, rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- FedNCF
@@ -117,7 +120,7 @@ def test_clients_per_round_is_the_fraction_of_active_users():
 def _reference_round(domain, before_global, before_private, lr):
     """One FedNCF round written out client by client: private user rows, fresh Adam, FedAvg by n_c."""
     config = domain.engine_config
-    plan = make_round_plan(domain.split.train, domain.sampler, round_generator(config.seed, 0),
+    plan = make_round_plan(domain.split.train, domain.averaging.sampler, round_generator(config.seed, 0),
                            num_negatives=config.num_negatives, batch_size=config.batch_size,
                            local_epochs=config.local_epochs, clients_per_round=config.clients_per_round)
     weights = plan.num_examples / plan.num_examples.sum()
@@ -154,23 +157,25 @@ def test_fedncf_round_is_per_client_adam_then_sample_weighted_fedavg():
     config = S.FedNCFConfig(dim=3, hidden=(4, 2), lr=0.05, batch_size=4, local_epochs=2, num_negatives=1,
                             client_fraction=0.5, dtype="float64")
     domain = S._FedNCFDomain(toy, config, 0, torch.device("cpu"))
-    before_global = {k: v.clone() for k, v in domain.state.global_state.items()}
-    before_private = {k: v.clone() for k, v in domain.state.private_state.items()}
+    live = domain.init()
+    before_global = {k: v.clone() for k, v in live.averaging.global_state.items()}
+    before_private = {k: v.clone() for k, v in live.averaging.private_state.items()}
     plan, ref_global, ref_private = _reference_round(domain, before_global, before_private, config.lr)
     assert plan.num_clients == 3 and len(set(plan.num_examples.tolist())) > 1  # unequal weights
-    domain.train_epoch()
+    live, _ = domain.train_epoch(live, 0)
+    assert live.bytes_up > 0 and live.bytes_down > 0
     for k, v in ref_global.items():
-        assert torch.allclose(domain.state.global_state[k], v, atol=1e-10), k
+        assert torch.allclose(live.averaging.global_state[k], v, atol=1e-10), k
     for k, v in ref_private.items():
-        assert torch.allclose(domain.state.private_state[k], v, atol=1e-10), k
+        assert torch.allclose(live.averaging.private_state[k], v, atol=1e-10), k
     # Users not sampled keep their private vectors; rows nobody touched keep their value.
     others = np.setdiff1d(np.arange(6), plan.clients)
-    assert torch.equal(domain.state.private_state["user_emb"][others], before_private["user_emb"][others])
+    assert torch.equal(live.averaging.private_state["user_emb"][others], before_private["user_emb"][others])
     touched = np.unique(plan.items)
     untouched = np.setdiff1d(np.arange(12), touched)
     assert untouched.size > 0
-    assert torch.equal(domain.state.global_state["item_emb"][untouched], before_global["item_emb"][untouched])
-    assert not torch.allclose(domain.state.global_state["item_emb"][touched], before_global["item_emb"][touched])
+    assert torch.equal(live.averaging.global_state["item_emb"][untouched], before_global["item_emb"][untouched])
+    assert not torch.allclose(live.averaging.global_state["item_emb"][touched], before_global["item_emb"][touched])
 
 
 def test_fedncf_batched_and_sequential_executors_give_the_same_run(small_split):
@@ -244,3 +249,43 @@ def test_same_seed_same_numbers(small_split, config):
     assert strip(first.history) == strip(second.history)
     other = S.train_single_domain(small_split, type(config)(**{**config.__dict__, "seed": 5}))
     assert strip(other.history) != strip(first.history)
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("config", [
+    S.NeuMFConfig(epochs=4, dim=8, seed=2),
+    S.LightGCNConfig(epochs=4, dim=8, batch_size=128, seed=2),
+    S.FedNCFConfig(rounds=4, dim=8, eval_every=1, client_fraction=0.3, seed=2),
+], ids=lambda c: c.model)
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(small_split, config, tmp_path):
+    """Models, optimisers, generators (and FedNCF's byte counts) are in the checkpoint: a run killed
+    in round 2 and resumed gives the uninterrupted run's history, selection and final parameters."""
+    full = S.train_single_domain(small_split, config)
+
+    def kill_after_round_2(run, record):
+        if run.round_index == 2:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        S._train(small_split, config, S.DOMAIN_CLASSES[type(config)], "cpu", None, (5, 10), 4,
+                 Checkpointer(tmp_path, name="run", every=1),
+                 on_round_end=kill_after_round_2)
+    checkpointer = Checkpointer(tmp_path, name="run", every=1)
+    resumed = S.train_single_domain(small_split, config, checkpointer=checkpointer)
+    assert checkpointer.resumed_at == [1]  # killed during round 2: its checkpoint was not yet written
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert strip(resumed.history) == strip(full.history)
+    assert (resumed.selected, resumed.selected_round, resumed.test_selected) == \
+        (full.selected, full.selected_round, full.test_selected)
+    assert resumed.extra == full.extra
+    for name in small_split.domains:
+        if isinstance(config, S.FedNCFConfig):
+            final_full, final_resumed = full.artifacts["states"][name].global_state, \
+                resumed.artifacts["states"][name].global_state
+        else:
+            final_full, final_resumed = full.models[name].state_dict(), resumed.models[name].state_dict()
+        for key, value in final_full.items():
+            assert torch.equal(value, final_resumed[key]), (name, key)

@@ -1,41 +1,52 @@
-"""What every cross-domain method of the FedPCL-CDR comparison shares: evaluation, selection, result.
+"""What every cross-domain method of the FedPCL-CDR comparison shares: evaluation, the trainer's schedule, result.
 
 A method trains on a :class:`~fedlib.data.splits.DomainSplit` (2+ domains, users
 ``0 .. n_o − 1`` shared) and is evaluated per domain on the protocol's sampled candidates
 (``split[d].extra["valid_candidates"]`` / ``["test_candidates"]``, positive in column 0).
-The shared pieces:
+Every method is an :class:`~fedlib.engine.algorithm.Algorithm` trained by the one trainer,
+:func:`fedlib.engine.train`; one round is one epoch of a centralised baseline or one
+communication round of a federated one. The shared pieces:
 
 * :func:`evaluate_scorer`: HR@K, NDCG@K and MRR of a ``score(users (n,), items (n, C)) -> (n, C)``
   function on one domain and role (a metric, :mod:`fedlib.metrics.scorer`, imported here);
-* :class:`SelectionTracker`: keeps the metrics at the best mean **validation** HR@10 (our rule,
-  with patience) and, for the audit, at the best mean **test** HR@10 (the FedPCL-CDR code's
-  rule);
-* :class:`CDRResult`: what a run returns, whatever the method.
+* :class:`CrossDomainAlgorithm`: the family's evaluation (``{"<domain>/HR@10": ..., "HR@10": mean
+  over domains}``), and its checkpointable state: the live models, optimisers and generators of
+  a run, saved as tensors and plain values and loaded back into a freshly initialised state;
+* :func:`train_cross_domain`: the family's :class:`~fedlib.engine.trainer.Schedule` (select on
+  the **mean validation** HR@10 with patience, and the audit: the evaluation with the best mean
+  **test** HR@10, the FedPCL-CDR code's rule; test numbers at every evaluation);
+* :class:`CDRResult`: what a run returns, whatever the method, a view of the trainer's
+  :class:`~fedlib.engine.trainer.RunResult` (:meth:`CDRResult.from_run`).
 
 Example (any method)::
 
-    tracker = SelectionTracker(patience=10)
-    for epoch in range(1, epochs + 1):
-        ...train...
-        metrics = {d: evaluate_both(scorer_for(d), split[d]) for d in split.domains}
-        if tracker.update(epoch, metrics):
-            break
-    return tracker.result(config, wall_seconds=...)
+    algorithm = MyMethod(split, config, device)            # a CrossDomainAlgorithm
+    run = train_cross_domain(algorithm, config, rounds=config.epochs)
+    return CDRResult.from_run("MyMethod", config, run, split.domains, extra={...})
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
+import torch
 
+from fedlib.engine.algorithm import RoundContext
+from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
-__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "SelectionTracker", "CDRResult", "SELECTION_METRIC",
-           "check_positive_ints", "check_training_loop"]
+__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CDRResult", "CrossDomainAlgorithm",
+           "train_cross_domain", "cdr_schedule", "SelectionTracker", "SELECTION_METRIC", "check_positive_ints", "check_training_loop"]
 
 SELECTION_METRIC = "HR@10"
+ROLES = ("valid", "test")
+
+Progress = Optional[Callable[[int, Dict[str, float]], None]]
 
 
 def check_positive_ints(config: Any, names: Sequence[str], hint: str = "") -> None:
@@ -70,9 +81,43 @@ def check_training_loop(config: Any, positive_ints: Sequence[str] = ()) -> None:
         raise ValueError(f"{name}.seed must be an integer >= 0, got {config.seed!r}")
 
 
+# --------------------------------------------------------------------------------------
+# The result: a view of the trainer's RunResult
+# --------------------------------------------------------------------------------------
+def _domain_blocks(metrics: Optional[Mapping[str, float]], domains: Sequence[str]) -> Dict[str, Dict[str, float]]:
+    """``{"valid/<d>/HR@10": ...}`` (the trainer's keys) → ``{d: {"valid/HR@10": ..., "test/HR@10": ...}}``."""
+    if not metrics:
+        return {}
+    blocks: Dict[str, Dict[str, float]] = {}
+    for domain in domains:
+        block: Dict[str, float] = {}
+        for role in ROLES:
+            prefix = f"{role}/{domain}/"
+            block.update({f"{role}/{key[len(prefix):]}": value for key, value in metrics.items()
+                          if key.startswith(prefix)})
+        blocks[domain] = block
+    return blocks
+
+
+def history_row(record: Mapping[str, Any], domains: Sequence[str]) -> Dict[str, Any]:
+    """One evaluated round of the trainer's history in the family's layout.
+
+    ``round``, what the round logged (losses, bytes, ``seconds``; not the trainer's
+    ``train_loss``), ``"<domain>/<role>/<metric>"`` domain by domain (valid then test), and
+    the means ``"valid/HR@10"`` and ``"test/HR@10"`` over the domains.
+    """
+    row: Dict[str, Any] = {"round": record["round"]}
+    row.update({key: value for key, value in record.items()
+                if key not in ("round", "train_loss") and not key.startswith(("valid/", "test/"))})
+    for domain, block in _domain_blocks(record, domains).items():
+        row.update({f"{domain}/{key}": value for key, value in block.items()})
+    row.update({f"{role}/{SELECTION_METRIC}": record[f"{role}/{SELECTION_METRIC}"] for role in ROLES})
+    return row
+
+
 @dataclass
 class CDRResult:
-    """A finished cross-domain run.
+    """A finished cross-domain run: a view of the trainer's :class:`~fedlib.engine.trainer.RunResult`.
 
     Attributes:
         selected: ``{domain: {"valid/HR@10", "test/HR@10", "test/NDCG@10", ...}}`` at
@@ -99,6 +144,31 @@ class CDRResult:
     models: Dict[str, Any] = field(repr=False, default_factory=dict)
     artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
 
+    @classmethod
+    def from_run(cls, method: str, config: Any, run: RunResult, domains: Sequence[str], *,
+                 wall_seconds: Optional[float] = None, extra: Optional[Mapping[str, float]] = None,
+                 models: Optional[Mapping[str, Any]] = None,
+                 artifacts: Optional[Mapping[str, Any]] = None) -> "CDRResult":
+        """The family's view of a finished run of :func:`train_cross_domain`.
+
+        ``selected`` is the trainer's selection (its metrics carry the test numbers of the
+        selected evaluation), ``test_selected`` its audit, ``history`` the evaluated rounds
+        (:func:`history_row`). ``wall_seconds`` defaults to the run's.
+
+        Raises ``RuntimeError`` when the run recorded no evaluation.
+        """
+        evaluated = [record for record in run.history if f"valid/{SELECTION_METRIC}" in record]
+        if not evaluated:
+            raise RuntimeError("the run recorded no evaluation; train with evaluate=True and at least one round")
+        audit = run.audit
+        return cls(method, config, _domain_blocks(run.selection.best_metrics, domains),
+                   int(run.selection.best_round or 0),
+                   {} if audit is None else _domain_blocks(audit.best_metrics, domains),
+                   0 if audit is None else int(audit.best_round or 0),
+                   [history_row(record, domains) for record in evaluated],
+                   run.wall_seconds if wall_seconds is None else float(wall_seconds),
+                   dict(extra or {}), dict(models or {}), dict(artifacts or {}))
+
     def flat_metrics(self) -> Dict[str, float]:
         """``{"<domain>/test/HR@10": ..., "test_selected/<domain>/test/HR@10": ..., ...}`` for records."""
         out: Dict[str, float] = {}
@@ -112,6 +182,152 @@ class CDRResult:
         return out
 
 
+# --------------------------------------------------------------------------------------
+# The algorithm side: evaluation and a checkpointable state of live objects
+# --------------------------------------------------------------------------------------
+def _export(value):
+    """Tensors and plain values of one field of a live state (what a checkpoint stores)."""
+    if isinstance(value, torch.nn.Module):
+        # parameters and buffers, plus the dense tensors and flags a model keeps as plain
+        # attributes (received messages, prototypes, assignments); sparse graphs are static
+        attributes = {}
+        for name, module in value.named_modules():
+            for key, item in vars(module).items():
+                if key.startswith("_") or key == "training":
+                    continue
+                if (isinstance(item, torch.Tensor) and item.layout == torch.strided) or \
+                        isinstance(item, (bool, int, float)):
+                    attributes[f"{name}:{key}"] = item
+        return {"module": value.state_dict(), "attributes": attributes}
+    if isinstance(value, torch.optim.Optimizer):
+        return value.state_dict()
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    if isinstance(value, torch.Generator):
+        return value.get_state()
+    if isinstance(value, dict):
+        return {key: _export(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_export(item) for item in value]
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if dataclasses.is_dataclass(value):
+        return {f.name: _export(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    raise TypeError(f"cannot checkpoint a {type(value).__name__} in a cross-domain state; hold it as tensors, "
+                    f"plain values, modules, optimisers or generators")
+
+
+def _import(fresh, saved):
+    """Load ``saved`` (from :func:`_export`) into ``fresh`` (the same field of a freshly initialised state)."""
+    if isinstance(fresh, torch.nn.Module):
+        fresh.load_state_dict(saved["module"])
+        modules = dict(fresh.named_modules())
+        for key, item in saved["attributes"].items():
+            name, attribute = key.split(":", 1)
+            setattr(modules[name], attribute, item)
+        return fresh
+    if isinstance(fresh, torch.optim.Optimizer):
+        fresh.load_state_dict(saved)
+        return fresh
+    if isinstance(fresh, np.random.Generator):
+        fresh.bit_generator.state = saved
+        return fresh
+    if isinstance(fresh, torch.Generator):
+        fresh.set_state(saved)
+        return fresh
+    if isinstance(fresh, dict):
+        return {key: _import(fresh.get(key), item) for key, item in saved.items()}
+    if isinstance(fresh, (list, tuple)) and len(fresh) == len(saved):
+        return type(fresh)(_import(f, s) for f, s in zip(fresh, saved))
+    if dataclasses.is_dataclass(fresh) and not isinstance(fresh, type):
+        return dataclasses.replace(fresh, **{key: _import(getattr(fresh, key), item) for key, item in saved.items()})
+    return saved
+
+
+class CrossDomainAlgorithm:
+    """The family's side of the :class:`~fedlib.engine.algorithm.Algorithm` protocol.
+
+    A subclass sets ``self.split`` (the :class:`~fedlib.data.splits.DomainSplit`), ``self.seed``,
+    ``self.device`` and ``self.ks`` and implements ``init(seed)`` (a dataclass state of live
+    models, optimisers and generators), ``run_round(state, plan, context)`` (one epoch or
+    round, mutating the live objects and returning the state) and ``scorers(state) ->
+    {domain: PairScorer}``. The epoch's randomness comes from the generators held in the
+    state (so a checkpoint captures it), drawn in the order of the paper's code; the
+    trainer's ``context.rng`` is not used, and ``plan_round`` returns the round index.
+    """
+
+    split: Any
+    seed: int
+    device: torch.device
+    ks: Sequence[int] = (5, 10)
+
+    def plan_round(self, state, context: RoundContext) -> int:
+        return context.index
+
+    def scorers(self, state) -> Dict[str, PairScorer]:
+        raise NotImplementedError
+
+    def evaluate(self, state, split: str) -> Dict[str, float]:
+        """``{"<domain>/HR@10": ..., ..., "HR@10": mean over domains}`` on ``split`` (``"valid"`` or ``"test"``)."""
+        with torch.no_grad():
+            scorers = self.scorers(state)
+            metrics: Dict[str, float] = {}
+            for domain in self.split.domains:
+                values = evaluate_scorer(scorers[domain], self.split[domain], split, self.ks, self.device)
+                metrics.update({f"{domain}/{key}": value for key, value in values.items()})
+        metrics[SELECTION_METRIC] = float(np.mean([metrics[f"{d}/{SELECTION_METRIC}"] for d in self.split.domains]))
+        return metrics
+
+    def state_dict(self, state) -> Dict[str, Any]:
+        return {f.name: _export(getattr(state, f.name)) for f in dataclasses.fields(state)}
+
+    def load_state(self, saved: Mapping[str, Any]):
+        fresh = self.init(self.seed)
+        return dataclasses.replace(fresh, **{key: _import(getattr(fresh, key), item) for key, item in saved.items()})
+
+    def copy_state(self, state):
+        """A copy through :meth:`state_dict` into a freshly initialised state (later rounds leave it unchanged)."""
+        return self.load_state(copy.deepcopy(self.state_dict(state)))
+
+
+def cdr_schedule(config: Any, rounds: int, select_on: Optional[str] = None) -> Schedule:
+    """The family's schedule: evaluate valid and test every ``config.eval_every`` rounds, select on
+    mean HR@10 (``config.select_on``: validation, or test for the audit cells), stop after
+    ``config.patience`` evaluations without improvement, keep the best-on-test evaluation as the audit."""
+    return Schedule(rounds=int(rounds), eval_every=int(config.eval_every), patience=int(config.patience),
+                    selection_metric=SELECTION_METRIC, test_at_end=False, keep_best_state=False,
+                    test_every_evaluation=True, audit_metric=SELECTION_METRIC,
+                    select_on=config.select_on if select_on is None else select_on)
+
+
+def train_cross_domain(algorithm: CrossDomainAlgorithm, config: Any, *, rounds: int, progress: Progress = None,
+                       select_on: Optional[str] = None, checkpointer=None,
+                       checkpoint_config: Optional[Mapping[str, Any]] = None,
+                       on_round_end: Optional[Callable[[RunResult, Dict[str, float]], None]] = None) -> RunResult:
+    """Train ``algorithm`` with :func:`cdr_schedule` through the one trainer.
+
+    Every evaluated history record gets ``seconds`` (wall time since this call began, after
+    the evaluation), and ``progress(round, history_row)`` is called with its
+    :func:`history_row`. ``on_round_end(run, record)`` is called after each round (tests stop
+    a run with it). ``checkpointer``/``checkpoint_config``: as :func:`fedlib.engine.train`.
+    """
+    start = time.perf_counter()
+    domains = list(algorithm.split.domains)
+
+    def after_round(run: RunResult, record: Dict[str, float]) -> None:
+        if f"valid/{SELECTION_METRIC}" in record:
+            earlier = checkpointer.earlier_seconds if checkpointer is not None else 0.0  # a resumed run's past
+            record["seconds"] = earlier + time.perf_counter() - start
+            if progress is not None:
+                progress(record["round"], history_row(record, domains))
+        if on_round_end is not None:
+            on_round_end(run, record)
+
+    return train(algorithm, cdr_schedule(config, rounds, select_on), seed=algorithm.seed, checkpointer=checkpointer,
+                 checkpoint_config=checkpoint_config, on_round_end=after_round)
+
+
+# Kept until every method of the family runs through the trainer (then removed).
 class SelectionTracker:
     """Model selection over evaluations: validation (with patience) and test (audit only).
 

@@ -60,9 +60,9 @@ too), and uploads its copy ``θ_c``; the server keeps::
 
 Item rows a client never touched carry its downloaded value, so a row moves only through the
 clients that trained on it. The simulation is the project's engine
-(:func:`fedlib.engine.run_federated` with :func:`fedlib.engine.fedncf_method`, the
-:class:`fedlib.models.ncf.FedNCF` backbone and ``Aggregation("num_examples")``), one round at a
-time: :class:`~fedlib.engine.BatchedExecutor` runs all sampled clients of a round together
+(:class:`fedlib.engine.loop.ParameterAveraging` of :func:`fedlib.engine.fedncf_method`, the
+:class:`fedlib.models.ncf.FedNCF` backbone and ``Aggregation("num_examples")``), one round of
+every domain per trainer round: :class:`~fedlib.engine.BatchedExecutor` runs all sampled clients of a round together
 (stacked private rows, per-client copies of the dense public tensors and of the item rows each
 client touches), :class:`~fedlib.engine.SequentialExecutor` (``executor="sequential"``) is the
 plain one-client-at-a-time reference; tests check both give the same numbers.
@@ -100,8 +100,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, replace
-from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -112,10 +112,14 @@ from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.aggregation import Aggregation
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.executors import make_executor
-from fedlib.engine.loop import FederatedConfig, TrainState, init_train_state, run_federated
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.engine.loop import AveragingState, FederatedConfig, ParameterAveraging
 from fedlib.engine.method import FederatedMethod, fedncf_method
 from fedlib.engine.optim import adam
-from fedlib.methods.cdr_common import CDRResult, PairScorer, SelectionTracker, check_training_loop, evaluate_both
+from fedlib.engine.plan import round_generator
+from fedlib.engine.trainer import RunResult
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, PairScorer, check_training_loop,
+                                       train_cross_domain)
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
 
@@ -353,100 +357,118 @@ def _init_generator(seed: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed) * 1000 + int(index))
 
 
+@dataclass
+class _LocalModel:
+    """The live state of one domain's centralised model: the model, its Adam and the epoch generator."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rng: np.random.Generator
+
+
 class _NeuMFDomain:
-    """One domain's NeuMF, its Adam, sampler and generator."""
+    """One domain's NeuMF: its data, config and sampler (the live model is in a :class:`_LocalModel`)."""
 
     def __init__(self, split: InteractionSplit, config: NeuMFConfig, index: int, device):
-        self.split, self.config, self.device = split, config, device
-        self.model = NeuMF(split.num_users, split.num_items, config.dim, config.hidden, init="ncf",
-                           generator=_init_generator(config.seed, index)).to(device)
-        self.optimizer = adam(self.model.parameters(), lr=config.lr)
+        self.split, self.config, self.index, self.device = split, config, index, device
         self.sampler = NegativeSampler(split.train, split.num_items)
-        self.rng = _domain_rng(config.seed, index)
 
-    def train_epoch(self) -> Dict[str, float]:
+    def init(self) -> _LocalModel:
+        config = self.config
+        model = NeuMF(self.split.num_users, self.split.num_items, config.dim, config.hidden, init="ncf",
+                      generator=_init_generator(config.seed, self.index)).to(self.device)
+        return _LocalModel(model, adam(model.parameters(), lr=config.lr), _domain_rng(config.seed, self.index))
+
+    def train_epoch(self, live: _LocalModel) -> Tuple[_LocalModel, Dict[str, float]]:
         """One pass over every positive and ``k`` fresh negatives per positive, shuffled."""
-        train, k = self.split.train, self.config.num_negatives
-        negatives = self.sampler.sample(train.users, k, self.rng)  # (P, k)
+        train, k, rng = self.split.train, self.config.num_negatives, live.rng
+        negatives = self.sampler.sample(train.users, k, rng)  # (P, k)
         users = np.concatenate([train.users, np.repeat(train.users, k)])  # (P(1 + k),)
         items = np.concatenate([train.items, negatives.reshape(-1)])
         labels = np.concatenate([np.ones(len(train), np.float32), np.zeros(negatives.size, np.float32)])
-        order = self.rng.permutation(users.size)
+        order = rng.permutation(users.size)
         users_t = torch.as_tensor(users[order], device=self.device)
         items_t = torch.as_tensor(items[order], device=self.device)
         labels_t = torch.as_tensor(labels[order], device=self.device)
-        self.model.train()
+        live.model.train()
         total, steps = 0.0, 0
         num_hidden = len(self.config.hidden)
         for start in range(0, users.size, self.config.batch_size):
             u = users_t[start:start + self.config.batch_size]
-            logits = ncf_candidate_logits(self.model.params, num_hidden, u,
+            logits = ncf_candidate_logits(live.model.params, num_hidden, u,
                                           items_t[start:start + self.config.batch_size, None])[:, 0]  # (B,)
             loss = F.binary_cross_entropy_with_logits(logits, labels_t[start:start + self.config.batch_size])
-            self.optimizer.zero_grad(set_to_none=True)
+            live.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            self.optimizer.step()
+            live.optimizer.step()
             total, steps = total + loss.item(), steps + 1
-        return {"loss": total / max(steps, 1)}
+        return live, {"loss": total / max(steps, 1)}
 
-    def scorer(self) -> PairScorer:
-        self.model.eval()
-        params, num_hidden = self.model.params, len(self.config.hidden)
+    def scorer(self, live: _LocalModel) -> PairScorer:
+        live.model.eval()
+        params, num_hidden = live.model.params, len(self.config.hidden)
         return lambda users, items: ncf_candidate_logits(params, num_hidden, users, items)
+
+    def model(self, live: _LocalModel):
+        return live.model
 
 
 class _LightGCNDomain:
-    """One domain's LightGCN on its training graph, its Adam, sampler and generator."""
+    """One domain's LightGCN on its training graph (the live model is in a :class:`_LocalModel`)."""
 
     def __init__(self, split: InteractionSplit, config: LightGCNConfig, index: int, device):
-        self.split, self.config, self.device = split, config, device
-        self.model = LightGCN(split.train, split.num_users, split.num_items, config.dim, config.num_layers,
-                              init_std=config.init_std, combine="mean",
-                              generator=_init_generator(config.seed, index))
+        self.split, self.config, self.index, self.device = split, config, index, device
+        self.sampler = NegativeSampler(split.train, split.num_items)
+
+    def init(self) -> _LocalModel:
+        config, split = self.config, self.split
+        model = LightGCN(split.train, split.num_users, split.num_items, config.dim, config.num_layers,
+                         init_std=config.init_std, combine="mean", generator=_init_generator(config.seed, self.index))
         with warnings.catch_warnings():  # "CSR support is in beta": same products, ~1.5x faster on CPU
             warnings.simplefilter("ignore", UserWarning)
-            self.model.adjacency = self.model.adjacency.to_sparse_csr()
-        self.model.to(device)
-        self.optimizer = adam(self.model.parameters(), lr=config.lr)
-        self.sampler = NegativeSampler(split.train, split.num_items)
-        self.rng = _domain_rng(config.seed, index)
+            model.adjacency = model.adjacency.to_sparse_csr()
+        model.to(self.device)
+        return _LocalModel(model, adam(model.parameters(), lr=config.lr), _domain_rng(config.seed, self.index))
 
-    def train_epoch(self) -> Dict[str, float]:
+    def train_epoch(self, live: _LocalModel) -> Tuple[_LocalModel, Dict[str, float]]:
         """One (u, i, j) triple per training pair (BPR), or ``k`` negatives per pair (BCE)."""
-        train, config = self.split.train, self.config
+        train, config, model, rng = self.split.train, self.config, live.model, live.rng
         k = 1 if config.loss == "bpr" else config.num_negatives
-        order = self.rng.permutation(len(train))
+        order = rng.permutation(len(train))
         users = train.users[order]
         positives = train.items[order]
-        negatives = self.sampler.sample(users, k, self.rng)  # (P, k)
+        negatives = self.sampler.sample(users, k, rng)  # (P, k)
         users_t = torch.as_tensor(users, device=self.device)
         pos_t = torch.as_tensor(positives, device=self.device)
         neg_t = torch.as_tensor(negatives, device=self.device)
-        self.model.train()
+        model.train()
         total, steps = 0.0, 0
         for start in range(0, users.size, config.batch_size):
             u = users_t[start:start + config.batch_size]
             pos = pos_t[start:start + config.batch_size]
             neg = neg_t[start:start + config.batch_size]  # (B, k)
             if config.loss == "bpr":
-                loss = self.model.bpr_loss(u, pos, neg[:, 0], l2=config.l2)
+                loss = model.bpr_loss(u, pos, neg[:, 0], l2=config.l2)
             else:
                 all_users = torch.cat([u, u.repeat_interleave(k)])
                 all_items = torch.cat([pos, neg.reshape(-1)])
                 labels = torch.cat([torch.ones_like(pos, dtype=torch.float32),
                                     torch.zeros(neg.numel(), dtype=torch.float32, device=self.device)])
-                loss = self.model.bce_loss(all_users, all_items, labels)
-            self.optimizer.zero_grad(set_to_none=True)
+                loss = model.bce_loss(all_users, all_items, labels)
+            live.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            self.optimizer.step()
+            live.optimizer.step()
             total, steps = total + loss.item(), steps + 1
-        return {"loss": total / max(steps, 1)}
+        return live, {"loss": total / max(steps, 1)}
 
-    def scorer(self) -> PairScorer:
-        self.model.eval()
+    def scorer(self, live: _LocalModel) -> PairScorer:
+        live.model.eval()
         with torch.no_grad():
-            user_nodes, item_nodes = self.model.propagate()  # one propagation for the whole evaluation
+            user_nodes, item_nodes = live.model.propagate()  # one propagation per evaluated split
         return lambda users, items: lightgcn_candidate_logits(user_nodes, item_nodes, users, items)
+
+    def model(self, live: _LocalModel):
+        return live.model
 
 
 def clients_per_round(num_active: int, fraction: float) -> Optional[int]:
@@ -470,62 +492,105 @@ def fedncf_engine_method(split: InteractionSplit, config: FedNCFConfig) -> Feder
                          upload_mode="rows")
 
 
+@dataclass
+class _FederatedDomain:
+    """The live state of one domain's FedNCF: the engine's parameter-averaging state and the bytes sent so far."""
+
+    averaging: AveragingState
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
 class _FedNCFDomain:
-    """One domain's FedNCF: the engine's state, advanced one round per :meth:`train_epoch`."""
+    """One domain's FedNCF: the engine's :class:`~fedlib.engine.loop.ParameterAveraging`, one round per epoch.
+
+    The domain's rounds draw their plans from ``round_generator(seed · 1000 + index, t)``, the
+    stream of the engine's own runs for this domain.
+    """
 
     def __init__(self, split: InteractionSplit, config: FedNCFConfig, index: int, device):
         self.split, self.config, self.device = split, config, device
         self.method = fedncf_engine_method(split, config)
-        self.model = self.method.model
+        if self.method.before_round is not None:
+            raise ValueError("FedNCF's engine method has a before_round hook, which this one-round-per-epoch "
+                             "driver does not call")
         self.engine_config = FederatedConfig(
             rounds=0, seed=int(config.seed) * 1000 + int(index), num_negatives=config.num_negatives,
             batch_size=config.batch_size, local_epochs=config.local_epochs,
             clients_per_round=clients_per_round(split.train.active_users().size, config.client_fraction),
             eval_every=1, patience=None, test_at_end=False, dtype=config.dtype)
-        self.executor = make_executor(config.executor, **({"chunk_size": config.chunk_size}
-                                                          if config.executor == "batched" else {}))
-        self.sampler = NegativeSampler(split.train, split.num_items)
-        self.ledger = CommunicationLedger()
-        self.state: TrainState = init_train_state(self.method, self.engine_config, device=device)
+        executor = make_executor(config.executor, **({"chunk_size": config.chunk_size}
+                                                     if config.executor == "batched" else {}))
+        self.averaging = ParameterAveraging(self.method, split.train, self.engine_config, executor=executor,
+                                            sampler=NegativeSampler(split.train, split.num_items), device=device)
 
-    def train_epoch(self) -> Dict[str, float]:
-        """One communication round: sample clients, local Adam, weighted FedAvg."""
-        target = replace(self.engine_config, rounds=self.state.round_index + 1)
-        self.state = run_federated(self.method, self.split.train, target, executor=self.executor, sampler=self.sampler,
-                                   state=self.state, device=self.device, keep_best_state=False, ledger=self.ledger)
-        return {"loss": float(self.state.history[-1]["train_loss"])}
+    def init(self) -> _FederatedDomain:
+        return _FederatedDomain(self.averaging.init(self.engine_config.seed))
 
-    def params(self) -> Dict[str, torch.Tensor]:
-        return {**self.state.global_state, **self.state.private_state}
+    def train_epoch(self, live: _FederatedDomain, round_index: int) -> Tuple[_FederatedDomain, Dict[str, float]]:
+        """Communication round ``round_index``: sample clients, local Adam, weighted FedAvg."""
+        seed = self.engine_config.seed
+        ledger = CommunicationLedger()
+        context = RoundContext(index=round_index, seed=seed, rng=round_generator(seed, round_index), ledger=ledger)
+        plan = self.averaging.plan_round(live.averaging, context)
+        averaging, report = self.averaging.run_round(live.averaging, plan, context)
+        live = _FederatedDomain(averaging, live.bytes_up + ledger.total("upload"),
+                                live.bytes_down + ledger.total("download"))
+        return live, {"loss": float(report.train_loss)}
 
-    def scorer(self) -> PairScorer:
-        params, num_hidden = self.params(), len(self.config.hidden)
+    def params(self, live: _FederatedDomain) -> Dict[str, torch.Tensor]:
+        return {**live.averaging.global_state, **live.averaging.private_state}
+
+    def scorer(self, live: _FederatedDomain) -> PairScorer:
+        params, num_hidden = self.params(live), len(self.config.hidden)
         return lambda users, items: ncf_candidate_logits(params, num_hidden, users, items)
 
+    def model(self, live: _FederatedDomain):
+        return self.method.model
+
 
 # --------------------------------------------------------------------------------------
-# The loop shared by the three baselines
+# The algorithm shared by the three baselines
 # --------------------------------------------------------------------------------------
-def _run(split: DomainSplit, config: AnyConfig, domains: Sequence, total: int, device, progress: Progress,
-         ks: Sequence[int], start: float) -> Tuple[SelectionTracker, int]:
-    """Train every domain one epoch (round), evaluate on schedule, select on mean valid HR@10."""
-    tracker = SelectionTracker(config.patience, config.select_on)
-    epoch = 0
-    for epoch in range(1, total + 1):
+@dataclass
+class SingleDomainState:
+    """Every domain's live state (:class:`_LocalModel` or :class:`_FederatedDomain`), in ``split.domains`` order."""
+
+    domains: List[Any]
+
+
+class SingleDomainBaseline(CrossDomainAlgorithm):
+    """One model per domain, trained side by side: one round = one epoch (one FedNCF round) of every domain.
+
+    Evaluation and selection are the family's (:mod:`fedlib.methods.cdr_common`): the mean
+    over domains of the validation HR@10 selects one round for the whole run.
+    """
+
+    def __init__(self, split: DomainSplit, config: AnyConfig, domain_class, device, ks: Sequence[int]):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        self.domains = [domain_class(split[name], config, i, device) for i, name in enumerate(split.domains)]
+
+    def init(self, seed: int) -> SingleDomainState:
+        return SingleDomainState([domain.init() for domain in self.domains])
+
+    def run_round(self, state: SingleDomainState, plan: int, context: RoundContext
+                  ) -> Tuple[SingleDomainState, RoundReport]:
         logged: Dict[str, float] = {}
-        for name, domain in zip(split.domains, domains):
-            logged.update({f"{name}/{key}": value for key, value in domain.train_epoch().items()})
-        if epoch % config.eval_every and epoch != total:
-            continue
-        with torch.no_grad():
-            metrics = {name: evaluate_both(domain.scorer(), split[name], ks, device)
-                       for name, domain in zip(split.domains, domains)}
-        stop = tracker.update(epoch, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(epoch, tracker.history[-1])
-        if stop:
-            break
-    return tracker, epoch
+        lives = []
+        for name, domain, live in zip(self.split.domains, self.domains, state.domains):
+            args = (context.index,) if isinstance(domain, _FedNCFDomain) else ()
+            live, losses = domain.train_epoch(live, *args)
+            lives.append(live)
+            logged.update({f"{name}/{key}": value for key, value in losses.items()})
+        loss = float(np.mean([value for key, value in logged.items() if key.endswith("/loss")]))
+        return SingleDomainState(lives), RoundReport(train_loss=loss, logged=logged)
+
+    def scorers(self, state: SingleDomainState) -> Dict[str, PairScorer]:
+        return {name: domain.scorer(live) for name, domain, live in zip(self.split.domains, self.domains, state.domains)}
+
+    def models(self, state: SingleDomainState) -> Dict[str, Any]:
+        return {name: domain.model(live) for name, domain, live in zip(self.split.domains, self.domains, state.domains)}
+
 
 
 def _check_split(split: DomainSplit) -> None:
@@ -546,72 +611,86 @@ def _check_config(config, expected: type) -> None:
                          f"train_single_domain(split, config) picks the trainer from the config type")
 
 
+def _train(split: DomainSplit, config: AnyConfig, domain_class, device, progress: Progress, ks: Sequence[int],
+           rounds: int, checkpointer=None, on_round_end=None) -> Tuple[SingleDomainBaseline, RunResult, float]:
+    """Build the algorithm and train it (the trainer's checkpoints when ``checkpointer`` is given)."""
+    _check_split(split)
+    device, start = _device(device), time.perf_counter()
+    algorithm = SingleDomainBaseline(split, config, domain_class, device, ks)
+    run = train_cross_domain(algorithm, config, rounds=rounds, progress=progress, checkpointer=checkpointer,
+                             checkpoint_config=None if checkpointer is None else _checkpoint_config(config),
+                             on_round_end=on_round_end)
+    return algorithm, run, time.perf_counter() - start
+
+
+def _checkpoint_config(config) -> Dict[str, Any]:
+    """The config as plain values (a checkpoint made under another one is refused)."""
+    return {"method": config.model, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
+
+
 def train_neumf(split: DomainSplit, config: NeuMFConfig = NeuMFConfig(), *, device=None, progress: Progress = None,
-                ks: Sequence[int] = (5, 10)) -> CDRResult:
+                ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """NeuMF on every domain of ``split`` alone (see the module docstring).
+
+    ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to
+    and resume it from (a resumed run equals an uninterrupted one); the same for every trainer here.
 
     Returns:
         :class:`~fedlib.methods.cdr_common.CDRResult` (``models``: the NeuMF of each domain;
         ``history`` rows carry ``<domain>/loss``).
     """
     _check_config(config, NeuMFConfig)
-    _check_split(split)
-    device, start = _device(device), time.perf_counter()
-    domains = [_NeuMFDomain(split[name], config, i, device) for i, name in enumerate(split.domains)]
-    tracker, epochs = _run(split, config, domains, config.epochs, device, progress, ks, start)
-    return tracker.result("NeuMF", config, time.perf_counter() - start, extra={"epochs_run": epochs},
-                          models={name: d.model for name, d in zip(split.domains, domains)})
+    algorithm, run, seconds = _train(split, config, _NeuMFDomain, device, progress, ks, config.epochs, checkpointer)
+    return CDRResult.from_run("NeuMF", config, run, split.domains, wall_seconds=seconds,
+                              extra={"epochs_run": run.round_index}, models=algorithm.models(run.state))
 
 
 def train_lightgcn(split: DomainSplit, config: LightGCNConfig = LightGCNConfig(), *, device=None,
-                   progress: Progress = None, ks: Sequence[int] = (5, 10)) -> CDRResult:
+                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """LightGCN on every domain's training graph alone (see the module docstring).
 
     Returns:
         :class:`~fedlib.methods.cdr_common.CDRResult` (``models``: the LightGCN of each domain).
     """
     _check_config(config, LightGCNConfig)
-    _check_split(split)
-    device, start = _device(device), time.perf_counter()
-    domains = [_LightGCNDomain(split[name], config, i, device) for i, name in enumerate(split.domains)]
-    tracker, epochs = _run(split, config, domains, config.epochs, device, progress, ks, start)
-    return tracker.result("LightGCN", config, time.perf_counter() - start, extra={"epochs_run": epochs},
-                          models={name: d.model for name, d in zip(split.domains, domains)})
+    algorithm, run, seconds = _train(split, config, _LightGCNDomain, device, progress, ks, config.epochs,
+                                     checkpointer)
+    return CDRResult.from_run("LightGCN", config, run, split.domains, wall_seconds=seconds,
+                              extra={"epochs_run": run.round_index}, models=algorithm.models(run.state))
 
 
 def train_fedncf(split: DomainSplit, config: FedNCFConfig = FedNCFConfig(), *, device=None, progress: Progress = None,
-                 ks: Sequence[int] = (5, 10)) -> CDRResult:
+                 ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """FedNCF (users as clients, FedAvg by sample count) in every domain alone.
 
     History rows are indexed by round. ``extra``: ``rounds_run``, clients per round and
     measured bytes (``bytes_up``/``bytes_down`` over all domains and rounds); ``models``:
     the :class:`~fedlib.models.ncf.FedNCF` backbone of each domain; ``artifacts["states"]``:
-    each domain's final engine :class:`~fedlib.engine.TrainState` (public and private tensors).
+    each domain's final engine :class:`~fedlib.engine.loop.AveragingState` (public and private tensors).
     """
     _check_config(config, FedNCFConfig)
-    _check_split(split)
-    device, start = _device(device), time.perf_counter()
-    domains = [_FedNCFDomain(split[name], config, i, device) for i, name in enumerate(split.domains)]
-    tracker, rounds = _run(split, config, domains, config.rounds, device, progress, ks, start)
-    extra: Dict[str, float] = {"rounds_run": rounds,
-                               "bytes_up": sum(d.ledger.total("upload") for d in domains),
-                               "bytes_down": sum(d.ledger.total("download") for d in domains)}
-    for name, d in zip(split.domains, domains):
-        per_round = d.engine_config.clients_per_round
-        extra[f"{name}/clients_per_round"] = per_round if per_round is not None else d.split.train.active_users().size
-    return tracker.result("FedNCF", config, time.perf_counter() - start, extra=extra,
-                          models={name: d.model for name, d in zip(split.domains, domains)},
-                          artifacts={"states": {name: d.state for name, d in zip(split.domains, domains)}})
+    algorithm, run, seconds = _train(split, config, _FedNCFDomain, device, progress, ks, config.rounds, checkpointer)
+    lives = run.state.domains
+    extra: Dict[str, float] = {"rounds_run": run.round_index,
+                               "bytes_up": sum(live.bytes_up for live in lives),
+                               "bytes_down": sum(live.bytes_down for live in lives)}
+    for name, domain in zip(split.domains, algorithm.domains):
+        per_round = domain.engine_config.clients_per_round
+        extra[f"{name}/clients_per_round"] = per_round if per_round is not None else domain.split.train.active_users().size
+    return CDRResult.from_run("FedNCF", config, run, split.domains, wall_seconds=seconds, extra=extra,
+                              models=algorithm.models(run.state),
+                              artifacts={"states": {name: live.averaging for name, live in zip(split.domains, lives)}})
 
 
+DOMAIN_CLASSES = {NeuMFConfig: _NeuMFDomain, LightGCNConfig: _LightGCNDomain, FedNCFConfig: _FedNCFDomain}
 _TRAINERS = {NeuMFConfig: train_neumf, LightGCNConfig: train_lightgcn, FedNCFConfig: train_fedncf}
 
 
 def train_single_domain(split: DomainSplit, config: AnyConfig, *, device=None, progress: Progress = None,
-                        ks: Sequence[int] = (5, 10)) -> CDRResult:
+                        ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """Run the baseline named by ``config.model`` (``"NeuMF"``, ``"LightGCN"`` or ``"FedNCF"``)."""
     trainer = _TRAINERS.get(type(config))
     if trainer is None:
         raise ValueError(f"config must be one of NeuMFConfig, LightGCNConfig, FedNCFConfig (models {MODELS}), "
                          f"got {type(config).__name__}")
-    return trainer(split, config, device=device, progress=progress, ks=ks)
+    return trainer(split, config, device=device, progress=progress, ks=ks, checkpointer=checkpointer)
