@@ -247,3 +247,48 @@ def test_ml100k_two_rounds(shared_data):
     assert calls == [1, 2] and len(run.curve) == 2
     scores = run.score_users(torch.arange(50))
     assert scores.shape == (50, 1682) and torch.isfinite(scores).all()
+
+
+# ------------------------------------------------------------------------------ the trainer: checkpoint and resume
+class _Killed(Exception):
+    pass
+
+
+def test_fedpergnn_is_an_algorithm_and_a_killed_run_resumes_to_the_uninterrupted_result(planted, tmp_path):
+    from fedlib.engine import Checkpointer
+    from fedlib.engine.algorithm import Algorithm
+    from fedlib.engine.trainer import Schedule, train
+    from fedlib.methods.fedpergnn import FedPerGNN
+
+    config = FedPerGNNConfig(dim=8, rounds=5, eval_every=2, client_fraction=0.25, seed=4, pseudo_items=3,
+                             laplace_scale=0.01)
+
+    def evaluate(round_index, score_fn):  # a deterministic validation value of the current state
+        return hit_rate(score_fn, planted, "valid")
+
+    full_ledger = CommunicationLedger()
+    full = train_fedpergnn(planted, config, evaluate=evaluate, ledger=full_ledger)
+    assert isinstance(FedPerGNN(planted, config), Algorithm)
+
+    def kill_at_four(round_index):
+        if round_index == 4:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        train_fedpergnn(planted, config, evaluate=evaluate, progress=kill_at_four,
+                        checkpointer=Checkpointer(tmp_path, name="pergnn", every=3))
+    second = Checkpointer(tmp_path, name="pergnn", every=3)
+    resumed_ledger = CommunicationLedger()
+    resumed = train_fedpergnn(planted, config, evaluate=evaluate, checkpointer=second, ledger=resumed_ledger)
+    assert second.resumed_at == [3]
+    assert resumed.curve == full.curve and resumed.best_round == full.best_round
+    for name, value in full.state.items():
+        assert torch.equal(resumed.state[name], value), name
+    # only the rounds run after the resume are charged, and they are charged as in the full run
+    frame, resumed_frame = full_ledger.per_round(), resumed_ledger.per_round()
+    assert sorted(resumed_frame["round"].unique()) == [4, 5]
+    assert frame[frame["round"] >= 4].reset_index(drop=True).equals(resumed_frame.reset_index(drop=True))
+    # the trainer's schedule: evaluations after rounds 2, 4 and the last
+    assert [c["round"] for c in full.curve] == [2, 4, 5]
+    run = train(FedPerGNN(planted, config), Schedule(rounds=2), seed=4, evaluate=False)
+    assert run.state.round_index == 2 and len(run.history) == 2

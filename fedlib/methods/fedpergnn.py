@@ -61,9 +61,10 @@ identical numbers.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, NamedTuple, Optional
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -72,12 +73,15 @@ import torch.nn.functional as F
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.device import default_device
+from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import RoundPlan, client_noise_generator, make_round_plan, round_generator, round_noise_key
 from fedlib.engine.privacy import laplace_noise_like
+from fedlib.engine.trainer import RunResult, Schedule
+from fedlib.engine.trainer import train as train_rounds
 from fedlib.models.base import normal_, uniform_
 
-__all__ = ["FedPerGNNConfig", "FedPerGNNRun", "train_fedpergnn", "ThirdParty", "gat_layer", "clip_rows",
+__all__ = ["FedPerGNNConfig", "FedPerGNNState", "FedPerGNN", "FedPerGNNRun", "train_fedpergnn", "ThirdParty", "gat_layer", "clip_rows",
            "client_noise", "client_upload", "ClientNoise", "GNN_NAMES", "EXECUTORS"]
 
 GNN_NAMES = ("w1", "a1_src", "a1_dst", "w2", "a2_src", "a2_dst")
@@ -481,18 +485,136 @@ def _score(state, train: Pairs, third: ThirdParty, cfg, users: torch.Tensor, chu
     return torch.cat(out) if out else state["item"].new_zeros(0, state["item"].shape[0])
 
 
-class FedPerGNNRun:
-    """Result of :func:`train_fedpergnn`.
+@dataclass
+class FedPerGNNState:
+    """The server's view of a FedPerGNN run after ``round_index`` rounds.
 
     Attributes:
-        config: the settings; curve: one ``{"round", "valid", "loss"}`` per evaluation (``loss`` = mean
-        local BCE of that round's clients); best_round: round of the kept state; state: the kept
-        parameters (``item (I, d)``, ``user (U, d)``, GNN tensors).
+        round_index: completed rounds.
+        tensors: ``item (I, d)`` public item table, ``user (U, d)`` every client's private
+            embedding (also the third party's copy: module note 4) and the public GNN tensors
+            (:data:`GNN_NAMES`).
+    """
+
+    round_index: int
+    tensors: Dict[str, torch.Tensor]
+
+
+class RoundGraphs(NamedTuple):
+    """One round's plan: the clients' examples and batch order, and their expanded local graphs."""
+
+    plan: RoundPlan
+    graphs: _Graphs
+
+
+class FedPerGNN:
+    """FedPerGNN as an :class:`~fedlib.engine.algorithm.Algorithm` (the module docstring's round).
+
+    Args:
+        split: the leave-one-out split (``split.train`` is what the clients hold).
+        config: the settings. executor: ``"batched"`` or ``"sequential"`` (same numbers).
+        evaluate: ``evaluate(round, score_fn) -> float`` (higher is better), ``score_fn(users (n,))
+            -> (n, I)``; what :meth:`evaluate` reports as ``valid`` (and ``score``: the same with
+            NaN read as ``-inf``, the value the trainer selects on).
+    """
+
+    def __init__(self, split: InteractionSplit, config: FedPerGNNConfig, *, executor: str = "batched",
+                 evaluate: Optional[Callable] = None, device=None):
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        if not isinstance(config, FedPerGNNConfig):
+            raise TypeError(f"config must be a FedPerGNNConfig, got {type(config).__name__}")
+        candidates = split.train.active_users()
+        if candidates.size == 0:
+            raise ValueError("split.train has no interactions: nothing to train on")
+        self.split, self.config, self.callback = split, config, evaluate
+        self.device = torch.device(device) if device is not None else default_device()
+        self.third = ThirdParty(split.train, split.num_items)
+        self.sampler = NegativeSampler(split.train, split.num_items)  # excludes the client's training positives only
+        self.per_round = max(1, int(round(config.client_fraction * candidates.size)))
+        self.local_round = _round_batched if executor == "batched" else _round_sequential
+
+    def init(self, seed: int) -> FedPerGNNState:
+        return FedPerGNNState(0, _init_state(self.split.num_users, self.split.num_items,
+                                             dataclasses.replace(self.config, seed=int(seed)), self.device))
+
+    def copy_state(self, state: FedPerGNNState) -> FedPerGNNState:
+        return FedPerGNNState(state.round_index, {k: v.clone() for k, v in state.tensors.items()})
+
+    def state_dict(self, state: FedPerGNNState) -> Dict[str, Any]:
+        return {"round_index": state.round_index, "tensors": state.tensors}
+
+    def load_state(self, saved: Mapping[str, Any]) -> FedPerGNNState:
+        return FedPerGNNState(int(saved["round_index"]), {k: v.to(self.device) for k, v in saved["tensors"].items()})
+
+    def plan_round(self, state: FedPerGNNState, context: RoundContext) -> RoundGraphs:
+        """Clients, negatives and batch order from ``context.rng``; the expansion from stream 2 of round ``t``."""
+        cfg, t = self.config, context.index
+        plan = make_round_plan(self.split.train, self.sampler, context.rng, round_index=t,
+                               num_negatives=cfg.num_negatives, batch_size=cfg.batch_size,
+                               local_epochs=cfg.local_epochs, clients_per_round=self.per_round)
+        plan = plan.subset(np.argsort(-plan.num_steps, kind="stable"))  # most local steps first (batched prefix)
+        graphs = _local_graphs(self.split.train, plan.clients, self.third, cfg.neighbors_per_item,
+                               round_generator(context.seed, t, _EXPANSION_STREAM))
+        return RoundGraphs(plan, graphs)
+
+    def run_round(self, state: FedPerGNNState, plan: RoundGraphs, context: RoundContext
+                  ) -> Tuple[FedPerGNNState, RoundReport]:
+        """Local training on the expanded graphs, LDP uploads, the server's mean update (in place)."""
+        tensors, (round_plan, graphs) = state.tensors, plan
+        nbr = torch.as_tensor(graphs.neighbours, device=tensors["item"].device)  # (P, n)
+        nbr_mask = nbr >= 0
+        nbr_emb = tensors["user"][nbr.clamp(min=0)] * nbr_mask[..., None]  # the third party's copy, before the round
+        (item_step, gnn_step), sent, users, losses = self.local_round(
+            self.config, round_plan, graphs, tensors, nbr_emb, nbr_mask, round_noise_key(context.seed, context.index))
+        with torch.no_grad():
+            tensors["item"] += item_step
+            offset = 0
+            for n in GNN_NAMES:
+                tensors[n] += gnn_step[offset:offset + tensors[n].numel()].view_as(tensors[n])
+                offset += tensors[n].numel()
+            tensors["user"][torch.as_tensor(round_plan.clients, device=tensors["user"].device)] = users  # third party too
+        if context.ledger is not None:
+            _record(context.ledger, context.index + 1, round_plan.clients, graphs, tensors, sent, self.config.dim)
+        state.round_index = context.index + 1
+        return state, RoundReport(train_loss=float(losses.mean()))
+
+    def score_fn(self, state: FedPerGNNState) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``users (n,) -> (n, I)`` logits of ``state`` (fixed evaluation neighbours)."""
+        return lambda users: _score(state.tensors, self.split.train, self.third, self.config, users)
+
+    def evaluate(self, state: FedPerGNNState, split: str) -> Dict[str, float]:
+        if self.callback is None:
+            raise ValueError("FedPerGNN was built without evaluate=; pass one or train with evaluate=False")
+        if split != "valid":
+            raise ValueError(f"FedPerGNN's evaluate callback scores validation only, got split {split!r}")
+        value = float(self.callback(state.round_index, self.score_fn(state)))
+        return {"valid": value, "score": -math.inf if math.isnan(value) else value}
+
+
+class FedPerGNNRun:
+    """Result of :func:`train_fedpergnn`: a view of the trainer's :class:`~fedlib.engine.trainer.RunResult`.
+
+    Attributes:
+        config: the settings; curve: one ``{"round", "valid", "loss"}`` per scheduled evaluation
+        (``loss`` = mean local BCE of that round's clients; ``valid`` NaN without ``evaluate``);
+        best_round: round of the kept state; state: the kept parameters (``item (I, d)``,
+        ``user (U, d)``, GNN tensors).
     """
 
     def __init__(self, config, curve, best_round, state, train, third):
         self.config, self.curve, self.best_round, self.state = config, curve, best_round, state
         self._train, self._third = train, third
+
+    @classmethod
+    def from_run(cls, run: RunResult, algorithm: FedPerGNN, schedule: Schedule) -> "FedPerGNNRun":
+        """The view: the best-validation state (the last one when no evaluation scored above ``-inf``)."""
+        curve = [{"round": row["round"], "valid": row.get("valid/valid", math.nan), "loss": row["train_loss"]}
+                 for row in run.history if schedule.evaluates_after(row["round"])]
+        found = run.best_state is not None and run.best_score > -math.inf
+        best_round = run.best_round if found else algorithm.config.rounds
+        state = run.best_state if found else run.state
+        return cls(algorithm.config, curve, best_round, state.tensors, algorithm.split.train, algorithm.third)
 
     def score_users(self, users) -> torch.Tensor:
         """``(n, I)`` scores of every item for ``users (n,)`` with the best-validation state."""
@@ -501,15 +623,17 @@ class FedPerGNNRun:
 
 def train_fedpergnn(split: InteractionSplit, config: FedPerGNNConfig, *, evaluate: Optional[Callable] = None,
                     ledger: Optional[CommunicationLedger] = None, progress: Optional[Callable] = None,
-                    executor: str = "batched") -> FedPerGNNRun:
-    """Train FedPerGNN on ``split.train`` (see the module docstring).
+                    executor: str = "batched", checkpointer=None) -> FedPerGNNRun:
+    """Train FedPerGNN on ``split.train`` with the trainer (see the module docstring).
 
     Args:
         evaluate: ``evaluate(round, score_fn) -> float`` (higher is better), ``score_fn(users (n,)) -> (n, I)``;
-            called every ``eval_every`` rounds and after the last; the best state is kept (the final
-            state when ``evaluate`` is None). ledger: records every selected client's traffic.
+            called every ``eval_every`` rounds and after the last; the best state is kept (the first best
+            on ties; the final state when ``evaluate`` is None). ledger: records every selected client's traffic.
         progress: ``progress(round)`` after every round (rounds are 1-based).
         executor: ``"batched"`` (all clients stacked) or ``"sequential"`` (one client at a time).
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer`; a run resumed from it equals the
+            uninterrupted one (the evaluate callback's own records aside).
 
     Returns:
         A :class:`FedPerGNNRun` holding the state of the best validation value.
@@ -517,52 +641,14 @@ def train_fedpergnn(split: InteractionSplit, config: FedPerGNNConfig, *, evaluat
     Raises:
         ValueError: unknown executor, or no training interactions. TypeError: ``config`` of another type.
     """
-    if executor not in EXECUTORS:
-        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-    if not isinstance(config, FedPerGNNConfig):
-        raise TypeError(f"config must be a FedPerGNNConfig, got {type(config).__name__}")
-    cfg, num_items = config, split.num_items
-    candidates = split.train.active_users()
-    if candidates.size == 0:
-        raise ValueError("split.train has no interactions: nothing to train on")
-    state = _init_state(split.num_users, num_items, cfg, default_device())
-    dev, third = state["item"].device, ThirdParty(split.train, num_items)
-    sampler = NegativeSampler(split.train, num_items)  # excludes the client's training positives only
-    per_round = max(1, int(round(cfg.client_fraction * candidates.size)))
-    run_round = _round_batched if executor == "batched" else _round_sequential
-    curve, best, best_state, best_round = [], -math.inf, None, cfg.rounds
-    for t in range(cfg.rounds):
-        r = t + 1
-        plan = make_round_plan(split.train, sampler, round_generator(cfg.seed, t), round_index=t,
-                               num_negatives=cfg.num_negatives, batch_size=cfg.batch_size,
-                               local_epochs=cfg.local_epochs, clients_per_round=per_round)
-        plan = plan.subset(np.argsort(-plan.num_steps, kind="stable"))  # most local steps first (batched prefix)
-        graphs = _local_graphs(split.train, plan.clients, third, cfg.neighbors_per_item,
-                               round_generator(cfg.seed, t, _EXPANSION_STREAM))
-        nbr = torch.as_tensor(graphs.neighbours, device=dev)  # (P, n)
-        nbr_mask = nbr >= 0
-        nbr_emb = state["user"][nbr.clamp(min=0)] * nbr_mask[..., None]  # the third party's copy, before the round
-        (item_step, gnn_step), sent, users, losses = run_round(cfg, plan, graphs, state, nbr_emb, nbr_mask,
-                                                           round_noise_key(cfg.seed, t))
-        with torch.no_grad():
-            state["item"] += item_step
-            offset = 0
-            for n in GNN_NAMES:
-                state[n] += gnn_step[offset:offset + state[n].numel()].view_as(state[n])
-                offset += state[n].numel()
-            state["user"][torch.as_tensor(plan.clients, device=dev)] = users  # also the third party's new copy
-        if ledger is not None:
-            _record(ledger, r, plan.clients, graphs, state, sent, cfg.dim)
-        if progress is not None:
-            progress(r)
-        if r % cfg.eval_every == 0 or r == cfg.rounds:
-            value = math.nan
-            if evaluate is not None:
-                value = float(evaluate(r, lambda users: _score(state, split.train, third, cfg, users)))
-                if value > best:
-                    best, best_round, best_state = value, r, {k: v.clone() for k, v in state.items()}
-            curve.append({"round": r, "valid": value, "loss": float(losses.mean())})
-    return FedPerGNNRun(cfg, curve, best_round, best_state if best_state is not None else state, split.train, third)
+    algorithm = FedPerGNN(split, config, executor=executor, evaluate=evaluate)
+    schedule = Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
+                        test_at_end=False, keep_best_state=evaluate is not None)
+    run = train_rounds(algorithm, schedule, seed=config.seed, ledger=ledger, evaluate=evaluate is not None,
+                       on_round_end=None if progress is None else (lambda run, record: progress(record["round"])),
+                       checkpointer=checkpointer,
+                       checkpoint_config=None if checkpointer is None else dataclasses.asdict(config))
+    return FedPerGNNRun.from_run(run, algorithm, schedule)
 
 
 def _record(ledger, r, clients, graphs: _Graphs, state, sent, dim) -> None:
