@@ -463,7 +463,7 @@ class FedRAPCodeExecutor:
 
     # -- many clients at once ---------------------------------------------------------------
     def _chunk(self, method, global_state, private_state, plan, positions, weights, rates, update, losses):
-        from fedlib.engine.executors import _padded_batch
+        from fedlib.engine.batched import _padded_batch
 
         model = method.model
         personality, commonality = _table_names(model)

@@ -889,7 +889,7 @@ class GPFedRecExecutor:
     def _chunk(model: GPFedRecModel, loss: GPFedRecLoss, private_state, plan: RoundPlan, positions: np.ndarray,
                rates: Mapping[str, float], losses: torch.Tensor, whole_table: bool = True) -> None:
         """One chunk's local steps; ``whole_table=False`` for clients that start with ``q_u = r_u``."""
-        from fedlib.engine.executors import _padded_batch  # the engine's (C_s, B_s) padding of one step
+        from fedlib.engine.batched import _padded_batch  # the engine's (C_s, B_s) padding of one step
 
         table, target = private_state[model.table], private_state[model.target]
         device, dtype = table.device, table.dtype
