@@ -1,4 +1,4 @@
-r"""FedCSR: sampled evaluation, the federated round loop (FedAvg) and individual training.
+r"""FedCSR: sampled evaluation, the federated round (FedAvg) as an Algorithm, and individual training.
 
 Reference: D. Zheng et al., "FedCSR", COLING 2025 (https://aclanthology.org/2025.coling-main.581/,
 Algorithm 1 and Eq. 19); public code https://github.com/zdy769243418/FedCSR-v1 (``train_rec.py``,
@@ -9,18 +9,26 @@ Algorithm (K platforms, ``D_k`` the training sequences of platform ``k``, ``w`` 
 weights, ``N_k`` the weight of platform ``k``)::
 
     for k = 1..K:  A_k = transition_graphs(D_k)             # each platform, its own data only
-    w^0 = random init
-    for t = 1..T:                                           # T = rounds (at most)
+    w^0 = random init                                       # FedCSRAlgorithm.init
+    for t = 1..T:                                           # the trainer (fedlib.engine.train), T = rounds
         for k = 1..K (all platforms every round):
             w_k = w^{t-1};  w_g = frozen copy of w^{t-1}   # MCL target (Eq. 3)
             repeat E local epochs (E = 3):
                 for each shuffled mini-batch b ⊂ D_k (size 256):
                     w_k ← Adam step on L(b; w_k, w_g, A_k)  # Eq. 18, fedcsr_loss
             send w_k to the server
-        w^t = Σ_k N_k w_k / Σ_k N_k                        # FedAvg (Eq. 19)
-        evaluate w^t on every platform's valid/test rows with that platform's A_k
+        w^t = Σ_k N_k w_k / Σ_k N_k                        # FedAvg (Eq. 19); end of run_round
+        evaluate w^t on every platform's valid/test rows with that platform's A_k   # evaluate
         select on the mean over domains of the validation MRR; stop after `patience`
-        rounds without improvement
+        rounds without improvement                          # the trainer's Selection
+
+:class:`FedCSRAlgorithm` is one round of this (``init``, ``run_round``, ``evaluate`` over a
+:class:`FedCSRState`); :func:`train_fedcsr` hands it to the one trainer,
+:func:`fedlib.engine.train`, with :func:`platform_schedule`, and returns the
+:class:`FedCSRResult` view of the run. The round's randomness (batch order, augmentation,
+sampled negatives: one numpy stream; dropout masks: torch's generator) continues from round
+to round, as in the code, so both generators' states live in the state, and a checkpoint
+(the trainer's) resumes them exactly.
 
 Evaluation (:func:`evaluate_sequences`): for a valid/test sequence ``s`` with ground truth
 (GT) ``y = s[-1]`` of domain ``d``, the history ``s[:-1]`` (its latest ``maxlen`` items) is
@@ -53,10 +61,11 @@ Choices (where the paper is silent):
   ``"sequences"`` (the code). Every state-dict entry is averaged (the model has no buffers).
 * **MCL target**: a frozen copy of the round's global model (eval mode), run on the platform
   with the platform's own graph.
-* **Selection**: best mean (over domains) validation MRR, patience counted from the best
-  round (the code counts from the previous round). The test metrics of the round with the
-  best mean **test** MRR are kept too (``test_selected``), the audit of the code's
-  per-round test log.
+* **Selection**: best mean (over domains) validation MRR, the first best on ties, patience
+  counted from the best round (the code counts from the previous round): the trainer's
+  :class:`~fedlib.engine.selection.Selection`. The test metrics of the round with the best
+  mean **test** MRR are kept too (``test_selected``, the schedule's ``audit_metric``), the
+  audit of the code's per-round test log.
 * **Communication**: per round, each participating platform downloads and uploads every
   state-dict tensor (``numel × element size`` bytes); graphs never leave a platform.
 * **Individual training** (``individual=True``, paper Figure 4 / Table 9): each platform
@@ -77,19 +86,24 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence as SequenceT, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence as SequenceT, Tuple, Union
 
 import numpy as np
 import torch
 
 from fedlib.data.splits import SequenceSplit
+from fedlib.engine.aggregation import client_weights
+from fedlib.engine.aggregation import fedavg as engine_fedavg
+from fedlib.engine.algorithm import (RoundContext, RoundReport, clone_dataclass, dataclass_from_dict,
+                                     dataclass_to_dict)
 from fedlib.engine.optim import adam
+from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.methods.fedcsr import (FedCSRConfig, FedCSRModel, TransitionGraphs, fedcsr_loss, frozen_copy,
                                    make_batch, transition_graphs)
 
 __all__ = ["TIE_RULES", "METRICS", "ranks_from_scores", "rank_metrics", "sequence_ranks", "evaluate_sequences",
-           "fedavg", "state_bytes", "platform_graphs", "FedCSRTrainConfig", "FedCSRResult", "train_fedcsr",
-           "train_individual"]
+           "fedavg", "state_bytes", "platform_graphs", "FedCSRTrainConfig", "FedCSRResult", "FedCSRState",
+           "FedCSRAlgorithm", "PlatformPlan", "train_fedcsr", "train_individual"]
 
 TIE_RULES = ("optimistic", "pessimistic", "code")
 METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
@@ -257,26 +271,35 @@ def evaluate_sequences(model: FedCSRModel, split: SequenceSplit, role: str,
 
 # ----------------------------------------------------------------------------- federated pieces
 def fedavg(states: SequenceT[Mapping[str, torch.Tensor]], weights) -> Dict[str, torch.Tensor]:
-    """Eq. 19: ``Σ_k N_k w_k / Σ_k N_k`` for every entry of the state dicts (float entries)."""
+    """Eq. 19: ``Σ_k N_k w_k / Σ_k N_k`` for every entry of the state dicts, by the library's FedAvg.
+
+    ``states``: the K uploaded state dicts (same keys); ``weights``: (K,) the ``N_k``. Each float
+    entry goes through :func:`fedlib.engine.aggregation.fedavg` as ``θ + Σ_k p_k Δ_k`` with
+    ``θ = 0`` and ``Δ_k = w_k`` (so it is exactly the weighted mean, not a sum of differences to
+    the global model), ``p_k = N_k / Σ N`` (:func:`~fedlib.engine.aggregation.client_weights`), in
+    float64, rounded once to the entry's dtype: the float32 result then equals a float64 running
+    sum rounded once (tested on 2 M entries: no element differs), which averaging in float32 would
+    not (2.5 % of the entries differ by an ulp). One entry at a time, so only one entry's K
+    copies are stacked at once. Integer entries (none in FedCSR's model) keep the first state's.
+    """
     w = np.asarray(weights, dtype=np.float64)
     if len(states) == 0 or w.shape != (len(states),):
         raise ValueError(f"need one weight per state dict, got {w.shape} weights for {len(states)} states")
     if not np.all(np.isfinite(w)) or (w < 0).any() or w.sum() <= 0:
         raise ValueError(f"FedAvg weights must be finite, >= 0 and not all 0, got {w.tolist()}")
-    w = w / w.sum()
     keys = list(states[0].keys())
     if any(list(s.keys()) != keys for s in states[1:]):
         raise ValueError("all state dicts must have the same keys")
+    p = client_weights(w, "num_examples")                                   # (K,) N_k / Σ N
     out = {}
     for key in keys:
         ref = states[0][key]
         if not torch.is_floating_point(ref):
-            out[key] = ref.clone()          # integer buffers (none in FedCSRModel): keep the first
+            out[key] = ref.clone()
             continue
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for wk, state in zip(w, states):
-            acc += float(wk) * state[key].to(torch.float64)
-        out[key] = acc.to(ref.dtype)
+        uploads = torch.stack([s[key].to(torch.float64) for s in states])    # (K, *shape)
+        zero = torch.zeros(ref.shape, dtype=torch.float64, device=ref.device)
+        out[key] = engine_fedavg({key: zero}, {key: uploads}, p)[key].to(ref.dtype)
     return out
 
 
@@ -372,13 +395,336 @@ class FedCSRResult:
     graphs: List[TransitionGraphs] = field(repr=False, default_factory=list)
     artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
 
+    @classmethod
+    def from_run(cls, run: RunResult, algorithm: "FedCSRAlgorithm") -> "FedCSRResult":
+        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult` of ``algorithm``.
 
-# ----------------------------------------------------------------------------- training
+        ``selected``/``per_platform``: the selection's evaluation (valid and test numbers of that
+        round); ``test_selected``: the audit's (best mean test MRR); ``history``: the trainer's
+        records as :func:`curve_row` rows; ``models``: the selected state's networks (copies).
+        """
+        names, best = algorithm.names, run.selection.best_metrics
+        audit = run.audit.best_metrics if run.audit is not None else None
+        kept = run.best_state if run.best_state is not None else run.state
+        return cls(method=algorithm.method, selected=domain_blocks(best, names),
+                   selected_round=int(run.selection.best_round or 0),
+                   test_selected=domain_blocks(audit, names),
+                   test_selected_round=int(run.audit.best_round or 0) if run.audit is not None else 0,
+                   per_platform=[] if best is None else [domain_blocks(best, names, f"platform{k}/")
+                                                         for k in range(len(algorithm.graphs))],
+                   history=[curve_row(record, names) for record in run.history], wall_seconds=run.wall_seconds,
+                   config=algorithm.config, train_config=algorithm.train_config,
+                   models=[copy.deepcopy(net) for net in algorithm.networks(kept)], graphs=algorithm.graphs,
+                   artifacts={"shared_optimizer": algorithm.shared_optimizer(run.state), "weights": algorithm.counts,
+                              "model_bytes": algorithm.model_bytes, "active_platforms": algorithm.active})
+
+
+# ----------------------------------------------------------------------------- pieces shared with the baselines
+SCORES = METRICS + ("count",)
+
+
 def _device(name: str) -> torch.device:
     dev = torch.device(name)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} was asked for but CUDA is not available; use device='cpu'")
     return dev
+
+
+def platform_rows(split: SequenceSplit, weight_by: str):
+    """``(train_rows, counts, active)``: each platform's training rows (sequences of length >= 2),
+    its FedAvg weight ``N_k`` (training users, or rows with ``weight_by="sequences"``) and the
+    platforms that have rows. Raises ``ValueError`` when no platform has one."""
+    lengths = split.train.lengths()
+    train_rows = [np.asarray(r, dtype=np.int64)[lengths[np.asarray(r, dtype=np.int64)] >= 2] for r in split.platforms]
+    counts = [np.unique(split.train.users[r]).size if weight_by == "users" else r.size for r in train_rows]
+    if sum(counts) == 0:
+        raise ValueError("no platform has a training sequence of length >= 2")
+    return train_rows, counts, [k for k in range(len(train_rows)) if train_rows[k].size]
+
+
+@dataclass(frozen=True)
+class PlatformPlan:
+    """Round ``t``'s plan: the platforms that train (every platform with training rows, every round).
+
+    The batch order, augmentation and sampled negatives are drawn during local training from the
+    generator carried in the state (one stream across rounds, as the papers' code), not here.
+    """
+
+    platforms: Tuple[int, ...]
+
+
+def generators_of(numpy_rng: Mapping[str, Any], torch_rng: torch.Tensor, cuda_rng: Optional[torch.Tensor],
+                  device: torch.device) -> np.random.Generator:
+    """Restore the run's generators from a state: torch's global CPU (and CUDA) generator, which
+    draws the dropout masks, is set in place; the numpy generator (batch order, augmentation,
+    sampled negatives) is returned."""
+    rng = np.random.default_rng()
+    rng.bit_generator.state = dict(numpy_rng)
+    torch.set_rng_state(torch_rng.cpu())
+    if device.type == "cuda" and cuda_rng is not None:
+        torch.cuda.set_rng_state(cuda_rng.cpu(), device)
+    return rng
+
+
+def generator_states(rng: np.random.Generator, device: torch.device) -> Dict[str, Any]:
+    """The states :func:`generators_of` restores: ``numpy_rng``, ``torch_rng``, ``cuda_rng``."""
+    return {"numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def deep_clone(value):
+    """A copy of nested dicts / lists / tuples whose tensors are cloned (an optimizer's state dict):
+    loading it into an optimizer leaves the original's tensors untouched (``load_state_dict`` aliases them)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: deep_clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(deep_clone(v) for v in value)
+    return value
+
+
+def clone_tensors(state: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    return {n: v.detach().clone() for n, v in state.items()}
+
+
+def flat_evaluation(evaluation: Mapping[str, Any], names, per_platform: bool = True) -> Dict[str, float]:
+    """One :func:`evaluate_sequences` result as the trainer's flat metrics.
+
+    ``<domain>/<metric>`` (and ``count``), ``platform<k>/<domain>/<metric>`` with ``per_platform``,
+    and ``MRR``: the mean over domains of the (finite) MRRs, the selection metric.
+    """
+    out = {f"{d}/{m}": v for d in names for m, v in evaluation[d].items()}
+    if per_platform:
+        out.update({f"platform{k}/{d}/{m}": v for k, block in enumerate(evaluation["per_platform"])
+                    for d in names for m, v in block[d].items()})
+    finite = [evaluation[d]["MRR"] for d in names if np.isfinite(evaluation[d]["MRR"])]
+    out["MRR"] = float(np.mean(finite)) if finite else float("nan")
+    return out
+
+
+def domain_blocks(metrics: Optional[Mapping[str, float]], names, prefix: str = "") -> Dict[str, Dict[str, float]]:
+    """``{domain: {"valid/MRR", ..., "test/count"}}`` from the trainer's ``valid/<prefix><domain>/<metric>``
+    (``{}`` when ``metrics`` is ``None``: no evaluation)."""
+    if metrics is None:
+        return {}
+    return {d: {f"{role}/{m}": metrics[f"{role}/{prefix}{d}/{m}"] for role in ("valid", "test") for m in SCORES}
+            for d in names}
+
+
+def curve_row(record: Mapping[str, Any], names) -> Dict[str, Any]:
+    """A trainer history record as the family's history row (the record's ``extra["curve"]``).
+
+    ``round``, ``loss`` (the round's ``train_loss``), what the round logged in its order,
+    ``<domain>/<role>/<metric>`` as floats, ``valid/MRR``, ``test/MRR`` and ``seconds``.
+    """
+    row: Dict[str, Any] = {"round": record["round"], "loss": record["train_loss"]}
+    row.update({k: v for k, v in record.items() if k not in ("round", "train_loss", "seconds")
+                and not k.startswith(("valid/", "test/"))})
+    for d in names:
+        row.update({f"{d}/{role}/{m}": float(record[f"{role}/{d}/{m}"]) for role in ("valid", "test")
+                    for m in SCORES})
+    row.update({"valid/MRR": record["valid/MRR"], "test/MRR": record["test/MRR"], "seconds": record["seconds"]})
+    return row
+
+
+def platform_schedule(rounds: int, patience: int) -> Schedule:
+    """Evaluate valid and test after every round; select (and stop) on the mean validation MRR
+    with the first best kept; also keep the round of the best mean **test** MRR (the audit of the
+    code's rule); report the test numbers *at* the selected round (no test of the end state)."""
+    return Schedule(rounds=rounds, eval_every=1, patience=patience, selection_metric="MRR",
+                    test_every_evaluation=True, audit_metric="MRR", test_at_end=False, keep_best_state=True)
+
+
+def round_callback(names, progress: Optional[Callable[[Dict[str, Any]], None]] = None,
+                   verbose: bool = False) -> Callable:
+    """The trainer's ``on_round_end``: stamps ``seconds`` (wall time since the previous round
+    ended, or since this call) on the record and hands the history row to ``progress``."""
+    clock = [time.perf_counter()]
+
+    def on_round_end(run, record):
+        now = time.perf_counter()
+        record["seconds"], clock[0] = now - clock[0], now
+        row = curve_row(record, names)
+        if progress is not None:
+            progress(row)
+        if verbose:
+            print(f"round {row['round']}: loss {row['loss']:.4f} valid/MRR {row['valid/MRR']:.4f} "
+                  f"test/MRR {row['test/MRR']:.4f}")
+    return on_round_end
+
+
+# ----------------------------------------------------------------------------- FedCSR as an Algorithm
+@dataclass
+class FedCSRState:
+    """Everything FedCSR's next round depends on.
+
+    Attributes:
+        models: state dicts: ``[w]``, the global model (federated), or one per platform
+            (individual training).
+        optimizers: Adam state dicts that outlive a round: ``[]`` (a fresh Adam per platform and
+            round), ``[shared]`` (``shared_optimizer``) or one per platform (individual).
+        numpy_rng: the numpy generator's state (batch order, augmentation, sampled negatives).
+        torch_rng: torch's CPU generator state (dropout masks), (N,) uint8.
+        cuda_rng: the CUDA generator's state on a CUDA device, else ``None``.
+    """
+
+    models: List[Dict[str, torch.Tensor]]
+    optimizers: List[Dict[str, Any]]
+    numpy_rng: Dict[str, Any]
+    torch_rng: torch.Tensor
+    cuda_rng: Optional[torch.Tensor] = None
+
+
+class FedCSRAlgorithm:
+    """FedCSR's round (module docstring) as an :class:`~fedlib.engine.algorithm.Algorithm`.
+
+    ``individual=True``: every platform trains its own model alone (no aggregation, no
+    communication). The modules are scratch space: every round loads its state into them.
+    """
+
+    def __init__(self, split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
+                 train_config: FedCSRTrainConfig = FedCSRTrainConfig(), *, individual: bool = False):
+        tc = train_config
+        if not isinstance(split, SequenceSplit):
+            raise ValueError(f"split must be a SequenceSplit (e.g. fedlib.data.protocols.fedcsr), "
+                             f"got {type(split).__name__}")
+        if individual and (tc.shared_optimizer or tc.central_graph):
+            raise ValueError("individual=True trains each platform alone: shared_optimizer and central_graph "
+                             "(audit flags of the federated code) do not apply")
+        K = len(split.platforms)
+        if K == 0:
+            raise ValueError("split.platforms is empty: FedCSR needs at least one platform")
+        for role in ("valid", "test"):
+            rows = split.extra.get(f"{role}_platforms")
+            if rows is None or len(rows) != K:
+                raise ValueError(f"split.extra['{role}_platforms'] must hold one row array per platform ({K}); "
+                                 f"got {None if rows is None else len(rows)}")
+        self.split, self.config, self.train_config, self.individual = split, config, tc, bool(individual)
+        self.device = _device(tc.device)
+        self.names = _domain_names(split)
+        self.train_rows, self.counts, self.active = platform_rows(split, tc.weight_by)
+        self.graphs = platform_graphs(split, central=tc.central_graph, binary=config.binary_graph)
+        with torch.random.fork_rng(devices=[]):                  # scratch modules: their init draws nothing
+            self._modules = [self._new_model() for _ in range(K if individual else 2)]  # (global, work) or per platform
+        self.model_bytes = state_bytes(self._modules[0].state_dict())
+
+    @property
+    def method(self) -> str:
+        return ("FedCSR-individual" if self.individual
+                else ("FedCSR-central-graph" if self.train_config.central_graph else "FedCSR"))
+
+    def _new_model(self) -> FedCSRModel:
+        return FedCSRModel(self.split.num_items_a, self.split.num_items_b, self.config).to(self.device)
+
+    def _new_adam(self, params) -> torch.optim.Optimizer:
+        tc = self.train_config
+        return adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+
+    # --- state -------------------------------------------------------------------------------
+    def init(self, seed: int) -> FedCSRState:
+        """``torch.manual_seed(seed)``, then one model: the global one, or every platform's (same init)."""
+        torch.manual_seed(seed)
+        rng = np.random.default_rng([seed, 4004])
+        weights = clone_tensors(self._new_model().state_dict())
+        if self.individual:
+            models = [clone_tensors(weights) for _ in self._modules]
+            optimizers = [self._new_adam(m.parameters()).state_dict() for m in self._modules]
+        else:
+            models = [weights]
+            optimizers = [self._new_adam(self._modules[1].parameters()).state_dict()] \
+                if self.train_config.shared_optimizer else []
+        return FedCSRState(models=models, optimizers=optimizers, **generator_states(rng, self.device))
+
+    def copy_state(self, state: FedCSRState) -> FedCSRState:
+        return clone_dataclass(state)
+
+    def state_dict(self, state: FedCSRState) -> Dict[str, Any]:
+        return dataclass_to_dict(state)
+
+    def load_state(self, saved: Mapping[str, Any]) -> FedCSRState:
+        state = dataclass_from_dict(FedCSRState, saved)
+        state.models = [{n: v.to(self.device) for n, v in m.items()} for m in state.models]
+        return state
+
+    # --- one round -----------------------------------------------------------------------------
+    def plan_round(self, state: FedCSRState, context: RoundContext) -> PlatformPlan:
+        return PlatformPlan(platforms=tuple(self.active))
+
+    def run_round(self, state: FedCSRState, plan: PlatformPlan, context: RoundContext
+                  ) -> Tuple[FedCSRState, RoundReport]:
+        """Every platform: E local epochs from ``w^{t-1}`` (Eq. 18); then FedAvg (Eq. 19)."""
+        tc, use_mcl = self.train_config, self.config.use_mcl
+        rng = generators_of(state.numpy_rng, state.torch_rng, state.cuda_rng, self.device)
+        losses, parts_acc, steps_total, uploads = {}, {}, 0, []
+        if self.individual:
+            optimizers = []
+            for net, weights, saved in zip(self._modules, state.models, state.optimizers):
+                net.load_state_dict(weights)
+                optimizers.append(self._new_adam(net.parameters()))
+                optimizers[-1].load_state_dict(deep_clone(saved))   # the state's tensors stay untouched
+        else:
+            global_model, work = self._modules
+            global_model.load_state_dict(state.models[0])
+            target = frozen_copy(global_model) if use_mcl else None          # MCL target: w^{t-1}, frozen
+            shared = None
+            if tc.shared_optimizer:
+                shared = self._new_adam(work.parameters())
+                shared.load_state_dict(deep_clone(state.optimizers[0]))
+        for k in plan.platforms:
+            if self.individual:
+                net, opt = self._modules[k], optimizers[k]
+                target = frozen_copy(net) if use_mcl else None
+            else:
+                work.load_state_dict(state.models[0])
+                net, opt = work, (shared if shared is not None else self._new_adam(work.parameters()))
+            net.set_graphs(self.graphs[k])
+            if target is not None:
+                target.set_graphs(self.graphs[k])
+            loss, parts, steps = _local_epochs(net, opt, self.split, self.train_rows[k], target, tc, rng, self.device)
+            losses[k], steps_total = loss, steps_total + steps
+            for key, value in parts.items():
+                parts_acc.setdefault(key, []).append((self.counts[k], value))
+            if not self.individual:
+                uploads.append(clone_tensors(work.state_dict()))
+        if self.individual:
+            models = [clone_tensors(m.state_dict()) for m in self._modules]
+            optimizer_states = [o.state_dict() for o in optimizers]
+        else:
+            models = [fedavg(uploads, [self.counts[k] for k in plan.platforms])]          # Eq. 19
+            optimizer_states = [shared.state_dict()] if shared is not None else []
+        sent = 0 if self.individual else self.model_bytes * len(plan.platforms)   # every state-dict tensor, both ways
+        w_active = np.asarray([self.counts[k] for k in plan.platforms], dtype=np.float64)
+        logged: Dict[str, float] = {"local_steps": steps_total, "bytes_up": sent, "bytes_down": sent}
+        logged.update({f"loss/{key}": float(np.average([v for _, v in vals], weights=[c for c, _ in vals]))
+                       for key, vals in parts_acc.items()})
+        logged.update({f"loss/platform{k}": losses[k] for k in plan.platforms})
+        loss = float(np.average([losses[k] for k in plan.platforms], weights=w_active))
+        new_state = FedCSRState(models=models, optimizers=optimizer_states, **generator_states(rng, self.device))
+        return new_state, RoundReport(train_loss=loss, logged=logged)
+
+    # --- evaluation ------------------------------------------------------------------------------
+    def networks(self, state: FedCSRState) -> List[FedCSRModel]:
+        """The modules holding ``state``'s models: ``[global]`` or one per platform (scratch, reloaded every round)."""
+        nets = self._modules if self.individual else self._modules[:1]
+        for net, weights in zip(nets, state.models):
+            net.load_state_dict(weights)
+        return list(nets)
+
+    def evaluate(self, state: FedCSRState, split: str) -> Dict[str, float]:
+        """Per-domain (and per-platform) metrics of ``split`` rows, each platform's with its own graph."""
+        tc, nets = self.train_config, self.networks(state)
+        evaluation = evaluate_sequences(nets[0], self.split, split, self.graphs, models=nets if self.individual else None,
+                                        tie_rule=tc.tie_rule, batch_size=tc.eval_batch_size, device=self.device)
+        return flat_evaluation(evaluation, self.names)
+
+    def shared_optimizer(self, state: FedCSRState) -> Optional[torch.optim.Optimizer]:
+        """The shared Adam (``shared_optimizer``) holding ``state``'s moments, else ``None``."""
+        if self.individual or not self.train_config.shared_optimizer:
+            return None
+        shared = self._new_adam(self._modules[1].parameters())
+        shared.load_state_dict(deep_clone(state.optimizers[0]))
+        return shared
 
 
 def _local_epochs(model: FedCSRModel, optimizer: torch.optim.Optimizer, split: SequenceSplit, rows: np.ndarray,
@@ -404,200 +750,41 @@ def _local_epochs(model: FedCSRModel, optimizer: torch.optim.Optimizer, split: S
     return total / steps_div, {k: v / steps_div for k, v in parts_sum.items()}, steps
 
 
-def _round_metrics(evals: Dict[str, Dict[str, Any]], names) -> Dict[str, Dict[str, float]]:
-    return {d: {f"{role}/{m}": v for role in ("valid", "test") for m, v in evals[role][d].items()} for d in names}
-
-
-def _mean_mrr(block: Dict[str, Dict[str, float]], role: str) -> float:
-    vals = [m[f"{role}/MRR"] for m in block.values() if np.isfinite(m[f"{role}/MRR"])]
-    return float(np.mean(vals)) if vals else float("nan")
-
-
+# ----------------------------------------------------------------------------- entry points
 def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
                  train_config: FedCSRTrainConfig = FedCSRTrainConfig(), *, individual: bool = False,
                  verbose: bool = False, progress: Optional[Callable[[Dict[str, float]], None]] = None,
                  checkpointer=None) -> FedCSRResult:
-    """FedCSR's federated round loop (module docstring); ``individual=True`` trains each platform alone.
+    """FedCSR (module docstring) trained by :func:`fedlib.engine.train`; ``individual=True`` trains each platform alone.
 
     ``progress`` is called with each round's history row (e.g. to advance a progress bar).
-    ``checkpointer``: a :class:`~fedlib.engine.Checkpointer`. The run resumes from its snapshot
-    when there is one, and saves one at the end of each round its schedule picks and when it
-    stops. A snapshot holds the models, the optimiser states that outlive a round (the
-    shared Adam, the individual platforms' Adams), the selection state, the history and the
-    numpy and torch generator states, so a resumed run gives the numbers of an uninterrupted one.
+    ``checkpointer``: a :class:`~fedlib.engine.Checkpointer`. The trainer resumes from its
+    checkpoint when there is one, and saves at the end of each round its schedule picks and when
+    the run stops. The state holds the models, the Adam states that outlive a round (the shared
+    Adam, the individual platforms' Adams) and the numpy and torch generator states, so a resumed
+    run gives the numbers of an uninterrupted one.
 
     Raises:
         ValueError: no platform with training sequences, platform/valid/test platform counts
             that differ, CUDA asked for but absent, or ``individual`` with the audit flags.
     """
     tc = train_config
-    if not isinstance(split, SequenceSplit):
-        raise ValueError(f"split must be a SequenceSplit (e.g. fedlib.data.protocols.fedcsr), got {type(split).__name__}")
-    if individual and (tc.shared_optimizer or tc.central_graph):
-        raise ValueError("individual=True trains each platform alone: shared_optimizer and central_graph "
-                         "(audit flags of the federated code) do not apply")
-    K = len(split.platforms)
-    if K == 0:
-        raise ValueError("split.platforms is empty: FedCSR needs at least one platform")
-    for role in ("valid", "test"):
-        rows = split.extra.get(f"{role}_platforms")
-        if rows is None or len(rows) != K:
-            raise ValueError(f"split.extra['{role}_platforms'] must hold one row array per platform ({K}); "
-                             f"got {None if rows is None else len(rows)}")
-    device = _device(tc.device)
-    torch.manual_seed(tc.seed)
-    rng = np.random.default_rng([tc.seed, 4004])
-    na, nb = split.num_items_a, split.num_items_b
-    names = _domain_names(split)
-
-    lengths = split.train.lengths()
-    train_rows = [np.asarray(r, dtype=np.int64)[lengths[np.asarray(r, dtype=np.int64)] >= 2] for r in split.platforms]
-    counts = [np.unique(split.train.users[r]).size if tc.weight_by == "users" else r.size for r in train_rows]
-    if sum(counts) == 0:
-        raise ValueError("no platform has a training sequence of length >= 2")
-    graphs = platform_graphs(split, central=tc.central_graph, binary=config.binary_graph)
-    active = [k for k in range(K) if train_rows[k].size]
-
-    def new_model():
-        return FedCSRModel(na, nb, config).to(device)
-
-    def new_adam(params):
-        return adam(params, lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
-
-    global_model = new_model()
-    if individual:
-        models = [copy.deepcopy(global_model) for _ in range(K)]              # same init everywhere
-        for k in range(K):
-            models[k].set_graphs(graphs[k])
-        optimizers = [new_adam(m.parameters()) for m in models]
-        work, shared = None, None
-    else:
-        work = copy.deepcopy(global_model)                                     # one working copy, reused
-        shared = new_adam(work.parameters()) if tc.shared_optimizer else None
-    model_bytes = state_bytes(global_model.state_dict())
-
-    history: List[Dict[str, float]] = []
-    best_score, best_round, best, best_pp, best_state = -math.inf, 0, {}, [], None
-    best_test_score, best_test_round, best_test = -math.inf, 0, {}
-    metrics, per_platform = {}, []                                              # of the latest round
-    waited, started, first_round, stopped = 0, time.perf_counter(), 1, False
-    run_key = _snapshot_config(config, tc, individual)
-    snapshot = checkpointer.load_snapshot(run_key) if checkpointer is not None else None
-    if snapshot is not None:
-        global_model.load_state_dict(snapshot["global"])
-        if individual:
-            for net, opt, net_state, opt_state in zip(models, optimizers, snapshot["models"], snapshot["optimizers"]):
-                net.load_state_dict(net_state)
-                opt.load_state_dict(opt_state)
-        if shared is not None and snapshot["shared_optimizer"] is not None:
-            shared.load_state_dict(snapshot["shared_optimizer"])
-        history, waited, stopped = snapshot["history"], snapshot["waited"], snapshot["stopped"]
-        best_score, best_round, best, best_pp, best_state = (snapshot[k] for k in (
-            "best_score", "best_round", "best", "best_per_platform", "best_state"))
-        best_test_score, best_test_round, best_test = (snapshot[k] for k in (
-            "best_test_score", "best_test_round", "best_test"))
-        metrics, per_platform = snapshot["last_metrics"], snapshot["last_per_platform"]
-        rng.bit_generator.state = snapshot["numpy_rng"]
-        torch.set_rng_state(snapshot["torch_rng"].cpu())
-        if device.type == "cuda" and snapshot.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(snapshot["cuda_rng"].cpu(), device)
-        first_round = int(snapshot["round_index"]) + 1
-    for rnd in range(first_round, tc.rounds + 1):
-        if stopped:
-            break
-        t0 = time.perf_counter()
-        losses, parts_acc, steps_total, uploads = {}, {}, 0, []
-        if not individual:
-            global_state = {k: v.detach().clone() for k, v in global_model.state_dict().items()}
-            target = frozen_copy(global_model) if config.use_mcl else None
-        for k in active:
-            if individual:
-                net, opt = models[k], optimizers[k]
-                target = frozen_copy(net) if config.use_mcl else None
-            else:
-                work.load_state_dict(global_state)
-                net, opt = work, (shared if shared is not None else new_adam(work.parameters()))
-            net.set_graphs(graphs[k])
-            if target is not None:
-                target.set_graphs(graphs[k])
-            loss, parts, steps = _local_epochs(net, opt, split, train_rows[k], target, tc, rng, device)
-            losses[k], steps_total = loss, steps_total + steps
-            for key, value in parts.items():
-                parts_acc.setdefault(key, []).append((counts[k], value))
-            if not individual:
-                uploads.append({n: v.detach().clone() for n, v in work.state_dict().items()})
-        if not individual:
-            global_model.load_state_dict(fedavg(uploads, [counts[k] for k in active]))
-        w_active = np.asarray([counts[k] for k in active], dtype=np.float64)
-        row: Dict[str, float] = {
-            "round": rnd,
-            "loss": float(np.average([losses[k] for k in active], weights=w_active)),
-            "local_steps": steps_total,
-            "bytes_up": 0 if individual else model_bytes * len(active),
-            "bytes_down": 0 if individual else model_bytes * len(active),
-        }
-        row.update({f"loss/{key}": float(np.average([v for _, v in vals], weights=[c for c, _ in vals]))
-                    for key, vals in parts_acc.items()})
-        row.update({f"loss/platform{k}": losses[k] for k in active})
-        evals = {role: evaluate_sequences(global_model, split, role, graphs,
-                                          models=models if individual else None, tie_rule=tc.tie_rule,
-                                          batch_size=tc.eval_batch_size, device=device)
-                 for role in ("valid", "test")}
-        metrics = _round_metrics(evals, names)
-        per_platform = [{d: {f"{role}/{m}": v for role in ("valid", "test")
-                             for m, v in evals[role]["per_platform"][k][d].items()} for d in names} for k in range(K)]
-        for d, block in metrics.items():
-            row.update({f"{d}/{key}": float(v) for key, v in block.items()})
-        valid, test = _mean_mrr(metrics, "valid"), _mean_mrr(metrics, "test")
-        row.update({"valid/MRR": valid, "test/MRR": test, "seconds": time.perf_counter() - t0})
-        history.append(row)
-        if progress is not None:
-            progress(row)
-        if verbose:
-            print(f"round {rnd}: loss {row['loss']:.4f} valid/MRR {valid:.4f} test/MRR {test:.4f}")
-        if test > best_test_score:
-            best_test_score, best_test_round, best_test = test, rnd, copy.deepcopy(metrics)
-        if valid > best_score:
-            best_score, best_round, best, best_pp, waited = valid, rnd, copy.deepcopy(metrics), per_platform, 0
-            src = models if individual else [global_model]
-            best_state = [{n: v.detach().clone() for n, v in m.state_dict().items()} for m in src]
-        else:
-            waited += 1
-            stopped = waited >= tc.patience
-        if checkpointer is not None and checkpointer.due(rnd, stopped or rnd == tc.rounds):
-            checkpointer.save_snapshot({
-                "round_index": rnd, "global": global_model.state_dict(),
-                "models": [m.state_dict() for m in models] if individual else None,
-                "optimizers": [o.state_dict() for o in optimizers] if individual else None,
-                "shared_optimizer": shared.state_dict() if shared is not None else None,
-                "history": history, "waited": waited, "stopped": stopped,
-                "best_score": best_score, "best_round": best_round, "best": best, "best_per_platform": best_pp,
-                "best_state": best_state, "best_test_score": best_test_score, "best_test_round": best_test_round,
-                "best_test": best_test, "last_metrics": metrics, "last_per_platform": per_platform,
-                "numpy_rng": rng.bit_generator.state, "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-            }, run_key)
-    if best_state is None:                                   # every validation MRR was NaN (no valid rows)
-        best_round, best, best_pp = history[-1]["round"], metrics, per_platform
-        best_state = [{n: v.detach().clone() for n, v in m.state_dict().items()}
-                      for m in (models if individual else [global_model])]
-    final = [copy.deepcopy(m) for m in (models if individual else [global_model])]
-    for m, s in zip(final, best_state):
-        m.load_state_dict(s)
-    return FedCSRResult(
-        method="FedCSR-individual" if individual else ("FedCSR-central-graph" if tc.central_graph else "FedCSR"),
-        selected=best, selected_round=int(best_round), test_selected=best_test,
-        test_selected_round=int(best_test_round), per_platform=best_pp, history=history,
-        wall_seconds=time.perf_counter() - started, config=config, train_config=tc, models=final, graphs=graphs,
-        artifacts={"shared_optimizer": shared, "weights": counts, "model_bytes": model_bytes,
-                   "active_platforms": active},
-    )
+    algorithm = FedCSRAlgorithm(split, config, tc, individual=individual)
+    run = train(algorithm, platform_schedule(tc.rounds, tc.patience), seed=tc.seed, checkpointer=checkpointer,
+                checkpoint_config=_snapshot_config(config, tc, individual),
+                on_round_end=round_callback(algorithm.names, progress, verbose))
+    return FedCSRResult.from_run(run, algorithm)
 
 
 def _snapshot_config(config: FedCSRConfig, tc: FedCSRTrainConfig, individual: bool) -> Dict[str, Any]:
-    """What a snapshot must have been made under to be resumed: every setting but ``rounds`` (which may grow)."""
-    train = {k: v for k, v in dataclasses.asdict(tc).items() if k != "rounds"}
-    return {"rounds": tc.rounds, "model": dataclasses.asdict(config), "train": train, "individual": bool(individual)}
+    """What a checkpoint must have been made under to be resumed: every setting but ``rounds`` (which may grow).
+
+    ``"loop": "trainer"`` refuses (with the differing key named) a snapshot of the round loop
+    this module had before the trainer, whose layout differs.
+    """
+    train_settings = {k: v for k, v in dataclasses.asdict(tc).items() if k != "rounds"}
+    return {"rounds": tc.rounds, "model": dataclasses.asdict(config), "train": train_settings,
+            "individual": bool(individual), "loop": "trainer"}
 
 
 def train_individual(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
