@@ -288,3 +288,40 @@ def test_short_run_beats_random_ranking_and_is_reproducible(short_split, method)
         members = (pair["sent"] == row).all(1)
         assert torch.allclose(pair["private"][members].mean(0), row, atol=1e-4)
         assert any(torch.allclose(row, p) for p in prototypes)
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("method", list(RUNS))
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(method, tmp_path):
+    """The checkpoint holds the models (with P2FCDR's received message and P²DTR's prototypes),
+    the optimisers, the epoch generator, the global torch generator (PriCDR's dropout), the LDP
+    noise generator and the last messages: killed in round 3 and resumed = uninterrupted."""
+    from fedlib.engine import Checkpointer
+
+    torch.set_num_threads(1)
+    split = overlapping_domains(num_users=120, items_per_domain=80, overlap=0.5, num_negatives=49, seed=2)
+    train, config = RUNS[method]
+    algorithm_class = {"PriCDR": P.PriCDRAlgorithm, "P2FCDR": P.P2FCDRAlgorithm, "P2DTR": P.P2DTRAlgorithm}[method]
+    full = train(split, config)
+
+    def kill_in_round_3(run, record):
+        if run.round_index == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        P._train(algorithm_class(split, config, torch.device("cpu"), (5, 10)), None,
+                 Checkpointer(tmp_path, name=method, every=1), on_round_end=kill_in_round_3)
+    checkpointer = Checkpointer(tmp_path, name=method, every=1)
+    resumed = train(split, config, checkpointer=checkpointer)
+    assert checkpointer.resumed_at == [2]
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert strip(resumed.history) == strip(full.history)
+    assert (resumed.selected, resumed.test_selected, resumed.extra) == (full.selected, full.test_selected, full.extra)
+    for d in split.domains:
+        for key, value in full.models[d].state_dict().items():
+            assert torch.equal(value, resumed.models[d].state_dict()[key]), (d, key)
+        if method != "PriCDR":
+            assert torch.equal(full.artifacts["transmitted"][d]["sent"], resumed.artifacts["transmitted"][d]["sent"])

@@ -146,7 +146,7 @@ import hashlib
 import hmac
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -158,7 +158,8 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.engine.privacy import (add_laplace, clip_per_sample, gaussian_noise_like, l1_sensitivity_of_l2_clip,
                                    laplace_epsilon, noise_multiplier_for_epsilon, rdp_epsilon)
-from fedlib.methods.cdr_common import CDRResult, SelectionTracker, check_training_loop, evaluate_both
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.methods.cdr_common import CDRResult, CrossDomainAlgorithm, check_training_loop, train_cross_domain
 from fedlib.methods.fedpcl_cdr import cluster_users
 
 __all__ = [
@@ -238,24 +239,76 @@ def _scorer(model: nn.Module):
     return score
 
 
-def _train_loop(split: DomainSplit, config, train_epoch: Callable[[int], Dict[str, float]],
-                scorers: Callable[[], Dict[str, Callable]], device, progress: Progress, ks: Sequence[int],
-                start: float) -> Tuple[SelectionTracker, int]:
-    """Epochs of ``train_epoch``, evaluation every ``eval_every`` epochs, selection with patience."""
-    tracker = SelectionTracker(config.patience, config.select_on)
-    epoch = 0
-    for epoch in range(1, config.epochs + 1):
-        logged = train_epoch(epoch)
-        if epoch % config.eval_every and epoch != config.epochs:
-            continue
-        score = scorers()
-        metrics = {d: evaluate_both(score[d], split[d], ks, device) for d in split.domains}
-        stop = tracker.update(epoch, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(epoch, tracker.history[-1])
-        if stop:
-            break
-    return tracker, epoch
+@dataclass
+class DualTargetState:
+    """The live state of a dual-target run: per domain its model and Adam, the epoch generator
+    ``rng`` (batches, negatives, sampled rows), and ``torch_rng``, the global torch generator's
+    state (dropout draws from it), restored around every epoch so that checkpoints capture it;
+    ``messages``: what the method exchanged last (P2FCDR's messages, P²DTR's uploads), plain tensors."""
+
+    models: Dict[str, nn.Module]
+    optimizers: Dict[str, torch.optim.Optimizer]
+    rng: np.random.Generator
+    torch_rng: torch.Tensor
+    generators: Dict[str, torch.Generator] = field(default_factory=dict)
+    messages: Dict[str, Dict[str, object]] = field(default_factory=dict)
+
+
+class _DualTargetAlgorithm(CrossDomainAlgorithm):
+    """The three methods' side of the trainer: one round = one epoch of both domains.
+
+    A subclass builds the state in :meth:`_build` (models, optimisers, generators, in the order
+    of the original setup) and trains one epoch in :meth:`_epoch`; both run with the global
+    torch generator seeded by ``config.seed`` (init) or restored from the state (epochs), inside
+    ``fork_rng`` so the caller's global generator is untouched.
+    """
+
+    def __init__(self, split: DomainSplit, config, device, ks: Sequence[int]):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        self.names = list(split.domains)
+        self.samplers = {d: NegativeSampler(split[d].train, split[d].num_items) for d in self.names}
+
+    def _build(self) -> DualTargetState:
+        raise NotImplementedError
+
+    def _epoch(self, state: DualTargetState, epoch: int) -> Dict[str, float]:
+        raise NotImplementedError
+
+    def init(self, seed: int) -> DualTargetState:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)  # dropout draws from the global RNG
+            state = self._build()
+            state.torch_rng = torch.get_rng_state()
+        return state
+
+    def run_round(self, state: DualTargetState, plan: int, context: RoundContext
+                  ) -> Tuple[DualTargetState, RoundReport]:
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(state.torch_rng)
+            logged = self._epoch(state, context.index + 1)
+            state.torch_rng = torch.get_rng_state()
+        losses = [value for key, value in logged.items() if key.endswith("/loss_rec")]
+        return state, RoundReport(train_loss=float(np.mean(losses)) if losses else math.nan, logged=logged)
+
+    def scorers(self, state: DualTargetState):
+        return {d: _scorer(state.models[d]) for d in self.names}
+
+    def _models_and_optimizers(self, make_model) -> Tuple[Dict[str, nn.Module], Dict[str, torch.optim.Optimizer]]:
+        """``make_model(index, name)`` for both domains, each with its Adam (lr, weight decay of the config)."""
+        models, optimizers = {}, {}
+        for index, name in enumerate(self.names):
+            models[name] = make_model(index, name).to(self.device)
+            optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=self.config.lr,
+                                                weight_decay=self.config.weight_decay)
+        return models, optimizers
+
+
+def _train(algorithm: _DualTargetAlgorithm, progress: Progress, checkpointer=None, on_round_end=None):
+    """Train with the family's schedule; ``checkpoint_config`` is the config as plain values."""
+    config = algorithm.config
+    checkpoint_config = None if checkpointer is None else {"method": type(config).__name__, **asdict(config)}
+    return train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
+                              checkpoint_config=checkpoint_config, on_round_end=on_round_end)
 
 
 def _bce_step(model: nn.Module, optimizer: torch.optim.Optimizer, users, items, labels, device,
@@ -483,9 +536,50 @@ class HeteroCDR(nn.Module):
         return (self.source_codes(linked) - self.user_emb[linked]).square().sum(-1).mean()
 
 
+class PriCDRAlgorithm(_DualTargetAlgorithm):
+    """PriCDR: both domains publish ``Y`` once (in :meth:`init`), then HeteroCDR epochs on the other's."""
+
+    def _build(self) -> DualTargetState:
+        config, split, names = self.config, self.split, self.names
+        rng = np.random.default_rng([config.seed, 2201])
+        noise = torch.Generator().manual_seed(config.seed + 2201)
+        self.published = {d: publish_rating_matrix(split[d], projection_dim=config.projection_dim,
+                                                   method=config.publish_method, sjlt_nonzeros=config.sjlt_nonzeros,
+                                                   epsilon=config.epsilon, delta=config.delta, generator=noise,
+                                                   dp=config.dp)
+                          for d in names}
+        models, optimizers = self._models_and_optimizers(
+            lambda index, target: HeteroCDR(split[target].num_users, split[target].num_items,
+                                            self.published[names[1 - index]].values, split.num_overlap_users, config,
+                                            torch.Generator().manual_seed(config.seed * 1000 + index)))
+        return DualTargetState(models, optimizers, rng, torch.get_rng_state())
+
+    def _epoch(self, state: DualTargetState, epoch: int) -> Dict[str, float]:
+        config, device, rng = self.config, self.device, state.rng
+        logged: Dict[str, float] = {}
+        for target in self.names:
+            model = state.models[target]
+            model.train()
+            num_rows = model.published.shape[0]
+
+            def extra(users: torch.Tensor, model=model, num_rows=num_rows) -> Dict[str, torch.Tensor]:
+                rows = torch.as_tensor(rng.integers(0, num_rows, size=config.batch_size), device=device)
+                return {"loss_reconstruction": config.reconstruction_weight * model.reconstruction_loss(rows),
+                        "loss_align": config.align_weight * model.align_loss(users)}
+
+            rows = [_bce_step(model, state.optimizers[target], u, v, y, device, extra)
+                    for u, v, y in _training_batches(self.split[target], self.samplers[target], config.batch_size,
+                                                     config.train_negatives, rng)]
+            logged.update(_mean_logs(rows, target))
+        return logged
+
+
 def train_pricdr(split: DomainSplit, config: PriCDRConfig = PriCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10)) -> CDRResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """PriCDR, dual-target: each domain publishes ``Y`` once, each trains HeteroCDR on the other's.
+
+    ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
+    resume it from (a resumed run equals an uninterrupted one); the same for P2FCDR and P²DTR.
 
     Returns:
         :class:`~fedlib.methods.cdr_common.CDRResult`; ``extra`` holds ``epsilon``, ``delta``,
@@ -495,57 +589,19 @@ def train_pricdr(split: DomainSplit, config: PriCDRConfig = PriCDRConfig(), *, d
     _check_dual_target(split, "PriCDR")
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)  # dropout draws from the global RNG
-        rng = np.random.default_rng([config.seed, 2201])
-        noise = torch.Generator().manual_seed(config.seed + 2201)
-        names = list(split.domains)
-        published = {d: publish_rating_matrix(split[d], projection_dim=config.projection_dim,
-                                              method=config.publish_method, sjlt_nonzeros=config.sjlt_nonzeros,
-                                              epsilon=config.epsilon, delta=config.delta, generator=noise,
-                                              dp=config.dp)
-                     for d in names}
-        models, optimizers, samplers = {}, {}, {}
-        for index, target in enumerate(names):
-            source = names[1 - index]
-            part = split[target]
-            models[target] = HeteroCDR(part.num_users, part.num_items, published[source].values,
-                                       split.num_overlap_users, config,
-                                       torch.Generator().manual_seed(config.seed * 1000 + index)).to(device)
-            optimizers[target] = torch.optim.Adam(models[target].parameters(), lr=config.lr,
-                                                  weight_decay=config.weight_decay)
-            samplers[target] = NegativeSampler(part.train, part.num_items)
-
-        def train_epoch(epoch: int) -> Dict[str, float]:
-            logged: Dict[str, float] = {}
-            for target in names:
-                model = models[target]
-                model.train()
-                num_rows = model.published.shape[0]
-
-                def extra(users: torch.Tensor, model=model, num_rows=num_rows) -> Dict[str, torch.Tensor]:
-                    rows = torch.as_tensor(rng.integers(0, num_rows, size=config.batch_size), device=device)
-                    return {"loss_reconstruction": config.reconstruction_weight * model.reconstruction_loss(rows),
-                            "loss_align": config.align_weight * model.align_loss(users)}
-
-                rows = [_bce_step(model, optimizers[target], u, v, y, device, extra)
-                        for u, v, y in _training_batches(split[target], samplers[target], config.batch_size,
-                                                         config.train_negatives, rng)]
-                logged.update(_mean_logs(rows, target))
-            return logged
-
-        tracker, epochs_run = _train_loop(split, config, train_epoch,
-                                          lambda: {d: _scorer(models[d]) for d in names}, device, progress, ks, start)
+    algorithm = PriCDRAlgorithm(split, config, device, ks)
+    run = _train(algorithm, progress, checkpointer)
+    published = algorithm.published
     extra = {"epsilon": config.epsilon if config.dp else math.inf, "delta": config.delta if config.dp else 0.0,
-             "bytes_published": float(sum(p.nbytes() for p in published.values())), "epochs_run": epochs_run}
+             "bytes_published": float(sum(p.nbytes() for p in published.values())), "epochs_run": run.round_index}
     for d, release in published.items():
         extra[f"{d}/noise_std"] = release.noise_std
         extra[f"{d}/sensitivity"] = release.sensitivity
         if config.dp:  # the ε the accountant actually certifies for the σ used (≤ the target ε)
             extra[f"{d}/epsilon_certified"] = rdp_epsilon(release.noise_std / release.sensitivity, 1.0, 1,
                                                           config.delta)
-    return tracker.result("PriCDR", config, time.perf_counter() - start, extra, models=models,
-                          artifacts={"published": published})
+    return CDRResult.from_run("PriCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra=extra, models=run.state.models, artifacts={"published": published})
 
 
 # --------------------------------------------------------------------------------------
@@ -673,8 +729,50 @@ class P2FCDRDomain(nn.Module):
         return (self.mapping.T @ self.mapping - eye).square().sum()
 
 
+class P2FCDRAlgorithm(_DualTargetAlgorithm):
+    """P2FCDR: every round both domains exchange noisy mapped embeddings, then train one epoch.
+
+    ``state.messages``: ``{"sent": {d: (n_o, d)}, "private": {d: (n_o, d)}}``, the last round's
+    messages and the embeddings they were made from; ``state.generators["noise"]`` the LDP noise.
+    """
+
+    def _build(self) -> DualTargetState:
+        config, split = self.config, self.split
+        rng = np.random.default_rng([config.seed, 2023])
+        noise = torch.Generator().manual_seed(config.seed + 2023)
+        models, optimizers = self._models_and_optimizers(
+            lambda index, name: P2FCDRDomain(split[name].num_users, split[name].num_items, split.num_overlap_users,
+                                             config, torch.Generator().manual_seed(config.seed * 1000 + index)))
+        return DualTargetState(models, optimizers, rng, torch.get_rng_state(), generators={"noise": noise},
+                               messages={"sent": {}, "private": {}})
+
+    def _epoch(self, state: DualTargetState, epoch: int) -> Dict[str, float]:
+        config, names, models, n_o = self.config, self.names, state.models, self.split.num_overlap_users
+        sent, private = {}, {}
+        for name in names:  # each sender perturbs its own message (local DP)
+            private[name] = models[name].user_emb[:n_o].detach().clone()
+            sent[name] = ldp_message(models[name].outgoing(), config.clip_norm, config.laplace_scale,
+                                     state.generators["noise"])
+        state.messages = {"sent": sent, "private": private}
+        for index, name in enumerate(names):
+            models[name].receive(sent[names[1 - index]])
+        logged: Dict[str, float] = {"bytes_exchanged": float(sum(m.numel() * m.element_size() for m in sent.values()))}
+        for name in names:
+            model = models[name]
+            model.train()
+
+            def extra(users: torch.Tensor, model=model) -> Dict[str, torch.Tensor]:
+                return {"loss_ortho": config.ortho_weight * model.orthogonality_penalty()}
+
+            rows = [_bce_step(model, state.optimizers[name], u, v, y, self.device, extra)
+                    for u, v, y in _training_batches(self.split[name], self.samplers[name], config.batch_size,
+                                                     config.train_negatives, state.rng)]
+            logged.update(_mean_logs(rows, name))
+        return logged
+
+
 def train_p2fcdr(split: DomainSplit, config: P2FCDRConfig = P2FCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10)) -> CDRResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """P2FCDR, peer to peer: every round both domains exchange noisy mapped embeddings, then train.
 
     Returns:
@@ -686,53 +784,17 @@ def train_p2fcdr(split: DomainSplit, config: P2FCDRConfig = P2FCDRConfig(), *, d
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
     names = list(split.domains)
-    n_o = split.num_overlap_users
     scale = config.laplace_scale
-    sent: Dict[str, torch.Tensor] = {}
-    private: Dict[str, torch.Tensor] = {}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        rng = np.random.default_rng([config.seed, 2023])
-        noise = torch.Generator().manual_seed(config.seed + 2023)
-        models, optimizers, samplers = {}, {}, {}
-        for index, name in enumerate(names):
-            part = split[name]
-            models[name] = P2FCDRDomain(part.num_users, part.num_items, n_o, config,
-                                        torch.Generator().manual_seed(config.seed * 1000 + index)).to(device)
-            optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=config.lr,
-                                                weight_decay=config.weight_decay)
-            samplers[name] = NegativeSampler(part.train, part.num_items)
-
-        def train_epoch(epoch: int) -> Dict[str, float]:
-            for name in names:  # each sender perturbs its own message (local DP)
-                private[name] = models[name].user_emb[:n_o].detach().clone()
-                sent[name] = ldp_message(models[name].outgoing(), config.clip_norm, scale, noise)
-            for index, name in enumerate(names):
-                models[name].receive(sent[names[1 - index]])
-            logged: Dict[str, float] = {"bytes_exchanged": float(sum(m.numel() * m.element_size()
-                                                                     for m in sent.values()))}
-            for name in names:
-                model = models[name]
-                model.train()
-
-                def extra(users: torch.Tensor, model=model) -> Dict[str, torch.Tensor]:
-                    return {"loss_ortho": config.ortho_weight * model.orthogonality_penalty()}
-
-                rows = [_bce_step(model, optimizers[name], u, v, y, device, extra)
-                        for u, v, y in _training_batches(split[name], samplers[name], config.batch_size,
-                                                         config.train_negatives, rng)]
-                logged.update(_mean_logs(rows, name))
-            return logged
-
-        tracker, rounds = _train_loop(split, config, train_epoch,
-                                      lambda: {d: _scorer(models[d]) for d in names}, device, progress, ks, start)
+    run = _train(P2FCDRAlgorithm(split, config, device, ks), progress, checkpointer)
+    rounds = run.round_index
+    sent, private = run.state.messages["sent"], run.state.messages["private"]
     per_round = laplace_epsilon(l1_sensitivity_of_l2_clip(config.clip_norm, config.dim), scale)
     bytes_round = float(sum(m.numel() * m.element_size() for m in sent.values()))
     extra = {"laplace_scale": scale, "clip_norm": config.clip_norm, "epsilon_per_round": per_round,
              "epsilon_total": per_round * rounds, "bytes_exchanged": bytes_round * rounds, "epochs_run": rounds}
     transmitted = {name: {"sent": sent[name].cpu(), "private": private[name].cpu()} for name in names}
-    return tracker.result("P2FCDR", config, time.perf_counter() - start, extra, models=models,
-                          artifacts={"transmitted": transmitted})
+    return CDRResult.from_run("P2FCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra=extra, models=run.state.models, artifacts={"transmitted": transmitted})
 
 
 # --------------------------------------------------------------------------------------
@@ -867,8 +929,67 @@ class P2DTRDomain(nn.Module):
         return (1 - self.alpha) * own + self.alpha * self.prototypes[self.assignment[users]]
 
 
+class P2DTRAlgorithm(_DualTargetAlgorithm):
+    """P²DTR: PSI once (in the constructor), then rounds of local training, k-means prototypes and
+    server averaging. ``state.messages``: the last round's ``uploads`` ``{d: (prototypes (K, d),
+    labels (n,))}`` and the ``summarised`` PSI users' embeddings ``{d: (n, d)}``."""
+
+    def __init__(self, split: DomainSplit, config, device, ks: Sequence[int]):
+        super().__init__(split, config, device, ks)
+        names = self.names
+        key = hashlib.sha256(f"p2dtr-psi-key/{config.seed}".encode()).digest()  # shared by the two domains only
+        self.rows_a, self.rows_b = private_set_intersection(user_identities(split, names[0]),
+                                                            user_identities(split, names[1]), key)
+        if self.rows_a.size < config.num_clusters:
+            raise ValueError(f"P2DTR clusters the shared users, but the PSI found {self.rows_a.size} < num_clusters="
+                             f"{config.num_clusters}; lower num_clusters")
+        self.psi_rows = {names[0]: torch.as_tensor(self.rows_a, device=device),
+                         names[1]: torch.as_tensor(self.rows_b, device=device)}
+
+    def _build(self) -> DualTargetState:
+        config, split = self.config, self.split
+        rng = np.random.default_rng([config.seed, 2024])
+        models, optimizers = self._models_and_optimizers(
+            lambda index, name: P2DTRDomain(split[name].num_users, split[name].num_items, config,
+                                            torch.Generator().manual_seed(config.seed * 1000 + index)))
+        return DualTargetState(models, optimizers, rng, torch.get_rng_state(),
+                               messages={"uploads": {}, "summarised": {}})
+
+    def _epoch(self, state: DualTargetState, epoch: int) -> Dict[str, float]:
+        config, names, models, psi_rows = self.config, self.names, state.models, self.psi_rows
+        logged: Dict[str, float] = {}
+        for name in names:
+            model = models[name]
+            model.train()
+            rows = [_bce_step(model, state.optimizers[name], u, v, y, self.device)
+                    for u, v, y in _training_batches(self.split[name], self.samplers[name], config.batch_size,
+                                                     config.train_negatives, state.rng)]
+            logged.update(_mean_logs(rows, name))
+        uploads, summarised = {}, {}
+        for index, name in enumerate(names):  # local clustering of the PSI users, then upload
+            with torch.no_grad():
+                summarised[name] = models[name].user_emb[psi_rows[name]].detach().clone()  # (n, d)
+            uploads[name] = cluster_users(summarised[name], config.num_clusters,
+                                          seed=config.seed * 100_003 + epoch * 2 + index,
+                                          restarts=config.kmeans_restarts)
+        state.messages = {"uploads": uploads, "summarised": summarised}
+        (protos_a, labels_a), (protos_b, labels_b) = uploads[names[0]], uploads[names[1]]
+        perm = match_clusters(labels_a, labels_b, config.num_clusters)  # server
+        averaged = dict(zip(names, average_prototypes(protos_a, protos_b, perm)))
+        for name in names:  # download, then propagate inside the domain (Eq. 9)
+            protos, labels = uploads[name]
+            with torch.no_grad():
+                assignment = nearest_prototype(models[name].user_emb.detach(), protos)
+            assignment[psi_rows[name]] = labels
+            models[name].set_prototypes(averaged[name], assignment)
+        k, d = protos_a.shape
+        logged["bytes_up"] = float(2 * (k * d * 4 + self.rows_a.size * 8))
+        logged["bytes_down"] = float(2 * k * d * 4)
+        return logged
+
+
 def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, device=None,
-                progress: Progress = None, ks: Sequence[int] = (5, 10)) -> CDRResult:
+                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
     """P²DTR: PSI once, then rounds of local training, k-means prototypes and server averaging.
 
     Returns:
@@ -880,59 +1001,13 @@ def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, devi
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
     names = list(split.domains)
-    key = hashlib.sha256(f"p2dtr-psi-key/{config.seed}".encode()).digest()  # shared by the two domains only
-    rows_a, rows_b = private_set_intersection(user_identities(split, names[0]), user_identities(split, names[1]), key)
-    if rows_a.size < config.num_clusters:
-        raise ValueError(f"P2DTR clusters the shared users, but the PSI found {rows_a.size} < num_clusters="
-                         f"{config.num_clusters}; lower num_clusters")
-    psi_rows = {names[0]: torch.as_tensor(rows_a, device=device), names[1]: torch.as_tensor(rows_b, device=device)}
+    algorithm = P2DTRAlgorithm(split, config, device, ks)
+    rows_a, rows_b, psi_rows = algorithm.rows_a, algorithm.rows_b, algorithm.psi_rows
     expected = np.arange(split.num_overlap_users)
     matches = bool(np.array_equal(np.sort(rows_a), expected) and np.array_equal(rows_a, rows_b))
-    uploads: Dict[str, Tuple[torch.Tensor, torch.Tensor]] = {}
-    summarised: Dict[str, torch.Tensor] = {}
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(config.seed)
-        rng = np.random.default_rng([config.seed, 2024])
-        models, optimizers, samplers = {}, {}, {}
-        for index, name in enumerate(names):
-            part = split[name]
-            models[name] = P2DTRDomain(part.num_users, part.num_items, config,
-                                       torch.Generator().manual_seed(config.seed * 1000 + index)).to(device)
-            optimizers[name] = torch.optim.Adam(models[name].parameters(), lr=config.lr,
-                                                weight_decay=config.weight_decay)
-            samplers[name] = NegativeSampler(part.train, part.num_items)
-
-        def train_epoch(epoch: int) -> Dict[str, float]:
-            logged: Dict[str, float] = {}
-            for name in names:
-                model = models[name]
-                model.train()
-                rows = [_bce_step(model, optimizers[name], u, v, y, device)
-                        for u, v, y in _training_batches(split[name], samplers[name], config.batch_size,
-                                                         config.train_negatives, rng)]
-                logged.update(_mean_logs(rows, name))
-            for index, name in enumerate(names):  # local clustering of the PSI users, then upload
-                with torch.no_grad():
-                    summarised[name] = models[name].user_emb[psi_rows[name]].detach().clone()  # (n, d)
-                uploads[name] = cluster_users(summarised[name], config.num_clusters,
-                                              seed=config.seed * 100_003 + epoch * 2 + index,
-                                              restarts=config.kmeans_restarts)
-            (protos_a, labels_a), (protos_b, labels_b) = uploads[names[0]], uploads[names[1]]
-            perm = match_clusters(labels_a, labels_b, config.num_clusters)  # server
-            averaged = dict(zip(names, average_prototypes(protos_a, protos_b, perm)))
-            for name in names:  # download, then propagate inside the domain (Eq. 9)
-                protos, labels = uploads[name]
-                with torch.no_grad():
-                    assignment = nearest_prototype(models[name].user_emb.detach(), protos)
-                assignment[psi_rows[name]] = labels
-                models[name].set_prototypes(averaged[name], assignment)
-            k, d = protos_a.shape
-            logged["bytes_up"] = float(2 * (k * d * 4 + rows_a.size * 8))
-            logged["bytes_down"] = float(2 * k * d * 4)
-            return logged
-
-        tracker, rounds = _train_loop(split, config, train_epoch,
-                                      lambda: {d: _scorer(models[d]) for d in names}, device, progress, ks, start)
+    run = _train(algorithm, progress, checkpointer)
+    rounds = run.round_index
+    uploads, summarised = run.state.messages["uploads"], run.state.messages["summarised"]
     transmitted = {}
     for name in names:
         protos, labels = uploads[name]
@@ -942,8 +1017,9 @@ def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, devi
     extra = {"psi_size": float(rows_a.size), "psi_matches_split": float(matches),
              "bytes_up": float(rounds * 2 * (k * d * 4 + rows_a.size * 8)), "bytes_down": float(rounds * 2 * k * d * 4),
              "epochs_run": rounds}
-    return tracker.result("P2DTR", config, time.perf_counter() - start, extra, models=models,
-                          artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
-                                     "prototypes": {n: uploads[n][0].cpu() for n in names},
-                                     "labels": {n: uploads[n][1].cpu() for n in names},
-                                     "transmitted": transmitted})
+    return CDRResult.from_run("P2DTR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra=extra, models=run.state.models,
+                              artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
+                                         "prototypes": {n: uploads[n][0].cpu() for n in names},
+                                         "labels": {n: uploads[n][1].cpu() for n in names},
+                                         "transmitted": transmitted})
