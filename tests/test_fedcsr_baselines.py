@@ -151,6 +151,53 @@ def test_fedprox_tisasrec_loop_records_history_and_is_deterministic(split):
     assert a.method == "FedProx-TiSASRec"
 
 
+class _Killed(RuntimeError):
+    pass
+
+
+def test_a_fedprox_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_numbers(split, tmp_path):
+    """Killed in round 3 after the round-2 checkpoint: the same history, selection and weights as
+    one run, and patience stops both at the same round (dropout: torch's generator is resumed too)."""
+    from fedlib.engine import Checkpointer
+
+    cfg = TiSASRecConfig(dim=8, maxlen=8, num_blocks=1, dropout=0.2, seed=0)
+    factory = lambda: TiSASRec(split.num_items_a, split.num_items_b, cfg)
+    tc = FB.FedProxConfig(rounds=6, local_epochs=1, batch_size=32, lr=0.05, mu=0.01, seed=2, patience=2)
+    whole = FB.train_federated_baseline(factory, split, tc)
+
+    def kill_at_round_3(row):
+        if row["round"] == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        FB.train_federated_baseline(factory, split, tc, progress=kill_at_round_3,
+                                    checkpointer=Checkpointer(tmp_path, name="cell", every=2))
+    again = Checkpointer(tmp_path, name="cell", every=2)
+    resumed = FB.train_federated_baseline(factory, split, tc, checkpointer=again)
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert again.resumed_at == [2] and len(resumed.history) == len(whole.history) >= 3
+    assert strip(resumed.history) == strip(whole.history)
+    assert (resumed.selected, resumed.selected_round) == (whole.selected, whole.selected_round)
+    assert (resumed.test_selected, resumed.test_selected_round) == (whole.test_selected, whole.test_selected_round)
+    for (name, x), y in zip(resumed.model.state_dict().items(), whole.model.state_dict().values()):
+        assert torch.equal(x, y), name
+    with pytest.raises(ValueError, match="different configuration.*mu"):
+        FB.train_federated_baseline(factory, split, dataclasses.replace(tc, mu=0.1),
+                                    checkpointer=Checkpointer(tmp_path, name="cell", every=2))
+
+
+def test_patience_stops_the_run_and_the_selection_is_the_first_best_validation_round(split):
+    cfg = TiSASRecConfig(dim=8, maxlen=8, num_blocks=1, dropout=0.0, seed=0)
+    factory = lambda: TiSASRec(split.num_items_a, split.num_items_b, cfg)
+    res = FB.train_federated_baseline(factory, split, FB.FedProxConfig(rounds=8, local_epochs=1, batch_size=32,
+                                                                       lr=0.05, seed=2, patience=1))
+    valid = [row["valid/MRR"] for row in res.history]
+    first_best = valid.index(max(valid)) + 1
+    assert res.selected_round == first_best and len(valid) == first_best + 1 < 8   # one round without gain
+    test = [row["test/MRR"] for row in res.history]
+    assert res.test_selected_round == test.index(max(test)) + 1
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="mu"):
         FB.FedProxConfig(mu=-1.0)

@@ -101,6 +101,23 @@ def test_fedavg_is_the_weighted_mean_of_the_state_dicts():
         T.fedavg([a, b], [0, 0])
 
 
+def test_fedavg_in_float32_equals_a_float64_running_sum_rounded_once():
+    """Eq. 19 through the engine's FedAvg moves no float32 number: each entry is the float64
+    weighted mean rounded once (the loop's FedAvg before the trainer summed in float64 platform by
+    platform); averaging in float32 would round every product and sum."""
+    g = torch.Generator().manual_seed(0)
+    base = 0.05 * torch.randn(20_000, generator=g)
+    states = [{"w": base + 1e-3 * torch.randn(20_000, generator=g)} for _ in range(10)]
+    counts = np.array([37, 12, 55, 8, 91, 23, 40, 17, 66, 29])
+    running = torch.zeros(20_000, dtype=torch.float64)
+    for c, s in zip(counts / counts.sum(), states):
+        running += float(c) * s["w"].double()
+    out = T.fedavg(states, counts)["w"]
+    assert out.dtype == torch.float32 and torch.equal(out, running.float())
+    in_float32 = sum(float(c) * s["w"] for c, s in zip(counts / counts.sum(), states))
+    assert not torch.equal(in_float32, running.float())       # the check can tell the two apart
+
+
 def _edges(sparse):
     idx = sparse.coalesce().indices()
     return set(zip(idx[0].tolist(), idx[1].tolist()))

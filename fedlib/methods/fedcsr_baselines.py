@@ -1,4 +1,4 @@
-r"""FedProx trainer for the FedCSR baselines (any model with ``loss`` / ``score``).
+r"""FedProx for the FedCSR baselines (any model with ``loss`` / ``score``), as an Algorithm.
 
 References:
     T. Li, A. K. Sahu, M. Zaheer, M. Sanjabi, A. Talwalkar, V. Smith, "Federated Optimization
@@ -7,21 +7,21 @@ References:
     App. A.1): every baseline
     (TiSASRec, CLSR, CoNet, CCDR, π-Net, PSJNet, MIFN, C2DSR) is "federated with FedProx".
 
-The model interface (so one loop runs them all): a ``torch.nn.Module`` with
+The model interface (so one algorithm runs them all): a ``torch.nn.Module`` with
 ``loss(batch: SequenceBatch) -> scalar``, ``score(inputs, candidates (B, C), gt_domain (B,))
 -> (B, C)``, a ``config`` with ``maxlen``, and optionally ``set_graphs(TransitionGraphs)``.
 
 Algorithm (K platforms, ``D_k`` platform ``k``'s training rows, ``N_k`` its number of users,
 ``w`` the global weights, ``μ`` the proximal weight)::
 
-    w^0 = model_factory() weights
-    for t = 1..T:
+    w^0 = model_factory() weights                                           (FedProxAlgorithm.init)
+    for t = 1..T:                                                            (the trainer, fedlib.engine.train)
         for k = 1..K (every platform every round):
             w_k = w^{t-1}
             E local epochs of shuffled mini-batches b ⊂ D_k:
                 h_k(w_k) = loss(b; w_k) + (μ/2) ‖w_k − w^{t-1}‖²          (FedProx local objective)
                 w_k ← optimiser step on ∇h_k  (∇ of the proximal term: μ (w_k − w^{t-1}))
-        w^t = Σ_k N_k w_k / Σ_k N_k                                         (FedAvg aggregation)
+        w^t = Σ_k N_k w_k / Σ_k N_k                      (FedAvg: fedlib.methods.fedcsr_train.fedavg)
         evaluate w^t on every platform's valid/test rows (its own graphs, if any)
         select on the mean over domains of the validation MRR; stop after `patience`
         rounds without improvement
@@ -43,24 +43,27 @@ by their number of training users (``weight_by="sequences"`` for rows).
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedlib.data.splits import SequenceSplit
+from fedlib.engine.algorithm import RoundContext, RoundReport, clone_dataclass, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
+from fedlib.engine.trainer import RunResult, train
 from fedlib.methods.fedcsr import make_batch, transition_graphs
-from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, fedavg, platform_graphs, rank_metrics, sequence_ranks,
-                                         state_bytes)
+from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, PlatformPlan, clone_tensors, curve_row, domain_blocks,
+                                         fedavg, flat_evaluation, generator_states, generators_of, platform_graphs,
+                                         platform_rows, platform_schedule, rank_metrics, round_callback,
+                                         sequence_ranks, state_bytes)
 
-__all__ = ["FedProxConfig", "BaselineResult", "proximal_term", "local_update", "evaluate_baseline",
-           "gather_domain_scores",
-           "train_federated_baseline"]
+__all__ = ["FedProxConfig", "BaselineResult", "FedProxState", "FedProxAlgorithm", "proximal_term", "local_update",
+           "evaluate_baseline", "gather_domain_scores", "train_federated_baseline"]
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,25 @@ class BaselineResult:
     train_config: Any = None
     model: Optional[nn.Module] = field(repr=False, default=None)
     artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
+
+    @classmethod
+    def from_run(cls, run: RunResult, algorithm: "FedProxAlgorithm") -> "BaselineResult":
+        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult` of ``algorithm``.
+
+        ``selected``: the selection's evaluation (valid and test numbers of that round);
+        ``test_selected``: the audit's (best mean test MRR); ``history``: the trainer's records
+        as :func:`~fedlib.methods.fedcsr_train.curve_row` rows; ``model``: a copy of the selected model.
+        """
+        names, best = algorithm.names, run.selection.best_metrics
+        audit = run.audit.best_metrics if run.audit is not None else None
+        kept = run.best_state if run.best_state is not None else run.state
+        return cls(method=algorithm.method, selected=domain_blocks(best, names),
+                   selected_round=int(run.selection.best_round or 0), test_selected=domain_blocks(audit, names),
+                   test_selected_round=int(run.audit.best_round or 0) if run.audit is not None else 0,
+                   history=[curve_row(record, names) for record in run.history], wall_seconds=run.wall_seconds,
+                   train_config=algorithm.train_config, model=copy.deepcopy(algorithm.network(kept)),
+                   artifacts={"weights": algorithm.counts, "active_platforms": algorithm.active,
+                              "model_bytes": algorithm.model_bytes, "graphs": algorithm.graphs, "metrics": METRICS})
 
 
 # ----------------------------------------------------------------------------- FedProx pieces
@@ -212,102 +234,144 @@ def evaluate_baseline(model: nn.Module, split: SequenceSplit, role: str, graphs=
     return out
 
 
-def _mean_mrr(block, role: str) -> float:
-    vals = [m[f"{role}/MRR"] for m in block.values() if np.isfinite(m[f"{role}/MRR"])]
-    return float(np.mean(vals)) if vals else float("nan")
+# ----------------------------------------------------------------------------- FedProx as an Algorithm
+@dataclass
+class FedProxState:
+    """Everything a FedProx round depends on.
+
+    Attributes:
+        weights: the global model's state dict ``w^t``.
+        numpy_rng: the numpy generator's state (batch order, and what the model's loss draws).
+        torch_rng: torch's CPU generator state (dropout masks), (N,) uint8.
+        cuda_rng: the CUDA generator's state on a CUDA device, else ``None``.
+    """
+
+    weights: Dict[str, torch.Tensor]
+    numpy_rng: Dict[str, Any]
+    torch_rng: torch.Tensor
+    cuda_rng: Optional[torch.Tensor] = None
 
 
-# ----------------------------------------------------------------------------- round loop
+class FedProxAlgorithm:
+    """A FedProx round (module docstring) of any baseline model, as an :class:`~fedlib.engine.algorithm.Algorithm`.
+
+    Args:
+        model_factory: ``() -> model``; called once for the initial weights (after
+            ``torch.manual_seed(seed)``) and once, with torch's generator untouched, for the
+            scratch modules every round loads its state into.
+        device: where the model lives.
+    """
+
+    def __init__(self, model_factory: Callable[[], nn.Module], split: SequenceSplit,
+                 train_config: FedProxConfig = FedProxConfig(), *, device=None):
+        tc = train_config
+        if not isinstance(split, SequenceSplit):
+            raise ValueError(f"split must be a SequenceSplit, got {type(split).__name__}")
+        if len(split.platforms) == 0:
+            raise ValueError("split.platforms is empty: FedProx needs at least one platform")
+        self.model_factory, self.split, self.train_config = model_factory, split, tc
+        self.device = torch.device(device if device is not None else tc.device)
+        self.names = tuple(split.extra.get("domain_names", ("A", "B")))
+        self.train_rows, self.counts, self.active = platform_rows(split, tc.weight_by)
+        with torch.random.fork_rng(devices=[]):                    # scratch modules: their init draws nothing
+            self.global_model = model_factory().to(self.device)     # holds w^t for evaluation
+        self.work = copy.deepcopy(self.global_model)               # each platform's local copy
+        self.uses_graphs = hasattr(self.global_model, "set_graphs")
+        self.graphs = platform_graphs(split) if self.uses_graphs else None
+        self.eval_graphs = self.graphs
+        if self.uses_graphs and "valid_platforms" not in split.extra:   # rows not assigned to platforms: one graph
+            self.eval_graphs = [transition_graphs(split.train, split.num_items_a, split.num_items_b)]
+        self.model_bytes = state_bytes(self.global_model.state_dict())
+
+    @property
+    def method(self) -> str:
+        return ("FedAvg-" if self.train_config.mu == 0 else "FedProx-") + type(self.global_model).__name__
+
+    # --- state -------------------------------------------------------------------------------
+    def init(self, seed: int) -> FedProxState:
+        torch.manual_seed(seed)
+        rng = np.random.default_rng([seed, 5005])
+        weights = clone_tensors(self.model_factory().to(self.device).state_dict())
+        return FedProxState(weights=weights, **generator_states(rng, self.device))
+
+    def copy_state(self, state: FedProxState) -> FedProxState:
+        return clone_dataclass(state)
+
+    def state_dict(self, state: FedProxState) -> Dict[str, Any]:
+        return dataclass_to_dict(state)
+
+    def load_state(self, saved: Mapping[str, Any]) -> FedProxState:
+        state = dataclass_from_dict(FedProxState, saved)
+        state.weights = {n: v.to(self.device) for n, v in state.weights.items()}
+        return state
+
+    # --- one round -----------------------------------------------------------------------------
+    def plan_round(self, state: FedProxState, context: RoundContext) -> PlatformPlan:
+        return PlatformPlan(platforms=tuple(self.active))
+
+    def run_round(self, state: FedProxState, plan: PlatformPlan, context: RoundContext
+                  ) -> Tuple[FedProxState, RoundReport]:
+        """Every platform: E local epochs of the proximal objective from ``w^{t-1}``; then FedAvg."""
+        rng = generators_of(state.numpy_rng, state.torch_rng, state.cuda_rng, self.device)
+        uploads, losses, proxes, steps_total = [], [], [], 0
+        for k in plan.platforms:
+            self.work.load_state_dict(state.weights)
+            if self.uses_graphs:
+                self.work.set_graphs(self.graphs[k])
+            loss, prox, steps = local_update(self.work, self.split, self.train_rows[k], self.train_config, rng,
+                                             self.device)
+            losses.append(loss)
+            proxes.append(prox)
+            steps_total += steps
+            uploads.append(clone_tensors(self.work.state_dict()))
+        weights = [self.counts[k] for k in plan.platforms]
+        sent = self.model_bytes * len(plan.platforms)                    # every state-dict tensor, both ways
+        report = RoundReport(train_loss=float(np.average(losses, weights=weights)),
+                             logged={"prox": float(np.average(proxes, weights=weights)), "local_steps": steps_total,
+                                     "bytes_up": sent, "bytes_down": sent})
+        return FedProxState(weights=fedavg(uploads, weights), **generator_states(rng, self.device)), report
+
+    # --- evaluation ------------------------------------------------------------------------------
+    def network(self, state: FedProxState) -> nn.Module:
+        """The scratch module holding ``state``'s global model."""
+        self.global_model.load_state_dict(state.weights)
+        return self.global_model
+
+    def evaluate(self, state: FedProxState, split: str) -> Dict[str, float]:
+        tc = self.train_config
+        evaluation = evaluate_baseline(self.network(state), self.split, split, self.eval_graphs, tie_rule=tc.tie_rule,
+                                       batch_size=tc.eval_batch_size, device=self.device)
+        return flat_evaluation(evaluation, self.names, per_platform=False)
+
+
 def train_federated_baseline(model_factory: Callable[[], nn.Module], split: SequenceSplit,
                              train_config: FedProxConfig = FedProxConfig(), *, device=None,
-                             progress: Optional[Callable[[Dict[str, float]], None]] = None) -> BaselineResult:
-    """FedProx over ``split.platforms`` (module docstring); ``progress(row)`` is called every round.
+                             progress: Optional[Callable[[Dict[str, float]], None]] = None,
+                             checkpointer=None) -> BaselineResult:
+    """FedProx over ``split.platforms`` (module docstring), trained by :func:`fedlib.engine.train`.
 
     Args:
         model_factory: ``() -> model`` (deterministic from the model's own config seed).
         device: overrides ``train_config.device``.
+        progress: called with every round's history row.
+        checkpointer: a :class:`~fedlib.engine.Checkpointer`: resume from its checkpoint, save on
+            its schedule (the state holds the weights and both generators: resumed = uninterrupted).
     """
     tc = train_config
-    if not isinstance(split, SequenceSplit):
-        raise ValueError(f"split must be a SequenceSplit, got {type(split).__name__}")
-    K = len(split.platforms)
-    if K == 0:
-        raise ValueError("split.platforms is empty: FedProx needs at least one platform")
-    device = torch.device(device if device is not None else tc.device)
-    torch.manual_seed(tc.seed)
-    rng = np.random.default_rng([tc.seed, 5005])
-    names = tuple(split.extra.get("domain_names", ("A", "B")))
+    algorithm = FedProxAlgorithm(model_factory, split, tc, device=device)
+    run = train(algorithm, platform_schedule(tc.rounds, tc.patience), seed=tc.seed, checkpointer=checkpointer,
+                checkpoint_config=_checkpoint_config(algorithm), on_round_end=round_callback(algorithm.names, progress))
+    return BaselineResult.from_run(run, algorithm)
 
-    lengths = split.train.lengths()
-    train_rows = [np.asarray(r, dtype=np.int64)[lengths[np.asarray(r, dtype=np.int64)] >= 2] for r in split.platforms]
-    counts = [np.unique(split.train.users[r]).size if tc.weight_by == "users" else r.size for r in train_rows]
-    if sum(counts) == 0:
-        raise ValueError("no platform has a training sequence of length >= 2")
-    active = [k for k in range(K) if train_rows[k].size]
 
-    global_model = model_factory().to(device)
-    uses_graphs = hasattr(global_model, "set_graphs")
-    graphs = platform_graphs(split) if uses_graphs else None
-    eval_graphs = graphs
-    if uses_graphs and "valid_platforms" not in split.extra:   # rows not assigned to platforms: one graph
-        eval_graphs = [transition_graphs(split.train, split.num_items_a, split.num_items_b)]
-    work = copy.deepcopy(global_model)
-    model_bytes = state_bytes(global_model.state_dict())
-
-    history: List[Dict[str, float]] = []
-    best_score, best_round, best, best_state = -math.inf, 0, {}, None
-    best_test_score, best_test_round, best_test = -math.inf, 0, {}
-    waited, started, metrics = 0, time.perf_counter(), {}
-    for rnd in range(1, tc.rounds + 1):
-        t0 = time.perf_counter()
-        global_state = {n: v.detach().clone() for n, v in global_model.state_dict().items()}
-        uploads, losses, proxes, steps_total = [], [], [], 0
-        for k in active:
-            work.load_state_dict(global_state)
-            if uses_graphs:
-                work.set_graphs(graphs[k])
-            loss, prox, steps = local_update(work, split, train_rows[k], tc, rng, device)
-            losses.append(loss)
-            proxes.append(prox)
-            steps_total += steps
-            uploads.append({n: v.detach().clone() for n, v in work.state_dict().items()})
-        weights = [counts[k] for k in active]
-        global_model.load_state_dict(fedavg(uploads, weights))
-        row: Dict[str, float] = {"round": rnd, "loss": float(np.average(losses, weights=weights)),
-                                 "prox": float(np.average(proxes, weights=weights)), "local_steps": steps_total,
-                                 "bytes_up": model_bytes * len(active), "bytes_down": model_bytes * len(active)}
-        evals = {role: evaluate_baseline(global_model, split, role, eval_graphs, tie_rule=tc.tie_rule,
-                                         batch_size=tc.eval_batch_size, device=device)
-                 for role in ("valid", "test")}
-        metrics = {d: {f"{role}/{m}": v for role in ("valid", "test") for m, v in evals[role][d].items()}
-                   for d in names}
-        for d, block in metrics.items():
-            row.update({f"{d}/{key}": float(v) for key, v in block.items()})
-        valid, test = _mean_mrr(metrics, "valid"), _mean_mrr(metrics, "test")
-        row.update({"valid/MRR": valid, "test/MRR": test, "seconds": time.perf_counter() - t0})
-        history.append(row)
-        if progress is not None:
-            progress(row)
-        if test > best_test_score:
-            best_test_score, best_test_round, best_test = test, rnd, copy.deepcopy(metrics)
-        if valid > best_score:
-            best_score, best_round, best, waited = valid, rnd, copy.deepcopy(metrics), 0
-            best_state = {n: v.detach().clone() for n, v in global_model.state_dict().items()}
-        else:
-            waited += 1
-            if waited >= tc.patience:
-                break
-    if best_state is None:                                   # no finite validation MRR
-        best_round, best = history[-1]["round"], metrics
-        best_state = {n: v.detach().clone() for n, v in global_model.state_dict().items()}
-    final = copy.deepcopy(global_model)
-    final.load_state_dict(best_state)
-    method = ("FedAvg-" if tc.mu == 0 else "FedProx-") + type(final).__name__
-    return BaselineResult(method=method, selected=best, selected_round=int(best_round), test_selected=best_test,
-                          test_selected_round=int(best_test_round), history=history,
-                          wall_seconds=time.perf_counter() - started, train_config=tc, model=final,
-                          artifacts={"weights": counts, "active_platforms": active, "model_bytes": model_bytes,
-                                     "graphs": graphs, "metrics": METRICS})
+def _checkpoint_config(algorithm: FedProxAlgorithm) -> Dict[str, Any]:
+    """What a checkpoint must have been made under: the model (class and config) and every setting but ``rounds``."""
+    model_config = getattr(algorithm.global_model, "config", None)
+    model_config = (dataclasses.asdict(model_config) if dataclasses.is_dataclass(model_config)
+                    else repr(model_config))
+    train_settings = {k: v for k, v in dataclasses.asdict(algorithm.train_config).items() if k != "rounds"}
+    return {"rounds": algorithm.train_config.rounds, "model": type(algorithm.global_model).__name__,
+            "model_config": model_config, "train": train_settings, "device": str(algorithm.device)}
 
 
 # ----------------------------------------------------------------------------- helpers for the baselines
