@@ -280,7 +280,7 @@ def test_malformed_u_data_through_the_public_loader(tmp_path, monkeypatch):
 
 
 def test_malformed_header_file_counts_the_header_line(tmp_path):
-    from fedlib.data.loaders import _read_table
+    from fedlib.data.reading import _read_table
 
     path = tmp_path / "ratings.csv"
     path.write_text("userId,movieId,rating,timestamp\r\n1,1,4.0,964982703\r\n1,3,abc,964981247\r\n")
@@ -291,7 +291,7 @@ def test_malformed_header_file_counts_the_header_line(tmp_path):
 
 
 def test_malformed_double_colon_and_sequence_and_json_lines(tmp_path):
-    from fedlib.data.loaders import _read_table
+    from fedlib.data.reading import _read_table
 
     dat = tmp_path / "ratings.dat"
     dat.write_text("1::1193::5::978300760\n1::661::3\n")

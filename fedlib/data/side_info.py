@@ -32,7 +32,7 @@ import pandas as pd
 
 from fedlib.data.download import data_root, describe_root, resolve_file
 from fedlib.data.errors import MalformedDataError, MissingDataError, closest_match
-from fedlib.data.loaders import _open_text, _require
+from fedlib.data.reading import _open_text, _require
 from fedlib.data.registry import get_spec
 
 AMAZON_INDUSTRIAL_META = "amazon-industrial/meta_Industrial_and_Scientific.json.gz"
