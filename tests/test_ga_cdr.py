@@ -179,3 +179,35 @@ def test_ga_mtcdr_p_learns_and_personalises_only_the_sparser_domain(train_split)
     last = result.history[-1]
     assert last[f"{richest}/personal"] == 0.0
     assert last[f"{sparser}/personal"] > 0.0
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    """GA-MTCDR-P (GNN embeddings, personalised): model, Adam and the epoch generator are in the
+    checkpoint (cdr_common.JointModelState, shared with NMCDR and CL-DTCDR); killed in epoch 3
+    and resumed = uninterrupted."""
+    from fedlib.engine import Checkpointer
+
+    torch.set_num_threads(1)
+    split = overlapping_domains(num_users=80, items_per_domain=50, overlap=0.5, num_negatives=30, seed=3)
+    config = G.GAMTCDRPConfig(dim=8, epochs=4, patience=4, seed=1)
+    full = G.train_ga(split, config)
+
+    def kill_in_epoch_3(run, record):
+        if run.round_index == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        G.train_ga(split, config, checkpointer=Checkpointer(tmp_path, every=1), on_round_end=kill_in_epoch_3)
+    checkpointer = Checkpointer(tmp_path, every=1)
+    resumed = G.train_ga(split, config, checkpointer=checkpointer)
+    assert checkpointer.resumed_at == [2]
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert strip(resumed.history) == strip(full.history)
+    assert (resumed.selected, resumed.test_selected) == (full.selected, full.test_selected)
+    name = split.domains[0]
+    for key, value in full.models[name].state_dict().items():
+        assert torch.equal(value, resumed.models[name].state_dict()[key]), key

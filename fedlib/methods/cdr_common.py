@@ -41,7 +41,7 @@ from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
 __all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CDRResult", "CrossDomainAlgorithm",
-           "train_cross_domain", "cdr_schedule", "SelectionTracker", "SELECTION_METRIC", "check_positive_ints", "check_training_loop"]
+           "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SelectionTracker", "SELECTION_METRIC", "check_positive_ints", "check_training_loop"]
 
 SELECTION_METRIC = "HR@10"
 ROLES = ("valid", "test")
@@ -244,6 +244,16 @@ def _import(fresh, saved):
     return saved
 
 
+@dataclass
+class JointModelState:
+    """The live state of a method with one model over all domains (GA-DTCDR, NMCDR, CL-DTCDR):
+    the model, its Adam and the epoch generator (batch order, negatives, augmentations)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    rng: np.random.Generator
+
+
 class CrossDomainAlgorithm:
     """The family's side of the :class:`~fedlib.engine.algorithm.Algorithm` protocol.
 
@@ -298,6 +308,12 @@ def cdr_schedule(config: Any, rounds: int, select_on: Optional[str] = None) -> S
                     selection_metric=SELECTION_METRIC, test_at_end=False, keep_best_state=False,
                     test_every_evaluation=True, audit_metric=SELECTION_METRIC,
                     select_on=config.select_on if select_on is None else select_on)
+
+
+def checkpoint_config_of(config: Any) -> Dict[str, Any]:
+    """A dataclass config as plain values, named by its class (a checkpoint made under another one is refused)."""
+    plain = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(config).items()}
+    return {"config_class": type(config).__name__, **plain}
 
 
 def train_cross_domain(algorithm: CrossDomainAlgorithm, config: Any, *, rounds: int, progress: Progress = None,

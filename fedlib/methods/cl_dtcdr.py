@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -75,7 +75,9 @@ from torch import nn
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
-from fedlib.methods.cdr_common import CDRResult, SelectionTracker, check_training_loop, evaluate_both
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, train_cross_domain)
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
 __all__ = [
@@ -262,45 +264,49 @@ class CLDTCDRModel(nn.Module):
 # --------------------------------------------------------------------------------------
 # Training
 # --------------------------------------------------------------------------------------
-def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), *, device=None,
-                   progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                   ks: Sequence[int] = (5, 10)) -> CDRResult:
-    """Train CL-DTCDR on both domains at once and evaluate each domain on its candidates.
+@dataclass
+class CLDTCDRState(JointModelState):
+    """:class:`~fedlib.methods.cdr_common.JointModelState` plus the last epoch's inter-domain
+    positives per domain (``[(n_o,) int64] * 2``; empty before the first epoch or without Eq. 7)."""
 
-    Args:
-        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
-        config: see :class:`CLDTCDRConfig`.
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+    positives: List[torch.Tensor] = field(default_factory=list)
 
-    Returns:
-        :class:`~fedlib.methods.cdr_common.CDRResult`; ``models`` holds the joint model under every
-        domain name, ``artifacts`` the last epoch's inter-domain positives per domain.
-    """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    rng = np.random.default_rng([config.seed, 6332])
-    model = CLDTCDRModel(split, config, torch.Generator().manual_seed(config.seed + 6332)).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    names = split.domains
-    samplers = [NegativeSampler(split[name].train, split[name].num_items) for name in names]
-    row_domain = np.concatenate([np.full(len(split[name].train), a) for a, name in enumerate(names)])
-    row_user = np.concatenate([split[name].train.users for name in names])
-    row_item = np.concatenate([split[name].train.items for name in names])
-    use_intra, use_inter = config.intra_weight > 0, config.inter_weight > 0
-    tracker = SelectionTracker(config.patience, config.select_on)
-    positives: List[torch.Tensor] = []
-    epoch = 0
-    for epoch in range(1, config.epochs + 1):
+
+class CLDTCDRAlgorithm(CrossDomainAlgorithm):
+    """CL-DTCDR as the trainer's algorithm: one round = one epoch over both domains' pairs, mixed."""
+
+    def __init__(self, split: DomainSplit, config: CLDTCDRConfig, device, ks: Sequence[int]):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        names = split.domains
+        self.samplers = [NegativeSampler(split[name].train, split[name].num_items) for name in names]
+        self.row_domain = np.concatenate([np.full(len(split[name].train), a) for a, name in enumerate(names)])
+        self.row_user = np.concatenate([split[name].train.users for name in names])
+        self.row_item = np.concatenate([split[name].train.items for name in names])
+
+    def init(self, seed: int) -> CLDTCDRState:
+        config = self.config
+        rng = np.random.default_rng([config.seed, 6332])
+        model = CLDTCDRModel(self.split, config, torch.Generator().manual_seed(config.seed + 6332)).to(self.device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        return CLDTCDRState(model, optimizer, rng)
+
+    def run_round(self, state: CLDTCDRState, plan: int, context: RoundContext) -> Tuple[CLDTCDRState, RoundReport]:
+        config, device, split, model, rng = self.config, self.device, self.split, state.model, state.rng
+        names, samplers = split.domains, self.samplers
+        row_domain, row_user, row_item = self.row_domain, self.row_user, self.row_item
+        use_intra, use_inter = config.intra_weight > 0, config.inter_weight > 0
         model.train()
         views = []
         if use_intra:  # one pair of augmented graphs per domain and epoch (SGL)
             views = [[drop_edges(split[name].train, model.num_users[a], model.num_items[a], config.edge_drop, rng)
                       .to(device) for _ in range(2)] for a, name in enumerate(names)]
+        positives = state.positives
         if use_inter:
             with torch.no_grad():
                 users_now = [model.propagate(a)[0] for a in range(2)]
             positives = [inter_domain_positives(users_now[a], users_now[1 - a], split.num_overlap_users,
                                                 config.inter_positive) for a in range(2)]
+            state.positives = positives
         totals = {"loss": 0.0, "loss_bce": 0.0, "loss_intra": 0.0, "loss_inter": 0.0}
         steps = 0
         order = rng.permutation(row_domain.size)
@@ -336,28 +342,49 @@ def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), 
                                                              config.inter_tau, positive_ids=target)
             loss_bce = loss_bce / count
             loss = loss_bce + config.intra_weight * loss_intra + config.inter_weight * loss_inter
-            optimizer.zero_grad(set_to_none=True)
+            state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            state.optimizer.step()
             for key, value in (("loss", loss), ("loss_bce", loss_bce), ("loss_intra", loss_intra),
                                ("loss_inter", loss_inter)):
                 totals[key] += value.item() if torch.is_tensor(value) else float(value)
             steps += 1
-        if epoch % config.eval_every and epoch != config.epochs:
-            continue
-        scorers = _scorers(model, device)
-        metrics = {name: evaluate_both(scorers[a], split[name], ks, device) for a, name in enumerate(names)}
         logged = {key: value / max(steps, 1) for key, value in totals.items()}
-        stop = tracker.update(epoch, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(epoch, tracker.history[-1])
-        if stop:
-            break
-    extra = {"epochs_run": epoch, "num_parameters": sum(p.numel() for p in model.parameters())}
-    return tracker.result("CL-DTCDR", config, time.perf_counter() - start, extra,
-                          models={name: model for name in names},
-                          artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
-                                                         for a, name in enumerate(names)}})
+        return state, RoundReport(train_loss=logged["loss"], logged=logged)
+
+    def scorers(self, state: CLDTCDRState):
+        return dict(zip(self.split.domains, _scorers(state.model, self.device)))
+
+
+def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), *, device=None,
+                   progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
+                   ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+    """Train CL-DTCDR on both domains at once and evaluate each domain on its candidates.
+
+    Args:
+        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
+        config: see :class:`CLDTCDRConfig`.
+        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
+            resume it from (a resumed run equals an uninterrupted one).
+        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
+
+    Returns:
+        :class:`~fedlib.methods.cdr_common.CDRResult`; ``models`` holds the joint model under every
+        domain name, ``artifacts`` the last epoch's inter-domain positives per domain.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    start = time.perf_counter()
+    algorithm = CLDTCDRAlgorithm(split, config, device, ks)
+    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
+                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
+                             on_round_end=on_round_end)
+    model, positives, names = run.state.model, run.state.positives, split.domains
+    extra = {"epochs_run": run.round_index, "num_parameters": sum(p.numel() for p in model.parameters())}
+    return CDRResult.from_run("CL-DTCDR", config, run, names, wall_seconds=time.perf_counter() - start, extra=extra,
+                              models={name: model for name in names},
+                              artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
+                                                             for a, name in enumerate(names)}})
 
 
 def _scorers(model: CLDTCDRModel, device):

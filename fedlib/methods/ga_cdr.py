@@ -115,7 +115,9 @@ from torch import nn
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
-from fedlib.methods.cdr_common import CDRResult, SelectionTracker, check_training_loop, evaluate_both
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, train_cross_domain)
 from fedlib.models.base import normal_
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
@@ -457,38 +459,29 @@ def _step(model: GAModel, optimizer, config: GAConfig, target: int, users: np.nd
     return float(loss.detach()), float(personal.detach())
 
 
-def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
-             progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-             ks: Sequence[int] = (5, 10)) -> CDRResult:
-    """Train a GA model (GA-DTCDR, GA-DTCDR-P, GA-MTCDR, GA-MTCDR-P by the config's flags).
+class GAAlgorithm(CrossDomainAlgorithm):
+    """A GA model as the trainer's algorithm: one round = one epoch over every domain's pairs,
+    the domains' mini-batches interleaved (one step per domain), as the authors' code."""
 
-    Args:
-        split: 2 or more domains; users ``0 .. n_o − 1`` are common to all of them.
-        config: :class:`GADTCDRConfig`, :class:`GAMTCDRPConfig` or any :class:`GAConfig`.
-        device: torch device (CPU by default).
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+    def __init__(self, split: DomainSplit, config: GAConfig, device, ks: Sequence[int]):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        self.names = list(split.domains)
+        self.samplers = [NegativeSampler(split[d].train, split[d].num_items) for d in self.names]
+        richer, self.richness = richer_domains(split)
+        self.richer = richer.to(device)
 
-    Returns:
-        :class:`~fedlib.methods.cdr_common.CDRResult` named by :func:`method_name`; ``models`` maps
-        every domain to the one shared :class:`GAModel`; ``artifacts`` holds the attention weights
-        per target domain, the richness ranking and (spectral) the singular values.
-    """
-    if len(split.domains) < 2:
-        raise ValueError(f"GA models combine domains: need at least 2 domains, got {len(split.domains)}")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    rng = np.random.default_rng([config.seed, 9203])
-    model = GAModel(split, config, torch.Generator().manual_seed(config.seed)).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    samplers = [NegativeSampler(split[d].train, split[d].num_items) for d in split.domains]
-    richer, richness = richer_domains(split)
-    richer = richer.to(device)
-    tracker = SelectionTracker(config.patience, config.select_on)
-    names = list(split.domains)
-    epoch = 0
-    for epoch in range(1, config.epochs + 1):
+    def init(self, seed: int) -> JointModelState:
+        config = self.config
+        rng = np.random.default_rng([config.seed, 9203])
+        model = GAModel(self.split, config, torch.Generator().manual_seed(config.seed)).to(self.device)
+        return JointModelState(model, torch.optim.Adam(model.parameters(), lr=config.lr,
+                                                       weight_decay=config.weight_decay), rng)
+
+    def run_round(self, state: JointModelState, plan: int, context: RoundContext
+                  ) -> Tuple[JointModelState, RoundReport]:
+        config, names, model, rng = self.config, self.names, state.model, state.rng
         model.train()
-        trains = [split[d].train for d in names]
+        trains = [self.split[d].train for d in names]
         orders = [rng.permutation(len(t)) for t in trains]
         batches = [math.ceil(len(t) / config.batch_size) for t in trains]
         sums = {f"{d}/{key}": 0.0 for d in names for key in ("loss", "personal")}
@@ -499,33 +492,61 @@ def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=N
                     continue
                 rows = orders[m][b * config.batch_size:(b + 1) * config.batch_size]
                 users = trains[m].users[rows]
-                negatives = samplers[m].sample(users, config.num_negatives, rng)  # (B, n)
-                loss, personal = _step(model, optimizer, config, m, users, trains[m].items[rows], negatives,
-                                       richer, device)
+                negatives = self.samplers[m].sample(users, config.num_negatives, rng)  # (B, n)
+                loss, personal = _step(model, state.optimizer, config, m, users, trains[m].items[rows], negatives,
+                                       self.richer, self.device)
                 sums[f"{name}/loss"] += loss / batches[m]
                 sums[f"{name}/personal"] += personal / batches[m]
-        if epoch % config.eval_every and epoch != config.epochs:
-            continue
         logged = dict(sums)
         for m, name in enumerate(names):
             weights = model.attention_weights(m)
             if weights is not None and weights.numel():
                 logged[f"{name}/own_attention"] = float(weights[:, m].mean())
-        metrics = {name: evaluate_both(model.scorer(m), split[name], ks, device) for m, name in enumerate(names)}
-        stop = tracker.update(epoch, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(epoch, tracker.history[-1])
-        if stop:
-            break
+        loss = float(np.mean([sums[f"{d}/loss"] for d in names]))
+        return state, RoundReport(train_loss=loss, logged=logged)
+
+    def scorers(self, state: JointModelState):
+        return {name: state.model.scorer(m) for m, name in enumerate(self.names)}
+
+
+def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
+             progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
+             ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+    """Train a GA model (GA-DTCDR, GA-DTCDR-P, GA-MTCDR, GA-MTCDR-P by the config's flags).
+
+    Args:
+        split: 2 or more domains; users ``0 .. n_o − 1`` are common to all of them.
+        config: :class:`GADTCDRConfig`, :class:`GAMTCDRPConfig` or any :class:`GAConfig`.
+        device: torch device (CPU by default).
+        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
+            resume it from (a resumed run equals an uninterrupted one).
+        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
+
+    Returns:
+        :class:`~fedlib.methods.cdr_common.CDRResult` named by :func:`method_name`; ``models`` maps
+        every domain to the one shared :class:`GAModel`; ``artifacts`` holds the attention weights
+        per target domain, the richness ranking and (spectral) the singular values.
+    """
+    if len(split.domains) < 2:
+        raise ValueError(f"GA models combine domains: need at least 2 domains, got {len(split.domains)}")
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    start = time.perf_counter()
+    algorithm = GAAlgorithm(split, config, device, ks)
+    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
+                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
+                             on_round_end=on_round_end)
+    names, model = algorithm.names, run.state.model
     artifacts = {
         "attention_weights": {name: model.attention_weights(m) for m, name in enumerate(names)},
-        "richness": dict(zip(names, richness)),
-        "richer": richer.cpu(),
+        "richness": dict(zip(names, algorithm.richness)),
+        "richer": algorithm.richer.cpu(),
     }
     if model.singular_values:
         artifacts["singular_values"] = dict(zip(names, model.singular_values))
-    return tracker.result(method_name(config), config, time.perf_counter() - start,
-                          extra={"epochs_run": epoch}, models={name: model for name in names}, artifacts=artifacts)
+    return CDRResult.from_run(method_name(config), config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra={"epochs_run": run.round_index}, models={name: model for name in names},
+                              artifacts=artifacts)
 
 
 def train_ga_dtcdr(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,

@@ -90,7 +90,9 @@ from torch import nn
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit
-from fedlib.methods.cdr_common import CDRResult, SelectionTracker, check_training_loop, evaluate_both
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, train_cross_domain)
 
 __all__ = [
     "NMCDRConfig", "matching_attention", "GateFusion", "IntraMatchingLayer", "InterMatchingLayer",
@@ -386,37 +388,33 @@ def _node_set(query_users: np.ndarray, candidate_users: Sequence[np.ndarray], de
     return nodes, keys
 
 
-def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, device=None,
-                progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                ks: Sequence[int] = (5, 10)) -> CDRResult:
-    """Train NMCDR on both domains at once and evaluate each domain on its candidates.
+class NMCDRAlgorithm(CrossDomainAlgorithm):
+    """NMCDR as the trainer's algorithm: one round = one epoch over both domains' pairs, mixed."""
 
-    Args:
-        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
-        config: see :class:`NMCDRConfig`.
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+    def __init__(self, split: DomainSplit, config: NMCDRConfig, device, ks: Sequence[int]):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        self.samplers = [NegativeSampler(split[name].train, split[name].num_items) for name in split.domains]
+        # Every training positive of both domains, tagged with its domain.
+        self.row_domain = np.concatenate([np.full(len(split[name].train), a) for a, name in enumerate(split.domains)])
+        self.row_user = np.concatenate([split[name].train.users for name in split.domains])
+        self.row_item = np.concatenate([split[name].train.items for name in split.domains])
 
-    Returns:
-        :class:`~fedlib.methods.cdr_common.CDRResult`; ``models`` holds the one joint model under
-        every domain name, ``artifacts`` the fixed evaluation candidates and the global user ids.
-    """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    rng = np.random.default_rng([config.seed, 5919])
-    eval_rng = np.random.default_rng([config.seed, 5920])
-    generator = torch.Generator().manual_seed(config.seed + 5919)
-    model = NMCDRModel(split, config, generator).to(device)
-    optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    samplers = [NegativeSampler(split[name].train, split[name].num_items) for name in split.domains]
-    global_ids = [model.global_of(a).cpu().numpy() for a in range(2)]
-    eval_users, eval_items = _candidates(model, config, eval_rng)
-    # Every training positive of both domains, tagged with its domain.
-    row_domain = np.concatenate([np.full(len(split[name].train), a) for a, name in enumerate(split.domains)])
-    row_user = np.concatenate([split[name].train.users for name in split.domains])
-    row_item = np.concatenate([split[name].train.items for name in split.domains])
-    tracker = SelectionTracker(config.patience, config.select_on)
-    epoch = 0
-    for epoch in range(1, config.epochs + 1):
+    def init(self, seed: int) -> JointModelState:
+        """The model, its Adam, and the fixed evaluation candidates (drawn once, from their own generator)."""
+        config, device = self.config, self.device
+        rng = np.random.default_rng([config.seed, 5919])
+        eval_rng = np.random.default_rng([config.seed, 5920])
+        generator = torch.Generator().manual_seed(config.seed + 5919)
+        model = NMCDRModel(self.split, config, generator).to(device)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        self.global_ids = [model.global_of(a).cpu().numpy() for a in range(2)]
+        self.eval_users, self.eval_items = _candidates(model, config, eval_rng)
+        return JointModelState(model, optimizer, rng)
+
+    def run_round(self, state: JointModelState, plan: int, context: RoundContext
+                  ) -> Tuple[JointModelState, RoundReport]:
+        config, device, model, rng = self.config, self.device, state.model, state.rng
+        row_domain, row_user, row_item, global_ids = self.row_domain, self.row_user, self.row_item, self.global_ids
         model.train()
         totals, steps = {"loss": 0.0, "loss_final": 0.0, "loss_stages": 0.0}, 0
         order = rng.permutation(row_domain.size)
@@ -426,7 +424,7 @@ def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, devi
             for a in range(2):
                 mine = rows[row_domain[rows] == a]
                 users = row_user[mine]
-                negatives = samplers[a].sample(users, config.train_negatives, rng)  # (B_a, n)
+                negatives = self.samplers[a].sample(users, config.train_negatives, rng)  # (B_a, n)
                 items = np.concatenate([row_item[mine], negatives.reshape(-1)])
                 labels = np.concatenate([np.ones(mine.size), np.zeros(negatives.size)])
                 parts.append((global_ids[a][np.concatenate([users, np.repeat(users, config.train_negatives)])],
@@ -451,29 +449,52 @@ def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, devi
                 count += users.size
             loss_final, loss_stages = loss_final / count, loss_stages / count
             loss = loss_final + config.stage_loss_weight * loss_stages
-            optimizer.zero_grad(set_to_none=True)
+            state.optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            optimizer.step()
+            state.optimizer.step()
             totals["loss"] += loss.item()
             totals["loss_final"] += loss_final.item()
             totals["loss_stages"] += loss_stages.item()
             steps += 1
-        if epoch % config.eval_every and epoch != config.epochs:
-            continue
-        scorers = _scorers(model, eval_users, eval_items, device)
-        metrics = {name: evaluate_both(scorers[a], split[name], ks, device) for a, name in enumerate(split.domains)}
         logged = {key: value / max(steps, 1) for key, value in totals.items()}
-        stop = tracker.update(epoch, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(epoch, tracker.history[-1])
-        if stop:
-            break
-    extra = {"epochs_run": epoch, "num_global_users": model.num_global_users,
+        return state, RoundReport(train_loss=logged["loss"], logged=logged)
+
+    def scorers(self, state: JointModelState):
+        scorers = _scorers(state.model, self.eval_users, self.eval_items, self.device)
+        return dict(zip(self.split.domains, scorers))
+
+
+def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, device=None,
+                progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
+                ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+    """Train NMCDR on both domains at once and evaluate each domain on its candidates.
+
+    Args:
+        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
+        config: see :class:`NMCDRConfig`.
+        progress: called as ``progress(epoch, history_row)`` after every evaluation.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
+            resume it from (a resumed run equals an uninterrupted one).
+        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
+
+    Returns:
+        :class:`~fedlib.methods.cdr_common.CDRResult`; ``models`` holds the one joint model under
+        every domain name, ``artifacts`` the fixed evaluation candidates and the global user ids.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    start = time.perf_counter()
+    algorithm = NMCDRAlgorithm(split, config, device, ks)
+    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
+                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
+                             on_round_end=on_round_end)
+    model = run.state.model
+    extra = {"epochs_run": run.round_index, "num_global_users": model.num_global_users,
              "num_parameters": sum(p.numel() for p in model.parameters())}
-    return tracker.result("NMCDR", config, time.perf_counter() - start, extra,
-                          models={name: model for name in split.domains},
-                          artifacts={"global_user_ids": global_ids, "eval_user_candidates": eval_users,
-                                     "eval_item_candidates": eval_items})
+    return CDRResult.from_run("NMCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra=extra, models={name: model for name in split.domains},
+                              artifacts={"global_user_ids": algorithm.global_ids,
+                                         "eval_user_candidates": algorithm.eval_users,
+                                         "eval_item_candidates": algorithm.eval_items})
 
 
 def _scorers(model: NMCDRModel, user_keys: Sequence[np.ndarray], item_keys: Sequence[np.ndarray], device):
