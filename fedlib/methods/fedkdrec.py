@@ -42,7 +42,7 @@ import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -51,15 +51,20 @@ import torch.nn.functional as F
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.device import default_device
+from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.method import masked_adam_step
 from fedlib.engine.plan import round_generator
+from fedlib.engine.selection import Selection
+from fedlib.engine.trainer import RunResult, Schedule
+from fedlib.engine.trainer import train as train_rounds
 from fedlib.methods.kd_agents import (
     TEACHER_FEATURES, TRANSFER_REWARDS, TeacherWeightAgent, TransferAgent, divergence_reward, diversity_reward, zscore,
 )
 from fedlib.models.stacked import Backbone
 
 __all__ = [
-    "FedKDRecConfig", "VARIANTS", "variant_config", "LocalData", "Uploads", "FedKDRecRun", "FedKDRecSession",
+    "FedKDRecConfig", "VARIANTS", "variant_config", "LocalData", "Uploads", "FedKDRecState", "FedKDRecRound", "FedKDRec",
+    "FedKDRecRun", "FedKDRecSession",
     "train_fedkdrec", "local_examples", "local_predictions", "prepare_uploads", "mixed_label_bce",
 ]
 
@@ -537,6 +542,14 @@ class FedKDRecRun:
     curve: List[Dict[str, Any]] = field(default_factory=list)
     history: List[Dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def from_run(cls, run: RunResult, algorithm: "FedKDRec") -> "FedKDRecRun":
+        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult`: ``history`` is its rows
+        without the trainer's ``train_loss`` and ``valid/*`` columns, ``curve`` its evaluated rows
+        (``valid`` and the callback's extras), ``best_*`` its selection (the last server when
+        nothing was evaluated, as :meth:`FedKDRecSession.finish`)."""
+        return cls(**_run_view(run, algorithm))
+
     @property
     def scorer(self) -> "ServerScorer":
         """The best-validation server model (the paper's output), as a scorer."""
@@ -553,6 +566,24 @@ class FedKDRecRun:
             return self.backbone.client_scores(params, self.own_all[users])
 
 
+def _graph_of(backbone: Backbone, pairs, device) -> Optional[torch.Tensor]:
+    """LightGCN's graph over the told pairs ``(users (n,), items (n,))``."""
+    users, items = pairs
+    return backbone.server_graph(Pairs.from_arrays(users.cpu().numpy(), items.cpu().numpy(), backbone.num_users),
+                                 device=device)
+
+
+class _ServerModel:
+    """A copy of the server's model only (what evaluation reads): ``params`` and the LightGCN ``graph``."""
+
+    def __init__(self, backbone: Backbone, params: Dict[str, torch.Tensor], graph_pairs, graph=None, device="cpu"):
+        self.params, self.graph_pairs = params, graph_pairs
+        self.graph = graph if graph is not None or graph_pairs is None else _graph_of(backbone, graph_pairs, device)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"params": self.params, "graph_pairs": self.graph_pairs}
+
+
 class _Server:
     """The server: its model, optimiser, the labels it has been told, and the two agents."""
 
@@ -562,7 +593,7 @@ class _Server:
         self.optimizer = torch.optim.Adam(list(self.params.values()), lr=config.server_lr,
                                           weight_decay=config.weight_decay)
         self.told = torch.full((backbone.num_users, backbone.num_items), float("nan"), device=device)
-        self.graph = None
+        self.graph, self.graph_pairs = None, None  # LightGCN: the graph over the told pairs (users (n,), items (n,))
         g = torch.Generator().manual_seed(int(config.seed) * 7919 + 17)
         self.teacher = TeacherWeightAgent(config.teacher_features, config.agent_hidden, config.agent_lr, g, device)
         self.transfer = TransferAgent(2 * config.dim + 3, config.mu, config.rho, config.gamma, config.transfer_rewards,
@@ -577,9 +608,35 @@ class _Server:
 
     def refresh_graph(self):
         if self.backbone.kind == "lightgcn":
-            users, items = torch.nonzero(self.told > 0.5, as_tuple=True)
-            pairs = Pairs.from_arrays(users.cpu().numpy(), items.cpu().numpy(), self.backbone.num_users)
-            self.graph = self.backbone.server_graph(pairs, device=self.device)
+            self.graph_pairs = torch.nonzero(self.told > 0.5, as_tuple=True)
+            self.graph = _graph_of(self.backbone, self.graph_pairs, self.device)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Everything a resumed server needs (tensors and plain values): model, Adam moments, the
+        labels it was told, last round's uploads and both agents (networks and optimisers)."""
+        return {"params": {n: v.detach() for n, v in self.params.items()}, "optimizer": self.optimizer.state_dict(),
+                "told": self.told, "graph_pairs": self.graph_pairs, "last_items": self.last_items,
+                "last_frequency": self.last_frequency, "last_clients": self.last_clients,
+                "teacher": {"net": self.teacher.net.state_dict(), "optimizer": self.teacher.optimizer.state_dict()},
+                "transfer": {"actor": self.transfer.actor.state_dict(), "critic": self.transfer.critic.state_dict(),
+                             "optimizer": self.transfer.optimizer.state_dict()}}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        """The inverse of :meth:`state_dict` (on a server built with the same backbone and config)."""
+        with torch.no_grad():
+            for n, v in self.params.items():
+                v.copy_(saved["params"][n])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.told = saved["told"].to(self.device)
+        self.graph_pairs = None if saved["graph_pairs"] is None else tuple(t.to(self.device) for t in saved["graph_pairs"])
+        self.graph = None if self.graph_pairs is None else _graph_of(self.backbone, self.graph_pairs, self.device)
+        self.last_items, self.last_frequency = saved["last_items"].to(self.device), saved["last_frequency"].to(self.device)
+        self.last_clients = float(saved["last_clients"])
+        self.teacher.net.load_state_dict(saved["teacher"]["net"])
+        self.teacher.optimizer.load_state_dict(saved["teacher"]["optimizer"])
+        for name in ("actor", "critic"):
+            getattr(self.transfer, name).load_state_dict(saved["transfer"][name])
+        self.transfer.optimizer.load_state_dict(saved["transfer"]["optimizer"])
 
     # ------------------------------------------------------------------ server → clients
     def select(self, clients: torch.Tensor, train_sizes: torch.Tensor, generator: torch.Generator):
@@ -707,14 +764,240 @@ class _Server:
         return self.transfer.update(episode["states"], episode["actions"], episode["valid"], episode_reward)
 
 
+@dataclass
+class FedKDRecState:
+    """The simulation of a FedKDRec run after ``round_index`` rounds.
+
+    Attributes:
+        round_index: completed rounds.
+        server: the server (its model ``params``, the LightGCN ``graph``, its Adam, the labels it was
+            told and both agents); in a :meth:`FedKDRec.copy_state` copy, its model only.
+        clients: every client's whole model, stacked (``(U, I, d)`` item tables; module docstring);
+            ``None`` in a copy: the run's output is the server model, and a copy of ``U`` whole
+            models per improvement would double the memory of a run.
+    """
+
+    round_index: int
+    server: Any
+    clients: Optional[Dict[str, torch.Tensor]] = None
+
+
+@dataclass
+class FedKDRecRound:
+    """One round in progress: the plan (``index`` = the 1-based round ``t``, the sampled
+    ``clients (C,)``, sorted) and what each step of Algorithm 1 produced (``None`` until it ran)."""
+
+    index: int
+    seed: int
+    clients: np.ndarray
+    started: float
+    sent: Optional[torch.Tensor] = None
+    sent_labels: Optional[torch.Tensor] = None
+    episode: Optional[Dict[str, torch.Tensor]] = None
+    data: Optional[LocalData] = None
+    local: Optional[Dict[str, torch.Tensor]] = None
+    client_loss: Optional[float] = None
+    predictions: Optional[torch.Tensor] = None
+    uploads: Optional[Uploads] = None
+    info: Optional[Dict[str, Any]] = None
+    record: Optional[Dict[str, Any]] = None
+
+    def stream(self, stream: int) -> np.random.Generator:
+        """The round's independent random stream ``round_generator(seed, t, stream)``."""
+        return round_generator(self.seed, self.index, stream)
+
+
+class FedKDRec:
+    """FedKDRec (and its variants, PTF-FedRec included) as an :class:`~fedlib.engine.algorithm.Algorithm`.
+
+    Round ``t`` (1-based; the trainer's ``context.index + 1``) draws from six independent
+    streams ``round_generator(seed, t, stream)`` (client selection, negatives, local shuffles,
+    upload sampling, the server's shuffle, the actor's draws): a pure function of
+    ``(seed, t)``, so a resumed run redraws exactly what an uninterrupted one would. The steps
+    (:meth:`send`, :meth:`train_clients`, :meth:`upload`, :meth:`train_server`, :meth:`learn`)
+    are public so that :class:`FedKDRecSession` can show them one at a time.
+
+    Args:
+        split: the leave-one-out split (``split.train`` is what the clients hold).
+        config: the run's settings (ablation flags included).
+        item_init: ``(I, d)`` initial item embeddings for the server and every client.
+        executor: ``"batched"`` or ``"sequential"`` local training.
+        evaluate: ``evaluate(round, scorer) -> float or (float, dict)``: the validation value of
+            the server model (a :class:`ServerScorer`); :meth:`evaluate` reports it as ``valid``,
+            as ``score`` (NaN read as ``-inf``: what the trainer selects on) and the dict's
+            entries as ``extra/<key>``.
+    """
+
+    def __init__(self, split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
+                 executor: str = "batched", evaluate: Optional[Callable] = None, device=None):
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+        self.device = device = torch.device(device) if device is not None else default_device()
+        self.split, self.config, self.item_init, self.callback = split, config, item_init, evaluate
+        train = split.train
+        self.backbone = Backbone(config.backbone, split.num_users, split.num_items, config.dim, config.hidden)
+        self.own_all = torch.zeros(split.num_users, split.num_items, device=device)
+        self.own_all[torch.as_tensor(train.users, device=device), torch.as_tensor(train.items, device=device)] = 1.0
+        self.sampler = NegativeSampler(train, split.num_items)
+        self.train_sizes = torch.as_tensor(train.counts(), device=device)
+        self.candidates = train.active_users()
+        self.per_round = max(1, int(round(config.client_fraction * self.candidates.size)))
+        self.local_train = train_clients_batched if executor == "batched" else train_clients_sequential
+
+    def _config(self, seed: int) -> FedKDRecConfig:
+        return self.config if int(seed) == self.config.seed else dataclasses.replace(self.config, seed=int(seed))
+
+    # --- state ---------------------------------------------------------------------------
+    def init(self, seed: int) -> FedKDRecState:
+        """Server and clients start from one model drawn from ``seed`` (``item_init`` for the item tables)."""
+        init = self.backbone.init_server(torch.Generator().manual_seed(int(seed)), self.item_init, device=self.device)
+        server = _Server(self.backbone, init, self._config(seed), self.device)
+        everyone = torch.arange(self.split.num_users, device=self.device)
+        return FedKDRecState(0, server, self.backbone.client_copies({n: v.detach() for n, v in init.items()}, everyone))
+
+    def copy_state(self, state: FedKDRecState) -> FedKDRecState:
+        """The server model only (see :class:`FedKDRecState`)."""
+        server = state.server
+        return FedKDRecState(state.round_index, _ServerModel(self.backbone, {n: v.detach().clone()
+                                                                              for n, v in server.params.items()},
+                                                             server.graph_pairs, server.graph))
+
+    def state_dict(self, state: FedKDRecState) -> Dict[str, Any]:
+        return {"round_index": state.round_index, "server": state.server.state_dict(), "clients": state.clients}
+
+    def load_state(self, saved: Mapping[str, Any]) -> FedKDRecState:
+        server = saved["server"]
+        params = {n: v.to(self.device) for n, v in server["params"].items()}
+        if saved["clients"] is None:  # a copy: the model only
+            return FedKDRecState(int(saved["round_index"]), _ServerModel(self.backbone, params, server["graph_pairs"],
+                                                                        device=self.device))
+        live = _Server(self.backbone, params, self.config, self.device)
+        live.load_state_dict(server)
+        return FedKDRecState(int(saved["round_index"]), live, {n: v.to(self.device) for n, v in saved["clients"].items()})
+
+    # --- one round: the steps of Algorithm 1 ----------------------------------------------------
+    def plan_round(self, state: FedKDRecState, context: RoundContext) -> FedKDRecRound:
+        """Step 1: sample ``C = client_fraction`` of the clients (stream 1 of round ``t = index + 1``)."""
+        t = context.index + 1
+        rnd = FedKDRecRound(index=t, seed=context.seed, clients=np.empty(0, np.int64), started=time.perf_counter())
+        rnd.clients = np.sort(rnd.stream(_SELECT).choice(self.candidates, self.per_round, replace=False))
+        return rnd
+
+    def send(self, state: FedKDRecState, rnd: FedKDRecRound):
+        """Step 2 (§3.3): the items ``(C, S)`` (-1 = none) the server sends each client, and their soft labels."""
+        clients_t = torch.as_tensor(rnd.clients, device=self.device)
+        actor_gen = torch.Generator().manual_seed(int(rnd.stream(_ACTOR).integers(2 ** 62)))
+        rnd.sent, rnd.sent_labels, rnd.episode = state.server.select(clients_t, self.train_sizes[clients_t], actor_gen)
+        return rnd.sent, rnd.sent_labels
+
+    def train_clients(self, state: FedKDRecState, rnd: FedKDRecRound) -> float:
+        """Step 3 (Eq. 3): each client trains its whole model on ``D_i ∪ D̃_i``; returns the mean BCE."""
+        config, split = self.config, self.split
+        rnd.data = local_examples(split.train, rnd.clients, split.num_items, self.sampler, config.num_negatives,
+                                  rnd.stream(_NEGATIVES), rnd.sent.cpu().numpy(), rnd.sent_labels.cpu().numpy(),
+                                  device=self.device)
+        rnd.local = gather_local(self.backbone, state.clients, rnd.data)
+        orders = _epoch_orders(rnd.data, config.client_epochs, rnd.stream(_SHUFFLE))
+        rnd.client_loss = self.local_train(self.backbone, rnd.local, rnd.data, orders, config.client_batch,
+                                           config.client_lr, config.weight_decay)
+        scatter_local(self.backbone, state.clients, rnd.local, rnd.data)
+        return rnd.client_loss
+
+    def upload(self, state: FedKDRecState, rnd: FedKDRecRound) -> Uploads:
+        """Step 4 (§3.1, Eq. 4): each client samples, mixes and swaps its labels; returns the uploads."""
+        rnd.predictions = local_predictions(self.backbone, rnd.local, rnd.data)  # (C, L) r̂
+        rnd.uploads = prepare_uploads(rnd.data, rnd.predictions, self.config, rnd.stream(_UPLOAD))
+        return rnd.uploads
+
+    def train_server(self, state: FedKDRecState, rnd: FedKDRecRound) -> Dict[str, Any]:
+        """Step 5 (Eqs. 5–7, 10): teacher weights ``ω``, the server's epochs, the agent's update."""
+        data_clients = torch.as_tensor(rnd.data.clients, device=self.device)
+        rnd.info = state.server.train(rnd.uploads, data_clients, rnd.stream(_SERVER))
+        return rnd.info
+
+    def learn(self, state: FedKDRecState, rnd: FedKDRecRound, ledger=None) -> Dict[str, Any]:
+        """Step 6 (Eqs. 8, 9, 11, 12): the actor–critic learns; the bytes are charged; returns the round's record."""
+        agent = {}
+        if rnd.episode is not None:
+            # the episode rows follow ``clients``; the rewards follow ``data.clients``
+            order = torch.as_tensor(np.searchsorted(rnd.clients, rnd.data.clients), device=self.device)
+            reordered = {k: v[order] for k, v in rnd.episode.items()}
+            agent = state.server.learn_transfer(reordered, rnd.sent[order], rnd.info, len(rnd.clients))
+        sent_count = (rnd.sent >= 0).sum(1)
+        uploads, t = rnd.uploads, rnd.index
+        uploaded = uploads.keep.sum(1)
+        if ledger is not None:
+            ledger.download(t, rnd.clients, "predictions",
+                            (sent_count.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
+            ledger.upload(t, rnd.data.clients, "predictions",
+                          (uploaded.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
+        private_kept = uploads.keep & uploads.private
+        revealed = ((uploads.labels > 0.5) == (uploads.hard == 1)) & private_kept
+        rnd.record = {
+            "round": t, "server_loss": rnd.info["server_loss"], "client_loss": rnd.client_loss,
+            "sent_per_client": float(sent_count.float().mean()), "uploaded_per_client": float(uploaded.float().mean()),
+            "teacher_entropy": rnd.info["teacher_entropy"], "teacher_loss": rnd.info["teacher_loss"],
+            "label_revealed": float(revealed.sum() / private_kept.sum().clamp(min=1)),
+            "seconds": time.perf_counter() - rnd.started, **agent,
+        }
+        state.round_index = t
+        return rnd.record
+
+    def run_round(self, state: FedKDRecState, rnd: FedKDRecRound, context: RoundContext
+                  ) -> Tuple[FedKDRecState, RoundReport]:
+        """Steps 2–6 of Algorithm 1 (the state is updated in place); ``train_loss`` = the clients' mean BCE."""
+        self.send(state, rnd)
+        self.train_clients(state, rnd)
+        self.upload(state, rnd)
+        self.train_server(state, rnd)
+        record = self.learn(state, rnd, context.ledger)
+        return state, RoundReport(train_loss=rnd.client_loss, logged={k: v for k, v in record.items() if k != "round"})
+
+    def scorer(self, state: FedKDRecState) -> "ServerScorer":
+        return ServerScorer(self.backbone, state.server.params, state.server.graph)
+
+    def evaluate(self, state: FedKDRecState, split: str) -> Dict[str, Any]:
+        if self.callback is None:
+            raise ValueError("FedKDRec was built without evaluate=; pass one or train with evaluate=False")
+        if split != "valid":
+            raise ValueError(f"FedKDRec's evaluate callback scores validation only, got split {split!r}")
+        out = self.callback(state.round_index, self.scorer(state))
+        value, extra = (out if isinstance(out, tuple) else (out, {}))
+        value = float(value)
+        return {"valid": value, "score": -math.inf if math.isnan(value) else value,
+                **{f"extra/{k}": v for k, v in extra.items()}}
+
+
+def _run_view(run: RunResult, algorithm: FedKDRec) -> Dict[str, Any]:
+    """The fields of :class:`FedKDRecRun` read from the trainer's result."""
+    state = run.state
+    history = [{k: v for k, v in row.items() if k != "train_loss" and not k.startswith("valid/")} for row in run.history]
+    curve = [{"round": row["round"], "valid": row["valid/valid"],
+              **{k[len("valid/extra/"):]: v for k, v in row.items() if k.startswith("valid/extra/")}}
+             for row in run.history if "valid/valid" in row]
+    found = run.best_state is not None and run.best_score > -math.inf
+    if found:
+        best = dict(best_server=run.best_state.server.params, best_graph=run.best_state.server.graph,
+                    best_round=run.best_round, best_valid=run.selection.best_metrics["valid/valid"])
+    else:  # nothing evaluated (or nothing above -inf): the last server stands in
+        best = dict(best_server={n: v.detach().clone() for n, v in state.server.params.items()},
+                    best_graph=state.server.graph, best_round=state.round_index, best_valid=-math.inf)
+    return dict(config=algorithm.config, backbone=algorithm.backbone, server=state.server.params,
+                graph=state.server.graph, clients=state.clients, own_all=algorithm.own_all, curve=curve,
+                history=history, **best)
+
+
 class FedKDRecSession:
-    """Algorithm 1 one step at a time: the loop of :func:`train_fedkdrec`, opened up for a lesson.
+    """Algorithm 1 one step at a time, for a lesson: the steps of :class:`FedKDRec`, opened up.
 
     One round is ``begin_round`` → ``send`` (§3.3) → ``train_clients`` (Eq. 3) → ``upload``
     (§3.1, Eq. 4) → ``train_server`` (Eqs. 5–7, 10) → ``learn`` (Eqs. 8, 9, 11, 12);
-    :meth:`step_round` runs them in that order. After each step, the attribute it names holds
-    what it produced (``clients``, ``sent``/``sent_labels``/``episode``, ``data``/``local``,
-    ``uploads``, ``info``, ``run.history[-1]``), so a lesson can show every stage of a round.
+    :meth:`step_round` runs them in that order (the numbers of :func:`train_fedkdrec`, which runs
+    the same steps through the trainer). After each step, the attribute it names holds what it
+    produced (``clients``, ``sent``/``sent_labels``/``episode``, ``data``/``local``, ``uploads``,
+    ``info``, ``run.history[-1]``: read from the current :class:`FedKDRecRound`), so a lesson can
+    show every stage of a round. :meth:`evaluate` keeps the best-validation server with the
+    trainer's :class:`~fedlib.engine.selection.Selection` (earliest best wins).
 
     Args:
         split: the leave-one-out split (``split.train`` is what the clients hold).
@@ -725,98 +1008,57 @@ class FedKDRecSession:
         executor: ``"batched"`` or ``"sequential"`` local training.
     """
 
+    _ROUND_FIELDS = ("clients", "sent", "sent_labels", "episode", "data", "local", "client_loss", "predictions",
+                     "uploads", "info")
+
     def __init__(self, split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
                  ledger=None, executor: str = "batched", device=None):
-        if executor not in EXECUTORS:
-            raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
-        self.device = device = torch.device(device) if device is not None else default_device()
+        self.algorithm = FedKDRec(split, config, item_init=item_init, executor=executor, device=device)
         self.split, self.config, self.ledger = split, config, ledger
-        train = split.train
-        self.backbone = backbone = Backbone(config.backbone, split.num_users, split.num_items, config.dim,
-                                            config.hidden)
-        init = backbone.init_server(torch.Generator().manual_seed(int(config.seed)), item_init, device=device)
-        self.server = _Server(backbone, init, config, device)
-        everyone = torch.arange(split.num_users, device=device)
-        self.clients_state = backbone.client_copies({n: v.detach() for n, v in init.items()}, everyone)
-        own_all = torch.zeros(split.num_users, split.num_items, device=device)
-        own_all[torch.as_tensor(train.users, device=device), torch.as_tensor(train.items, device=device)] = 1.0
-        self.sampler = NegativeSampler(train, split.num_items)
-        self.train_sizes = torch.as_tensor(train.counts(), device=device)
-        self.candidates = train.active_users()
-        self.per_round = max(1, int(round(config.client_fraction * self.candidates.size)))
-        self.run = FedKDRecRun(config=config, backbone=backbone, server=self.server.params, best_server={}, graph=None,
-                               best_graph=None, clients=self.clients_state, own_all=own_all)
-        self.local_train = train_clients_batched if executor == "batched" else train_clients_sequential
+        self.device, self.backbone = self.algorithm.device, self.algorithm.backbone
+        self.state = self.algorithm.init(config.seed)
+        self.server, self.clients_state = self.state.server, self.state.clients
+        self.run = FedKDRecRun(config=config, backbone=self.backbone, server=self.server.params, best_server={},
+                               graph=None, best_graph=None, clients=self.clients_state, own_all=self.algorithm.own_all)
+        self.selection = Selection("score")
         self.round_index = 0
+        self.current: Optional[FedKDRecRound] = None
 
-    def _stream(self, stream: int) -> np.random.Generator:
-        return round_generator(self.config.seed, self.round_index, stream)
+    def __getattr__(self, name):
+        if name in FedKDRecSession._ROUND_FIELDS:
+            current = self.__dict__.get("current")
+            if current is None:
+                raise AttributeError(f"{name!r} is produced by a round's steps: call begin_round() first")
+            return getattr(current, name)
+        raise AttributeError(name)
 
     def begin_round(self) -> np.ndarray:
         """Step 1: sample ``C = client_fraction`` of the clients; returns their ids ``(C,)``, sorted."""
+        context = RoundContext(index=self.round_index, seed=self.config.seed,
+                               rng=round_generator(self.config.seed, self.round_index))
+        self.current = self.algorithm.plan_round(self.state, context)
         self.round_index += 1
-        self._started = time.perf_counter()
-        self.clients = np.sort(self._stream(_SELECT).choice(self.candidates, self.per_round, replace=False))
-        return self.clients
+        return self.current.clients
 
     def send(self):
         """Step 2 (§3.3): the items ``(C, S)`` (-1 = none) the server sends each client, and their soft labels."""
-        clients_t = torch.as_tensor(self.clients, device=self.device)
-        actor_gen = torch.Generator().manual_seed(int(self._stream(_ACTOR).integers(2 ** 62)))
-        self.sent, self.sent_labels, self.episode = self.server.select(clients_t, self.train_sizes[clients_t],
-                                                                       actor_gen)
-        return self.sent, self.sent_labels
+        return self.algorithm.send(self.state, self.current)
 
     def train_clients(self) -> float:
         """Step 3 (Eq. 3): each client trains its whole model on ``D_i ∪ D̃_i``; returns the mean BCE."""
-        config, split = self.config, self.split
-        self.data = local_examples(split.train, self.clients, split.num_items, self.sampler, config.num_negatives,
-                                   self._stream(_NEGATIVES), self.sent.cpu().numpy(), self.sent_labels.cpu().numpy(),
-                                   device=self.device)
-        self.local = gather_local(self.backbone, self.clients_state, self.data)
-        orders = _epoch_orders(self.data, config.client_epochs, self._stream(_SHUFFLE))
-        self.client_loss = self.local_train(self.backbone, self.local, self.data, orders, config.client_batch,
-                                            config.client_lr, config.weight_decay)
-        scatter_local(self.backbone, self.clients_state, self.local, self.data)
-        return self.client_loss
+        return self.algorithm.train_clients(self.state, self.current)
 
     def upload(self) -> Uploads:
         """Step 4 (§3.1, Eq. 4): each client samples, mixes and swaps its labels; returns the uploads."""
-        self.predictions = local_predictions(self.backbone, self.local, self.data)  # (C, L) r̂
-        self.uploads = prepare_uploads(self.data, self.predictions, self.config, self._stream(_UPLOAD))
-        return self.uploads
+        return self.algorithm.upload(self.state, self.current)
 
     def train_server(self) -> Dict[str, Any]:
         """Step 5 (Eqs. 5–7, 10): teacher weights ``ω``, the server's epochs, the agent's update."""
-        data_clients = torch.as_tensor(self.data.clients, device=self.device)
-        self.info = self.server.train(self.uploads, data_clients, self._stream(_SERVER))
-        return self.info
+        return self.algorithm.train_server(self.state, self.current)
 
     def learn(self) -> Dict[str, Any]:
         """Step 6 (Eqs. 8, 9, 11, 12): the actor–critic learns from the round; returns the round's record."""
-        agent = {}
-        if self.episode is not None:
-            # the episode rows follow ``clients``; the rewards follow ``data.clients``
-            order = torch.as_tensor(np.searchsorted(self.clients, self.data.clients), device=self.device)
-            reordered = {k: v[order] for k, v in self.episode.items()}
-            agent = self.server.learn_transfer(reordered, self.sent[order], self.info, len(self.clients))
-        sent_count = (self.sent >= 0).sum(1)
-        uploads, t = self.uploads, self.round_index
-        uploaded = uploads.keep.sum(1)
-        if self.ledger is not None:
-            self.ledger.download(t, self.clients, "predictions",
-                                 (sent_count.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
-            self.ledger.upload(t, self.data.clients, "predictions",
-                               (uploaded.cpu().numpy() * BYTES_PER_PREDICTION).astype(np.int64), per_client=False)
-        private_kept = uploads.keep & uploads.private
-        revealed = ((uploads.labels > 0.5) == (uploads.hard == 1)) & private_kept
-        record = {
-            "round": t, "server_loss": self.info["server_loss"], "client_loss": self.client_loss,
-            "sent_per_client": float(sent_count.float().mean()), "uploaded_per_client": float(uploaded.float().mean()),
-            "teacher_entropy": self.info["teacher_entropy"], "teacher_loss": self.info["teacher_loss"],
-            "label_revealed": float(revealed.sum() / private_kept.sum().clamp(min=1)),
-            "seconds": time.perf_counter() - self._started, **agent,
-        }
+        record = self.algorithm.learn(self.state, self.current, self.ledger)
         self.run.history.append(record)
         return record
 
@@ -832,11 +1074,11 @@ class FedKDRecSession:
     def evaluate(self, evaluate: Callable[[int, "ServerScorer"], Any]) -> float:
         """Score the current server model (``evaluate(round, scorer) -> value or (value, dict)``);
         keeps the best-validation server (earliest best wins). Returns the validation value."""
-        out = evaluate(self.round_index, ServerScorer(self.backbone, self.server.params, self.server.graph))
+        out = evaluate(self.round_index, self.algorithm.scorer(self.state))
         value, extra = (out if isinstance(out, tuple) else (out, {}))
-        run = self.run
+        run, score = self.run, -math.inf if math.isnan(float(value)) else float(value)
         run.curve.append({"round": self.round_index, "valid": float(value), **extra})
-        if value > run.best_valid:
+        if self.selection.update(self.round_index, {"score": score}) and score > -math.inf:
             run.best_valid, run.best_round = float(value), self.round_index
             run.best_server = {n: v.detach().clone() for n, v in self.server.params.items()}
             run.best_graph = self.server.graph
@@ -855,23 +1097,26 @@ class FedKDRecSession:
 def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
                    evaluate: Optional[Callable[[int, ScoreFn], Any]] = None, ledger=None,
                    progress: Optional[Callable[[int], None]] = None, executor: str = "batched",
-                   device=None) -> FedKDRecRun:
-    """Algorithm 1: train FedKDRec (or a variant) on ``split.train`` (a :class:`FedKDRecSession` loop).
+                   device=None, checkpointer=None) -> FedKDRecRun:
+    """Algorithm 1: train FedKDRec (or a variant) on ``split.train`` with the trainer.
 
     Args:
         item_init: ``(I, d)`` initial item embeddings for the server and every client.
         evaluate: ``evaluate(round, scorer) -> float or (float, dict)``: the validation value
             (higher is better) of the server model (a :class:`ServerScorer`); called every
-            ``eval_every`` rounds and at the end; the best-validation server is kept.
+            ``eval_every`` rounds and at the end; the best-validation server is kept (earliest
+            best wins).
         ledger: a :class:`~fedlib.engine.communication.CommunicationLedger` for the bytes of
             the predictions each client receives and sends.
+        progress: ``progress(round)`` after every round (1-based).
         executor: ``"batched"`` or ``"sequential"`` local training.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer`; a resumed run equals the
+            uninterrupted one (the evaluate callback's own records aside).
     """
-    session = FedKDRecSession(split, config, item_init=item_init, ledger=ledger, executor=executor, device=device)
-    for t in range(1, config.rounds + 1):
-        session.step_round()
-        if evaluate is not None and (t % config.eval_every == 0 or t == config.rounds):
-            session.evaluate(evaluate)
-        if progress is not None:
-            progress(t)
-    return session.finish()
+    algorithm = FedKDRec(split, config, item_init=item_init, executor=executor, evaluate=evaluate, device=device)
+    schedule = Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
+                        test_at_end=False, keep_best_state=evaluate is not None)
+    run = train_rounds(algorithm, schedule, seed=config.seed, ledger=ledger, evaluate=evaluate is not None,
+                       on_round_end=None if progress is None else (lambda run, record: progress(record["round"])),
+                       checkpointer=checkpointer, checkpoint_config=None if checkpointer is None else config.to_dict())
+    return FedKDRecRun.from_run(run, algorithm)
