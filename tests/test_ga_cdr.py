@@ -192,7 +192,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     from fedlib.engine import Checkpointer
 
     torch.set_num_threads(1)
-    split = overlapping_domains(num_users=80, items_per_domain=50, overlap=0.5, num_negatives=30, seed=3)
+    split = overlapping_domains(num_users=80, items_per_domain=120, overlap=0.5, num_negatives=20, seed=3)
     config = G.GAMTCDRPConfig(dim=8, epochs=4, patience=4, seed=1)
     full = G.train_ga(split, config)
 
