@@ -68,8 +68,8 @@ from __future__ import annotations
 import math
 import time
 import warnings
-from dataclasses import dataclass, replace
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -79,7 +79,8 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.privacy import add_laplace, l1_sensitivity_of_l2_clip, laplace_epsilon
-from fedlib.methods.cdr_common import CDRResult, SelectionTracker, evaluate_both
+from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.methods.cdr_common import CDRResult, CrossDomainAlgorithm, checkpoint_config_of, train_cross_domain
 from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
 
 __all__ = [
@@ -693,19 +694,114 @@ def _make_upload(domain: _Domain, config: FedPCLConfig, num_overlap: int, round_
 
 
 # --------------------------------------------------------------------------------------
-# The round loop (Algorithm 1)
+# Algorithm 1 as the trainer's algorithm
 # --------------------------------------------------------------------------------------
+@dataclass
+class FedPCLState:
+    """The server's and the domains' state between rounds (per-domain lists in ``split.domains`` order).
+
+    Attributes:
+        models, optimizers: each domain's :class:`DomainModel` and Adam.
+        rng: batches and negatives; noise: the LDP noise of the prototypes.
+        assignments: ``(U,)`` cluster of each user from the last round (``None`` before round 1).
+        own_prototypes: ``(K, D)`` each domain's differential prototypes (they stay home).
+        received: each domain's :class:`DomainPrototypes` (what its CL terms use).
+        uploads, prototypes: the last round's :class:`DomainUpload` and :class:`ServerPrototypes`.
+        bytes_up, bytes_down: bytes sent so far.
+    """
+
+    models: List[DomainModel]
+    optimizers: List[torch.optim.Optimizer]
+    rng: np.random.Generator
+    noise: torch.Generator
+    assignments: List[Optional[torch.Tensor]]
+    own_prototypes: List[Optional[torch.Tensor]]
+    received: List[Optional[DomainPrototypes]]
+    uploads: List[DomainUpload] = field(default_factory=list)
+    prototypes: List[ServerPrototypes] = field(default_factory=list)
+    bytes_up: int = 0
+    bytes_down: int = 0
+
+
+class FedPCLAlgorithm(CrossDomainAlgorithm):
+    """Algorithm 1: one trainer round = local updates of every domain, uploads, server prototypes."""
+
+    def __init__(self, split: DomainSplit, config: FedPCLConfig, device, ks: Sequence[int],
+                 reviews: Optional[Mapping[str, Tuple[torch.Tensor, torch.Tensor]]] = None):
+        self.split, self.config, self.seed, self.device, self.ks = split, config, int(config.seed), device, tuple(ks)
+        self.reviews = reviews
+        self.samplers = [NegativeSampler(split[name].train, split[name].num_items) for name in split.domains]
+
+    def init(self, seed: int) -> FedPCLState:
+        config = self.config
+        rng = np.random.default_rng([config.seed, 9002])
+        noise = torch.Generator(device="cpu").manual_seed(config.seed + 9002)
+        models, optimizers = [], []
+        for index, name in enumerate(self.split.domains):
+            part = self.split[name]
+            review_u, review_i = (self.reviews or {}).get(name, (None, None))
+            model = DomainModel(part, config, review_users=review_u, review_items=review_i,
+                                generator=torch.Generator().manual_seed(config.seed * 1000 + index)).to(self.device)
+            models.append(model)
+            optimizers.append(torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay))
+        count = len(models)
+        return FedPCLState(models, optimizers, rng, noise, [None] * count, [None] * count, [None] * count)
+
+    def domains(self, state: FedPCLState) -> List[_Domain]:
+        """The per-domain view the round's functions work on (shares the state's tensors and modules)."""
+        return [_Domain(name, self.split[name], state.models[i], state.optimizers[i], self.samplers[i],
+                        state.assignments[i], state.own_prototypes[i], state.received[i])
+                for i, name in enumerate(self.split.domains)]
+
+    def run_round(self, state: FedPCLState, plan: int, context: RoundContext) -> Tuple[FedPCLState, RoundReport]:
+        config, round_index = self.config, context.index + 1
+        domains = self.domains(state)
+        uploads: List[DomainUpload] = []
+        logged: Dict[str, float] = {}
+        for domain in domains:                                                      # Algorithm 1, line 4
+            losses = _local_update(domain, config, state.rng, self.device)          # lines 10-21
+            uploads.append(_make_upload(domain, config, self.split.num_overlap_users, round_index,
+                                        state.noise))                               # lines 22-25
+            logged.update({f"{domain.name}/{key}": value for key, value in losses.items()})
+        prototypes = aggregate_prototypes(uploads)                                  # line 7: Eqs. 12-14
+        for index, (domain, received) in enumerate(zip(domains, prototypes)):
+            domain.received = complete_prototypes(received, domain.own_prototypes, index)
+        logged["bytes_up"] = sum(u.nbytes() for u in uploads)
+        logged["bytes_down"] = sum(p.nbytes() for p in prototypes)
+        state = replace(state, assignments=[d.assignment for d in domains],
+                        own_prototypes=[d.own_prototypes for d in domains], received=[d.received for d in domains],
+                        uploads=uploads, prototypes=prototypes, bytes_up=state.bytes_up + logged["bytes_up"],
+                        bytes_down=state.bytes_down + logged["bytes_down"])
+        loss = float(np.mean([losses for key, losses in logged.items() if key.endswith("/loss_prd")]))
+        return state, RoundReport(train_loss=loss, logged=logged)
+
+    def scorers(self, state: FedPCLState):
+        return {name: _scorer(model) for name, model in zip(self.split.domains, state.models)}
+
+    def load_state(self, saved: Mapping[str, Any]) -> FedPCLState:
+        """The generic load, then the messages back into their dataclasses."""
+        state = super().load_state(saved)
+        def typed(cls, value):
+            return cls(**value) if isinstance(value, dict) else value
+        return replace(state, received=[typed(DomainPrototypes, r) for r in state.received],
+                       uploads=[typed(DomainUpload, u) for u in state.uploads],
+                       prototypes=[typed(ServerPrototypes, p) for p in state.prototypes])
+
+
 def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), *,
                      reviews: Optional[Mapping[str, Tuple[torch.Tensor, torch.Tensor]]] = None,
                      device=None, progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                     ks: Sequence[int] = (5, 10)) -> CDRResult:
-    """Algorithm 1 on a :class:`DomainSplit` (2 or more domains).
+                     ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+    """Algorithm 1 on a :class:`DomainSplit` (2 or more domains), trained by the one trainer.
 
     Args:
         split: from :func:`fedlib.data.protocols.fedpcl_cdr.build` (or the synthetic generator).
         config: see :class:`FedPCLConfig`; :func:`variant_config` gives Table 3's rows.
         reviews: optional ``{domain: (user (U, r), item (I, r))}`` frozen review embeddings.
         progress: called as ``progress(round, history_row)`` after every evaluation.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
+            resume it from (a resumed run equals an uninterrupted one).
+        on_round_end: ``callback(run, record)`` after every round (the trainer's).
 
     Returns:
         :class:`~fedlib.methods.cdr_common.CDRResult`; ``extra`` has the privacy budgets and
@@ -715,49 +811,22 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
-    rng = np.random.default_rng([config.seed, 9002])
-    noise = torch.Generator(device="cpu").manual_seed(config.seed + 9002)
-    domains: List[_Domain] = []
-    for index, name in enumerate(split.domains):
-        part = split[name]
-        review_u, review_i = (reviews or {}).get(name, (None, None))
-        model = DomainModel(part, config, review_users=review_u, review_items=review_i,
-                            generator=torch.Generator().manual_seed(config.seed * 1000 + index)).to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-        domains.append(_Domain(name, part, model, optimizer, NegativeSampler(part.train, part.num_items)))
-    tracker = SelectionTracker(config.patience, config.selection)
-    bytes_up = bytes_down = 0
-    uploads: List[DomainUpload] = []
-    prototypes: List[ServerPrototypes] = []
-    logged: Dict[str, float] = {}
-    for round_index in range(1, config.rounds + 1):
-        uploads = []
-        for domain in domains:                                                      # Algorithm 1, line 4
-            losses = _local_update(domain, config, rng, device)                     # lines 10-21
-            uploads.append(_make_upload(domain, config, split.num_overlap_users, round_index, noise))  # 22-25
-            logged.update({f"{domain.name}/{key}": value for key, value in losses.items()})
-        prototypes = aggregate_prototypes(uploads)                                  # line 7: Eqs. 12-14
-        for index, (domain, received) in enumerate(zip(domains, prototypes)):
-            domain.received = complete_prototypes(received, domain.own_prototypes, index)
-        logged["bytes_up"] = sum(u.nbytes() for u in uploads)
-        logged["bytes_down"] = sum(p.nbytes() for p in prototypes)
-        bytes_up, bytes_down = bytes_up + logged["bytes_up"], bytes_down + logged["bytes_down"]
-        if round_index % config.eval_every and round_index != config.rounds:
-            continue
-        metrics = {d.name: evaluate_both(_scorer(d.model), d.split, ks, device) for d in domains}
-        stop = tracker.update(round_index, metrics, **logged, seconds=time.perf_counter() - start)
-        if progress is not None:
-            progress(round_index, tracker.history[-1])
-        if stop:
-            break
+    algorithm = FedPCLAlgorithm(split, config, device, ks, reviews)
+    checkpoint_config = None
+    if checkpointer is not None:
+        checkpoint_config = {**checkpoint_config_of(config), "reviews": sorted(reviews or {})}
+    run = train_cross_domain(algorithm, config, rounds=config.rounds, progress=progress, select_on=config.selection,
+                             checkpointer=checkpointer, checkpoint_config=checkpoint_config, on_round_end=on_round_end)
+    state = run.state
+    domains = algorithm.domains(state)
     extra = {**privacy_budget(config.clip_norm, config.laplace_scale, domains[0].model.representation_size),
-             "bytes_up": bytes_up, "bytes_down": bytes_down, "rounds_run": round_index}
-    return tracker.result("FedPCL-CDR", config, time.perf_counter() - start, extra,
-                          models={d.name: d.model for d in domains},
-                          artifacts={"uploads": uploads, "prototypes": prototypes,
-                                     "domain_prototypes": {d.name: d.received for d in domains},
-                                     "assignments": {d.name: d.assignment for d in domains},
-                                     "transmitted": _transmitted(domains, uploads)})
+             "bytes_up": state.bytes_up, "bytes_down": state.bytes_down, "rounds_run": run.round_index}
+    return CDRResult.from_run("FedPCL-CDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
+                              extra=extra, models={d.name: d.model for d in domains},
+                              artifacts={"uploads": state.uploads, "prototypes": state.prototypes,
+                                         "domain_prototypes": {d.name: d.received for d in domains},
+                                         "assignments": {d.name: d.assignment for d in domains},
+                                         "transmitted": _transmitted(domains, state.uploads)})
 
 
 def _transmitted(domains: Sequence[_Domain], uploads: Sequence[DomainUpload]) -> Dict[str, Dict[str, torch.Tensor]]:
