@@ -185,3 +185,23 @@ def test_parameter_averaging_through_the_trainer_is_run_federated():
         assert torch.equal(run.state.global_state[name], tensor)
     assert ledger_a.total() == ledger_b.total() > 0
     assert ledger_a.per_round().equals(ledger_b.per_round())
+
+
+class SharedScoring(RandomWalk):
+    """Scores both splits in one pass (and counts the passes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.passes = 0
+
+    def evaluate_splits(self, state, splits):
+        self.passes += 1
+        return {split: self.evaluate(state, split) for split in splits}
+
+
+def test_evaluate_splits_scores_valid_and_test_in_one_pass_with_the_same_numbers():
+    schedule = Schedule(rounds=6, eval_every=2, selection_metric="score", test_every_evaluation=True)
+    shared = SharedScoring()
+    one_pass = train(shared, schedule, seed=5)
+    assert shared.passes == 3  # one pass per evaluation, not two
+    assert one_pass.history == train(RandomWalk(), schedule, seed=5).history

@@ -14,7 +14,10 @@ A federated recommendation method, seen from the trainer, answers four questions
   ``"test"``.
 
 optionally ``before_round(run, t)``: server work before round ``t`` that reads the run so far
-(its state and its selection: RLP2 keeps the memory of its best round), and three about its state, so that the trainer can keep the best state and checkpoint:
+(its state and its selection: RLP2 keeps the memory of its best round); optionally
+``evaluate_splits(state, splits) -> {split: metrics}``, the same numbers as ``evaluate`` per
+split, for a model whose scoring pass is worth sharing between validation and test (graph
+embeddings); and three about its state, so that the trainer can keep the best state and checkpoint:
 ``copy_state`` (a copy later rounds do not modify), ``state_dict`` (tensors and plain values)
 and ``load_state`` (its inverse). States are dataclasses with named fields, never dicts under
 string keys; :func:`clone_dataclass`, :func:`dataclass_to_dict` and :func:`dataclass_from_dict`

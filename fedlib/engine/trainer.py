@@ -210,6 +210,8 @@ def train(algorithm: Algorithm, schedule: Schedule, *, seed: int, start: Optiona
     if run is None:
         run = start_run(algorithm, schedule, seed)
     before_round = getattr(algorithm, "before_round", None)
+    # Optional: score several splits at once (a model whose embeddings are costly computes them once).
+    evaluate_splits = getattr(algorithm, "evaluate_splits", None)
     began = time.perf_counter()
     while run.round_index < schedule.rounds and not run.stopped_early:
         t = run.round_index
@@ -221,9 +223,10 @@ def train(algorithm: Algorithm, schedule: Schedule, *, seed: int, start: Optiona
         run.round_index = t + 1
         record = {"round": run.round_index, "train_loss": float(report.train_loss), **report.logged}
         if evaluate and schedule.evaluates_after(run.round_index):
-            metrics = {f"valid/{k}": v for k, v in algorithm.evaluate(run.state, "valid").items()}
-            if schedule.test_every_evaluation:
-                metrics.update({f"test/{k}": v for k, v in algorithm.evaluate(run.state, "test").items()})
+            splits = ("valid", "test") if schedule.test_every_evaluation else ("valid",)
+            scored = (evaluate_splits(run.state, splits) if evaluate_splits is not None
+                      else {split: algorithm.evaluate(run.state, split) for split in splits})
+            metrics = {f"{split}/{k}": v for split in splits for k, v in scored[split].items()}
             record.update(metrics)
             if run.selection.update(run.round_index, metrics) and schedule.keep_best_state:
                 run.best_state = algorithm.copy_state(run.state)
