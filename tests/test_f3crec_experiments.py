@@ -89,8 +89,9 @@ def test_user_groups_split_by_mean_shift():
 
 
 def test_grid_records_runs_and_tables_are_consistent(project):
-    cells = X.table2_cells(["synthetic"], ["FedMF"], ["FT", "KD", "Reg", "F3CRec"], **TINY)
-    cells += X.ablation_cells(["synthetic"], **TINY)[:1] + X.analysis_cells(["synthetic"], **TINY)[:1]
+    cells = [c for c in X.grid_cells("table2", ["synthetic"], **TINY)
+             if c["backbone"] == "FedMF" and c["method"] in ("FT", "KD", "Reg", "F3CRec")]
+    cells += X.grid_cells("ablation", ["synthetic"], **TINY)[:1] + X.grid_cells("analysis", ["synthetic"], **TINY)[:1]
     frame = X.run_cells(cells, "smoke")
     assert len(frame) == len(cells)
     records = read_runs("f3crec", "smoke")
@@ -142,7 +143,7 @@ def test_run_cell_metrics_names():
 
 def test_grid_resumes_from_recorded_runs_without_a_cache(project, tmp_path, monkeypatch):
     """A fresh clone has runs.jsonl but no cache folder: recorded cells are not trained again."""
-    cells = X.table2_cells(["synthetic"], ["FedMF"], ["FT"], **TINY)
+    cells = [X.cell("synthetic", "FedMF", "FT", **TINY)]
     first = X.run_grid(cells, "smoke", cache_dir=tmp_path / "cache_a", progress=False)
     assert len(read_runs("f3crec", "smoke")) == 1
 

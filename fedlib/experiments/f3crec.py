@@ -20,15 +20,10 @@ upload noise, split rule, rounds, seed. :func:`run_cell` trains it block by bloc
 Block 0 is plain training for every method (F3CRec starts at ``t = 1``), so it is trained
 once per ``(dataset, backbone, seed, split, ...)`` and cached on disk (:func:`base_block`).
 
-Split. Every table uses the public code's split (incremental blocks split chronologically per
-user, ``split="chronological"``), not the per-user random split the paper's text describes:
-the paper's numbers were evidently produced by the code (ML-100K FedMF FT, N@20 averaged over
-D1–D3: paper 0.0855; ours 0.088 chronological, 0.182 random). :func:`audit_cells` runs both.
-
-Paper-profile hyperparameters (:data:`PAPER_SETTINGS`): where the paper or the authors'
-README gives a value we use it (FedMF lr 1.0, λ_KD 0.1, N 30, β 0.9, ε 0.006 on ML-100K,
-rounds 100/150, patience 30); where only a range is given we fix the middle of the range once
-(ε 5·10⁻⁵ on ML-Latest-Small, 5·10⁻⁴ on Lastfm-2K; FedNCF lr 0.05, PFedRec lr 0.1). Reg's λ is
+The grid itself is data: ``fedlib/experiments/specs/f3crec.toml`` declares each part (datasets ×
+backbones × methods × sweeps), every default once with its justification (the split, rounds,
+ε, learning rates, the validation choices :data:`SELECTED`), and the tables' layouts;
+:func:`cell` and :func:`grid_cells` read it through :mod:`fedlib.experiments.spec`. Reg's λ is
 expressed relative to the item learning rate (see :func:`reg_lambda`) because the absolute
 values of the paper's grid diverge with F3CRec's ``lr × |I|`` item step.
 """
@@ -49,64 +44,40 @@ from fedlib.device import default_device
 from fedlib.engine import FederatedConfig, RankingEvaluator, UploadNoise
 from fedlib.methods.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
                                       pfedrec_backbone, run_continual)
+from fedlib.experiments.spec import load_spec
 from fedlib.methods.f3crec import F3CRec, ParameterRegularisation, kd_baseline
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS", "ABLATIONS", "PAPER_SETTINGS",
-    "cell", "method_params", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block", "run_cell",
-    "table2_cells", "ablation_cells", "noise_cells", "sensitivity_cells", "audit_cells", "analysis_cells",
-    "SENSITIVITY_GRID", "NOISE_SCALES", "WithUploadNoise", "BASELINE_GRID", "SELECTED", "tuning_cells",
-    "select_hyperparameters", "run_cells", "run_grid", "grid_cells", "run_live", "forgetting_frame",
-    "memory_consumed_share",
+    "PAPER", "SPEC", "PARTS", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS", "ABLATIONS",
+    "PAPER_SETTINGS", "SENSITIVITY_GRID", "NOISE_SCALES", "SELECTED", "cell", "method_params", "grid_cells",
+    "audit_cells", "select_hyperparameters", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
+    "run_cell", "WithUploadNoise", "run_cells", "run_grid", "run_live", "forgetting_frame", "memory_consumed_share",
 ]
 
 PAPER = "f3crec"
+#: The grid's parts, defaults and named lists, and the tables' layouts, as data.
+SPEC = load_spec(PAPER)
+#: Bumped (in the spec) when a change alters what a cell computes (old cache files then stop matching).
+VERSION = SPEC.version
+PARTS = SPEC.parts
 
-#: Paper dataset name -> registry name. HetRec2011 (MovieLens-2k ratings) cannot be read offline.
-DATASETS = {
-    "ML-100K": "ml-100k",
-    "ML-Latest-Small": "ml-latest-small",
-    "Lastfm-2K": "hetrec2011-lastfm-2k",
-    "HetRec2011": "hetrec2011-movielens-2k",
-    "synthetic": None,  # smoke profile: fedlib.data.synthetic.drifting_stream (4 drifting blocks)
-}
-OFFLINE_DATASETS = ("ML-100K", "ML-Latest-Small", "Lastfm-2K")
-#: Datasets of the ablation and analysis tables (3–7); "synthetic" is the smoke profile's stand-in.
-ANALYSIS_DATASETS = ("ML-100K", "Lastfm-2K", "synthetic")
-BACKBONES = ("FedMF", "FedNCF", "PFedRec")
-METHODS = ("FT", "Reg", "KD", "RLP2", "SPP", "F3CRec")
+#: Paper dataset name -> registry name (``None``: the smoke profile's synthetic stream).
+DATASETS = {name: choice.get("registry") for name, choice in SPEC.choices("dataset").items()}
+OFFLINE_DATASETS = tuple(SPEC.list("offline_datasets"))
+ANALYSIS_DATASETS = tuple(SPEC.list("analysis_datasets"))
+BACKBONES = tuple(SPEC.list("backbone"))
+METHODS = tuple(SPEC.list("methods"))
 #: Ablation label -> F3CRec flags (Tables 3 and 6).
-ABLATIONS = {
-    "w/o c.c": {"client_cl": False},
-    "w/o a.r.m": {"adaptive_replay": False},
-    "w/o s.c": {"server_cl": False},
-    "w/o i.t.m": {"itemwise": False},
-}
-#: Laplace scales λ of Table 8.
-NOISE_SCALES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-
-#: Per-dataset paper settings (rounds from the public code's suggestions; ε from the paper's §5.5 scales).
-PAPER_SETTINGS: Dict[str, Dict[str, Any]] = {
-    "ML-100K": {"rounds": 100, "eps": 6e-3},
-    "HetRec2011": {"rounds": 150, "eps": 6e-3},
-    "ML-Latest-Small": {"rounds": 150, "eps": 5e-5},
-    "Lastfm-2K": {"rounds": 150, "eps": 5e-4},
-    "synthetic": {"rounds": 20, "eps": 5e-3},
-}
-#: Backbone learning rates (the code's README example for FedMF 1.0; FedNCF/PFedRec range [0.01, 0.1]).
-BACKBONE_PARAMS = {"FedMF": {"lr": 1.0}, "FedNCF": {"lr": 0.05, "lr_eta": 170.0},
-                   "PFedRec": {"lr": 0.1, "lr_eta": 170.0}}
-#: Figure 4: one-at-a-time sweeps around the defaults (ε as multiples of the dataset's scale).
-SENSITIVITY_GRID = {
-    "eps_multiple": (1, 3, 5, 7, 9),
-    "lambda_kd": (1e-3, 1e-2, 1e-1, 1.0),
-    "beta": (0.1, 0.3, 0.5, 0.7, 0.9),
-}
-#: Reg: each step pulls an old item row this fraction of the way back (λ = this / (2 lr_item)).
-REG_PULL = 0.1
-#: Bumped when a change alters what a cell computes (old cache files then stop matching).
-VERSION = 1
+ABLATIONS = {label: dict(SPEC.choice("method", label)["flags"]) for label in SPEC.list("ablations")}
+NOISE_SCALES = tuple(SPEC.list("noise_scales"))
+#: Per-dataset ``rounds`` and untuned ``eps``.
+PAPER_SETTINGS = {d: {"rounds": c["rounds"], "eps": c["eps"]} for d, c in SPEC.choices("dataset").items()}
+#: Figure 4's one-at-a-time sweeps (ε as multiples of :func:`eps_scale`).
+SENSITIVITY_GRID = {name: tuple(SPEC.list(name)) for name in ("eps_multiple", "lambda_kd", "beta")}
+REG_PULL = SPEC.choice("method", "Reg")["params"]["pull"]
+#: Hyperparameters chosen once on validation (:func:`select_hyperparameters`), ``{dataset: {method: {name: value}}}``.
+SELECTED: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data["selected"]
 
 
 # ======================================================================================
@@ -114,7 +85,7 @@ VERSION = 1
 # ======================================================================================
 def eps_scale(dataset: str) -> float:
     """The dataset's ε order of magnitude (paper §5.5: 10⁻³, 10⁻⁴ Lastfm, 10⁻⁵ ML-Latest-Small)."""
-    return {"ML-100K": 1e-3, "HetRec2011": 1e-3, "Lastfm-2K": 1e-4, "ML-Latest-Small": 1e-5, "synthetic": 1e-3}[dataset]
+    return SPEC.choice("dataset", dataset)["eps_scale"]
 
 
 def method_params(method: str, dataset: str, tuned: bool = True) -> Dict[str, Any]:
@@ -122,102 +93,38 @@ def method_params(method: str, dataset: str, tuned: bool = True) -> Dict[str, An
 
     ``tuned=True`` applies :data:`SELECTED` (values chosen once on validation data from the
     FedMF tuning sweep, :func:`select_hyperparameters`); ``tuned=False`` gives the untuned
-    defaults around which that sweep varies one parameter at a time.
+    defaults around which that sweep varies one parameter at a time. An ablation takes
+    F3CRec's parameters (tuned or not) plus its flags.
     """
-    eps = PAPER_SETTINGS[dataset]["eps"]
+    own = SPEC.choice("method", method)
+    base = own.get("ablation_of", method)
     selected = SELECTED.get(dataset, {}) if tuned else {}
-    f3 = {"lambda_kd": 0.1, "eps": eps, "top_n": 30, "beta": 0.9, **selected.get("F3CRec", {})}
-    if method == "F3CRec":
-        return dict(f3)
-    if method in ABLATIONS:
-        return {**f3, **ABLATIONS[method]}
-    if method == "KD":
-        return {"lambda_kd": 0.1, "top_n": 30, **selected.get("KD", {})}
-    if method == "Reg":
-        return {"pull": REG_PULL, **selected.get("Reg", {})}
-    if method == "RLP2":
-        return {**selected.get("RLP2", {})}
-    if method in ("FT", "SPP"):
-        return {}
-    raise ValueError(f"unknown method {method!r}; expected one of {METHODS + tuple(ABLATIONS)}")
+    params = SPEC.resolve(SPEC.choice("method", base)["params"], {"dataset": dataset})
+    return {**params, **selected.get(base, {}), **own.get("flags", {})}
 
 
-def cell(dataset: str, backbone: str, method: str, *, rounds: Optional[int] = None, patience: int = 30,
-         seed: int = 0, split: str = "chronological", upload_noise: float = 0.0, params: Optional[Mapping] = None,
-         analysis: bool = False, batch_size: int = 512, num_negatives: int = 4, dim: int = 32,
-         num_blocks: int = 4, tuned: bool = True) -> Dict[str, Any]:
+def cell(dataset: str, backbone: str, method: str, *, params: Optional[Mapping] = None, tuned: bool = True,
+         **settings) -> Dict[str, Any]:
     """The configuration of one continual run (every setting that changes its numbers).
 
-    ``params`` override the method's hyperparameters (:func:`method_params`, ``tuned`` or not).
+    ``settings`` override the spec's ``[cell]`` defaults (``rounds``, ``patience``, ``seed``,
+    ``split``, ``upload_noise``, ``analysis``, ``batch_size``, ``num_negatives``, ``dim``,
+    ``num_blocks``; ``None`` keeps the default); ``params`` override the method's
+    hyperparameters (:func:`method_params`, ``tuned`` or not).
     """
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; expected one of {list(DATASETS)}")
-    if backbone not in BACKBONES:
-        raise ValueError(f"unknown backbone {backbone!r}; expected one of {list(BACKBONES)}")
-    merged = method_params(method, dataset, tuned=tuned)
-    merged.update(dict(params or {}))
-    return {
-        "paper": PAPER, "version": VERSION, "dataset": dataset, "backbone": backbone, "method": method,
-        "method_params": merged, "backbone_params": dict(BACKBONE_PARAMS[backbone]),
-        "rounds": int(rounds if rounds is not None else PAPER_SETTINGS[dataset]["rounds"]), "patience": int(patience),
-        "seed": int(seed), "split": split, "upload_noise": float(upload_noise), "analysis": bool(analysis),
-        "batch_size": int(batch_size), "num_negatives": int(num_negatives), "dim": int(dim),
-        "num_blocks": int(num_blocks),
-    }
+    config = SPEC.config({"dataset": dataset, "backbone": backbone, "method": method}, settings)
+    config["method_params"] = {**method_params(method, dataset, tuned=tuned), **dict(params or {})}
+    return config
 
 
-def table2_cells(datasets: Sequence[str], backbones: Sequence[str] = BACKBONES, methods: Sequence[str] = METHODS,
-                 **kwargs) -> List[Dict[str, Any]]:
-    """Table 2: every (dataset, backbone, method)."""
-    return [cell(d, b, m, **kwargs) for d in datasets for b in backbones for m in methods]
+def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
+    """The cells of one part of the paper-profile grid (``[parts]`` of the spec); ``kwargs`` go to every :func:`cell`."""
+    return SPEC.cells(part, cell, {"datasets": list(datasets)}, **kwargs)
 
 
-def ablation_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
-    """Tables 3 and 6 (FedMF): the four ablation variants."""
-    return [cell(d, "FedMF", label, **kwargs) for d in datasets for label in ABLATIONS]
-
-
-def analysis_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
-    """Tables 4, 5, 7 (FedMF): F3CRec, w/o a.r.m, SPP and w/o i.t.m with the user/item analyses."""
-    return [cell(d, "FedMF", m, analysis=True, **kwargs) for d in datasets
-            for m in ("F3CRec", "w/o a.r.m", "SPP", "w/o i.t.m")]
-
-
-def noise_cells(datasets: Sequence[str], scales: Sequence[float] = NOISE_SCALES, **kwargs) -> List[Dict[str, Any]]:
-    """Table 8 (FedMF, F3CRec): Laplace noise of scale λ on every upload."""
-    return [cell(d, "FedMF", "F3CRec", upload_noise=s, **kwargs) for d in datasets for s in scales]
-
-
-def sensitivity_cells(datasets: Sequence[str], grid: Mapping[str, Sequence[float]] = SENSITIVITY_GRID,
-                      **kwargs) -> List[Dict[str, Any]]:
-    """Figure 4 (FedMF, F3CRec): ε, λ_KD and β varied one at a time around the untuned defaults.
-
-    The same runs are the tuning sweep: :func:`select_hyperparameters` picks each value on
-    validation N@20.
-    """
-    cells = []
-    for d in datasets:
-        for multiple in grid["eps_multiple"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"eps": multiple * eps_scale(d)}, tuned=False, **kwargs))
-        for value in grid["lambda_kd"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"lambda_kd": value}, tuned=False, **kwargs))
-        for value in grid["beta"]:
-            cells.append(cell(d, "FedMF", "F3CRec", params={"beta": value}, tuned=False, **kwargs))
-    return cells
-
-
-#: Baseline sweeps of the tuning part (FedMF): KD's λ_KD and Reg's pull.
-BASELINE_GRID = {"KD": ("lambda_kd", (1e-3, 1e-2, 1e-1, 1.0)), "Reg": ("pull", (0.01, 0.1, 0.5)),
-                 "RLP2": ("alpha", (0.01, 0.05, 0.1, 0.5))}
-
-
-def tuning_cells(datasets: Sequence[str], **kwargs) -> List[Dict[str, Any]]:
-    """The validation sweep behind :data:`SELECTED`: Figure 4's F3CRec sweeps plus KD's λ and Reg's pull."""
-    cells = sensitivity_cells(datasets, **kwargs)
-    for d in datasets:
-        for method, (name, values) in BASELINE_GRID.items():
-            cells += [cell(d, "FedMF", method, params={name: v}, tuned=False, **kwargs) for v in values]
-    return cells
+def audit_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
+    """The split audit: FT and F3CRec (FedMF) with the paper's random and the code's chronological split."""
+    return grid_cells("audit", dataset=dataset, **kwargs)
 
 
 def _mean_validation(record) -> float:
@@ -228,76 +135,24 @@ def _mean_validation(record) -> float:
 
 
 def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """Each swept value with the best mean validation N@20 over D1–D3, one parameter at a time.
+    """Each swept value of the ``tuning`` part with the best mean validation N@20 over D1–D3, one at a time.
 
     Returns ``{dataset: {"F3CRec": {"eps", "lambda_kd", "beta"}, "KD": {"lambda_kd"}, "Reg": {"pull"},
-    "RLP2": {"alpha"}}}``
-    (FedMF runs; the values are then used for every backbone). A dataset whose sweep is
-    incomplete is left out. Ties keep the first value of the grid.
+    "RLP2": {"alpha"}}}`` (FedMF runs; the values are then used for every backbone). A dataset
+    whose sweep is incomplete is left out. Ties keep the first value of the grid.
     """
     from fedlib.reporting.results import latest_records
 
     known = latest_records(records)
-    seed = int(kwargs.get("seed", 0))
+    points: Dict[tuple, list] = {}  # (dataset, method, param) -> [(score, -position, value) or None]
+    for keywords, config in SPEC.labelled_cells("tuning", cell, {"datasets": list(datasets)}, **kwargs):
+        sweep, record = keywords["sweep"], known.get(config_hash(config))
+        scored = points.setdefault((keywords["dataset"], keywords["method"], sweep["param"]), [])
+        scored.append(None if record is None else (_mean_validation(record), -len(scored), sweep["value"]))
     out: Dict[str, Dict[str, Dict[str, float]]] = {}
-
-    def best(d, method, name, values, as_param=lambda v: v):
-        scored = []
-        for v in values:
-            config = {**cell(d, "FedMF", method, params={name: as_param(v)}, tuned=False, **kwargs), "seed": seed}
-            record = known.get(config_hash(config))
-            if record is None:
-                return None
-            scored.append((_mean_validation(record), -len(scored), as_param(v)))
-        return max(scored)[2]
-
-    for d in datasets:
-        choice: Dict[str, Dict[str, float]] = {}
-        eps = best(d, "F3CRec", "eps", SENSITIVITY_GRID["eps_multiple"], lambda m: m * eps_scale(d))
-        lam = best(d, "F3CRec", "lambda_kd", SENSITIVITY_GRID["lambda_kd"])
-        beta = best(d, "F3CRec", "beta", SENSITIVITY_GRID["beta"])
-        kd = best(d, "KD", *BASELINE_GRID["KD"])
-        pull = best(d, "Reg", *BASELINE_GRID["Reg"])
-        alpha = best(d, "RLP2", *BASELINE_GRID["RLP2"])
-        if None in (eps, lam, beta, kd, pull, alpha):
-            continue
-        choice["F3CRec"] = {"eps": eps, "lambda_kd": lam, "beta": beta}
-        choice["KD"] = {"lambda_kd": kd}
-        choice["Reg"] = {"pull": pull}
-        choice["RLP2"] = {"alpha": alpha}
-        out[d] = choice
-    return out
-
-
-#: Hyperparameters chosen once on validation (``select_hyperparameters`` on the recorded
-#: paper-profile tuning sweep, FedMF, seed 0); ``tests/test_f3crec_experiments.py`` checks
-#: that they equal what the recorded runs select. Empty for a dataset = untuned defaults.
-SELECTED: Dict[str, Dict[str, Dict[str, float]]] = {
-    "ML-100K": {
-        "F3CRec": {"beta": 0.5, "eps": 0.005, "lambda_kd": 0.01},
-        "KD": {"lambda_kd": 0.01},
-        "Reg": {"pull": 0.5},
-        "RLP2": {"alpha": 0.01},
-    },
-    "ML-Latest-Small": {
-        "F3CRec": {"beta": 0.1, "eps": 5e-05, "lambda_kd": 0.01},
-        "KD": {"lambda_kd": 0.1},
-        "Reg": {"pull": 0.5},
-        "RLP2": {"alpha": 0.05},
-    },
-    "Lastfm-2K": {
-        "F3CRec": {"beta": 0.5, "eps": 0.0009000000000000001, "lambda_kd": 0.1},  # ε = 9 × 10⁻⁴
-        "KD": {"lambda_kd": 0.01},
-        "Reg": {"pull": 0.5},
-        "RLP2": {"alpha": 0.01},
-    },
-}
-
-
-def audit_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
-    """The split audit: FT and F3CRec (FedMF) with the code's chronological incremental split."""
-    return [cell(dataset, "FedMF", m, split=s, tuned=False, **kwargs)
-            for s in ("random", "chronological") for m in ("FT", "F3CRec")]
+    for (dataset, method, param), scored in points.items():
+        out.setdefault(dataset, {}).setdefault(method, {})[param] = None if None in scored else max(scored)[2]
+    return {d: choice for d, choice in out.items() if all(None not in c.values() for c in choice.values())}
 
 
 # ======================================================================================
@@ -546,92 +401,43 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
 # ======================================================================================
 # Command line: resumable paper-profile grids
 # ======================================================================================
-PARTS = ("tuning", "table2", "ablation", "analysis", "noise", "sensitivity", "audit")
-
-
-def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
-    """The cells of one part of the paper-profile grid."""
-    if part == "table2":
-        return table2_cells(datasets, **kwargs)
-    if part == "tuning":
-        return tuning_cells(datasets, **kwargs)
-    if part == "ablation":
-        return ablation_cells([d for d in datasets if d in ANALYSIS_DATASETS], **kwargs)
-    if part == "analysis":
-        return analysis_cells([d for d in datasets if d in ANALYSIS_DATASETS], **kwargs)
-    if part == "noise":
-        return noise_cells(datasets, **kwargs)
-    if part == "sensitivity":
-        return sensitivity_cells(datasets, **kwargs)
-    if part == "audit":
-        return audit_cells(**kwargs)
-    raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
-
-
-def restore_cache_from_records(cache, profile: str, rerun=()) -> int:
-    """Fill ``cache`` with every F3CRec run recorded at ``profile`` (see
-    :func:`fedlib.reporting.cache.restore_cache_from_records`)."""
-    from fedlib.reporting.cache import restore_cache_from_records as restore
-
-    return restore(cache, PAPER, profile, rerun=rerun)
-
-
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, worker: int = 0,
              workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell without a cached result (this worker's share), recording each run.
+    """Run every cell without a recorded result (this worker's share), recording each run.
 
-    Each finished cell is appended to ``results/f3crec[/profile]/runs.jsonl`` (with its per-user
-    values in ``extra``) and cached under ``cache_dir/cells``; an interrupted grid resumes at the
-    first unfinished cell. ``worker``/``workers`` split the cells round-robin between processes.
-    ``rerun``: train them again even when recorded (see :func:`fedlib.experiments.grid.run_recorded_grid`).
+    :func:`fedlib.experiments.grid.run_recorded_grid`: each finished cell is appended to
+    ``results/f3crec[/profile]/runs.jsonl`` (with its per-user values in ``extra``); an
+    interrupted grid resumes at the first unfinished cell. Block-0 models are shared under
+    ``cache_dir/base`` (:func:`base_block`).
     """
-    from fedlib.reporting import ResultCache, append_run
+    from fedlib.experiments.grid import run_recorded_grid
 
-    cells = [c for i, c in enumerate(cells) if i % workers == worker]
-    cache = ResultCache(Path(cache_dir) / "cells")
-    restore_cache_from_records(cache, profile, rerun=cells if rerun else ())
-
-    def record(config, result, wall):
-        append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
-
-    def train(config):
-        return run_cell(config, cache_dir=cache_dir)
-
-    return cache.run_grid(cells, train, progress=progress, on_new_result=record,
-                          description=f"f3crec {profile} worker {worker}/{workers}")
+    return run_recorded_grid(PAPER, cells, lambda config, progress=None: run_cell(config, cache_dir=Path(cache_dir)),
+                             profile, cache_dir=Path(cache_dir), worker=worker, workers=workers, progress=progress,
+                             rerun=rerun)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, *, cache_dir: Optional[Path] = None,
               description: str = "cells") -> pd.DataFrame:
-    """What the notebook calls: train ``cells`` and record each run at ``profile``.
+    """Train ``cells`` and record each run at ``profile`` (:func:`fedlib.experiments.grid.run_cells`).
 
-    ``paper``: through the resumable cache (:func:`run_grid`), so cells finished by the command
-    line or an earlier session are not trained again. ``quick``/``smoke``: every cell is trained
-    live (the committed notebook must show a real run), its block-0 model shared in a temporary
-    folder. Returns one row per cell: its keys and metrics.
+    ``paper``: through the resumable grid, so recorded cells are not trained again; other
+    profiles train each distinct cell live, their block-0 model shared in a temporary folder.
+    Returns one row per cell: its keys and metrics.
     """
     import tempfile
 
-    from tqdm.auto import tqdm
+    from fedlib.experiments.grid import run_cells as train_and_record
 
-    from fedlib.reporting import append_run
-
-    if profile == "paper":
-        frame = run_grid(cells, profile, cache_dir=Path(cache_dir or ".cache/f3crec/paper"), progress=True)
-        metrics = {c: c.split(".", 1)[1] for c in frame.columns if c.startswith("metrics.")}
-        keys = ["dataset", "backbone", "method", "split", "upload_noise"]
-        return frame[keys + list(metrics)].rename(columns=metrics)
-    rows = []
-    unique = list({config_hash(c): c for c in cells}.values())  # a cell listed twice is trained once
-    with tempfile.TemporaryDirectory(prefix="f3crec-base-") as base_dir:
-        for config in tqdm(unique, desc=description, unit="cell"):
-            started = time.perf_counter()
-            result = run_cell(config, cache_dir=Path(base_dir))
-            wall = time.perf_counter() - started
-            append_run(PAPER, profile, config, config["seed"], result["metrics"], wall, extra=result["extra"])
-            rows.append({**{k: config[k] for k in ("dataset", "backbone", "method", "split", "upload_noise")},
-                         **result["metrics"]})
-    return pd.DataFrame(rows)
+    with tempfile.TemporaryDirectory(prefix="f3crec-base-") as temporary:
+        base_dir = Path(cache_dir or ".cache/f3crec/paper") if profile == "paper" else Path(temporary)
+        results = train_and_record(
+            PAPER, cells, profile, lambda config, progress=None: run_cell(config, cache_dir=base_dir,
+                                                                          on_round_end=progress),
+            label=lambda c: f"{c['dataset']} {c['backbone']} {c['method']}", description=description,
+            cache_dir=base_dir)
+    keys = ("dataset", "backbone", "method", "split", "upload_noise")
+    return pd.DataFrame([{**{k: r["config"][k] for k in keys}, **r["metrics"]} for r in results])
 
 
 # ======================================================================================

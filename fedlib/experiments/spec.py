@@ -1,0 +1,444 @@
+"""Experiments as data: a paper's grid and its tables' layouts, read by one grid runner and one table builder.
+
+Each paper declares, in ``fedlib/experiments/specs/<paper>.toml``, what its cells are and how
+its tables are laid out; this module expands them. The paper's Python keeps only what is
+logic (its cell builder's derived values, training a cell, derived table rows).
+
+Why TOML and not dataclasses: the specification is read by people checking a reproduction
+("which ε did Table 8 use, and why?"), so it should hold values and the comments that justify
+them, and nothing else; TOML keeps ``1`` (int) and ``1.0`` (float) apart, which the config
+hash needs; it is in the standard library (``tomllib``); and a file cannot quietly grow logic.
+What must be logic is a named Python function of the paper module (``derive``, ``finish``).
+
+The file, section by section:
+
+* ``paper``, ``version``: added to every cell config (bump ``version`` when a cell's numbers move).
+* ``[options]``: the runtime options a part may take (``datasets = "@offline_datasets"``: the
+  default of ``--datasets``); a block refers to one as ``"$datasets"``.
+* ``[lists]``: named value lists, referred to as ``"@name"``.
+* ``[choices.<key>.<name>]``: the valid values of a config key and their attributes;
+  ``"@<key>"`` lists the names, ``"@<key>.<attribute>"`` is the chosen value's attribute.
+* ``[cell]``: every other config key with its default, written once; its TOML type is the
+  config's type (an override is cast to it). ``"@dataset"`` marks a required choice.
+* ``[parts.<part>]``: ``doc`` and ``[[parts.<part>.blocks]]``, expanded in order. A block is the
+  keywords of the paper's cell builder: a scalar or inline table is fixed, an array (or an
+  ``"@list"`` / ``"$option"``) is an axis; axes nest in file order, the first outermost.
+  ``only = {dataset = "@list"}`` keeps an axis's values that are in the list; ``sweep = [...]``
+  is an axis of one-at-a-time sweeps, each entry ``{param, values, times?, label?, ...}``
+  giving ``params = {param: value × times}`` plus its other keys; ``part = "<other>"`` makes
+  the block another part's cells.
+* ``[tables.<id>]``: ``keys`` (the paper table's key columns), ``metrics`` (a pattern such as
+  ``"{metric}/{block}"`` over the recorded metric names, each field's allowed values as a list
+  or as a mapping recorded -> shown), ``[[tables.<id>.rows]]`` (blocks as above: one table row
+  group per cell), ``columns`` (constant or formatted key columns, ``"noise lambda={upload_noise:g}"``),
+  and the names of the paper's ``derive`` (rows computed before the comparison) and ``finish``
+  (after it) functions.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+import pandas as pd
+
+__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED"]
+
+SPEC_DIR = Path(__file__).resolve().parent / "specs"
+SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "selected"}
+BLOCK_DIRECTIVES = {"only", "sweep", "part"}
+TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish"}
+#: The ``note`` prefix of a table row computed from other rows (its ``run_metric`` is empty).
+DERIVED = "derived"
+
+
+class SpecError(ValueError):
+    """A malformed specification: the message names the file, the section and the key."""
+
+
+def _fail(path: Path, where: str, message: str) -> SpecError:
+    return SpecError(f"{path.name}: [{where}] {message}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A paper's specification as read from its TOML file (see the module docstring)."""
+
+    path: Path
+    data: Mapping[str, Any]
+
+    # ----------------------------------------------------------------------------------
+    # Names
+    # ----------------------------------------------------------------------------------
+    @property
+    def paper(self) -> str:
+        return self.data["paper"]
+
+    @property
+    def version(self) -> int:
+        return self.data["version"]
+
+    @property
+    def parts(self) -> Tuple[str, ...]:
+        return tuple(self.data.get("parts", {}))
+
+    def choices(self, key: str) -> Dict[str, Mapping[str, Any]]:
+        """``{name: attributes}`` of the config key ``key`` (``"dataset"``), in file order."""
+        return self.data.get("choices", {}).get(key, {})
+
+    def choice(self, key: str, name: str) -> Mapping[str, Any]:
+        """The attributes of ``name``; a clear error naming the valid choices when it is not one."""
+        table = self.choices(key)
+        if name not in table:
+            raise ValueError(f"unknown {key} {name!r}; expected one of {list(table)}")
+        return table[name]
+
+    def list(self, name: str) -> List[Any]:
+        """The named list ``name`` (``[lists]``) or the names of the choices of config key ``name``."""
+        if name in self.data.get("lists", {}):
+            return list(self.data["lists"][name])
+        if name in self.data.get("choices", {}):
+            return list(self.choices(name))
+        raise KeyError(name)
+
+    # ----------------------------------------------------------------------------------
+    # Values
+    # ----------------------------------------------------------------------------------
+    def resolve(self, value: Any, chosen: Mapping[str, Any], options: Mapping[str, Any] = {}) -> Any:
+        """``value`` with its references replaced: ``"@list"``, ``"@key.attribute"`` of the
+        ``chosen`` value of ``key``, ``"$option"``; inline tables and arrays recursively."""
+        if isinstance(value, dict):
+            return {k: self.resolve(v, chosen, options) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.resolve(v, chosen, options) for v in value]
+        if not isinstance(value, str) or value[:1] not in "@$" or not value:
+            return value
+        if value[0] == "$":
+            return list(options[value[1:]])
+        name, _, attribute = value[1:].partition(".")
+        if not attribute:
+            return self.list(name)
+        return self.choice(name, chosen[name])[attribute]
+
+    def config(self, chosen: Mapping[str, Any], settings: Mapping[str, Any]) -> Dict[str, Any]:
+        """One cell's config: ``paper``, ``version`` and every ``[cell]`` key.
+
+        ``chosen``: the required choices (``{"dataset": "ML-100K", ...}``), checked against
+        ``[choices]``. ``settings``: overrides of the other keys; ``None`` keeps the default,
+        a value is cast to the default's type (``rounds=100.0`` -> ``100``). An unknown
+        setting is a ``TypeError`` naming the known ones.
+        """
+        template = self.data["cell"]
+        unknown = set(settings) - set(template)
+        if unknown:
+            raise TypeError(f"unknown cell setting(s) {sorted(unknown)}; the settings of a {self.paper} cell are "
+                            f"{[k for k, v in template.items() if not _is_choice(v)]}")
+        for key, value in template.items():
+            if _is_choice(value):
+                self.choice(key, chosen[key])  # raises on an unknown name
+        out: Dict[str, Any] = {"paper": self.paper, "version": self.version}
+        for key, default in template.items():
+            if _is_choice(default):
+                out[key] = chosen[key]
+                continue
+            default = self.resolve(default, chosen)
+            given = settings.get(key)
+            if given is None:
+                out[key] = dict(default) if isinstance(default, dict) else default
+            else:
+                out[key] = dict(given) if isinstance(default, dict) else type(default)(given)
+        return out
+
+    # ----------------------------------------------------------------------------------
+    # Blocks: parts and table rows
+    # ----------------------------------------------------------------------------------
+    def expand(self, blocks: Sequence[Mapping[str, Any]], options: Mapping[str, Any], where: str,
+               ) -> Iterator[Dict[str, Any]]:
+        """The builder keywords of every cell of ``blocks``, in order (axes nest in file order)."""
+        for number, block in enumerate(blocks):
+            if "part" in block:
+                yield from self.expand(self.data["parts"][block["part"]]["blocks"], options, f"parts.{block['part']}")
+                continue
+            axes: List[List[Dict[str, Any]]] = []
+            only = block.get("only", {})
+            for key, value in block.items():
+                if key in BLOCK_DIRECTIVES - {"sweep"}:
+                    continue
+                if key == "sweep":
+                    axes.append(list(self._sweep_values(value)))
+                    continue
+                resolved = self.resolve(value, {}, options) if isinstance(value, str) else value
+                if isinstance(resolved, list):
+                    if key in only:
+                        allowed = self.resolve(only[key], {}, options)
+                        resolved = [v for v in resolved if v in allowed]
+                    axes.append([{key: v} for v in resolved])
+                else:
+                    axes.append([{key: resolved}])
+            for combination in itertools.product(*axes):
+                keywords: Dict[str, Any] = {}
+                for part in combination:
+                    keywords.update(part)
+                yield self._finish_sweep(keywords)
+
+    def _sweep_values(self, entries: Sequence[Mapping[str, Any]]) -> Iterator[Dict[str, Any]]:
+        for entry in entries:
+            fixed = {k: v for k, v in entry.items() if k not in ("param", "values", "times", "label")}
+            for value in self.resolve(entry["values"], {}):
+                yield {**fixed, "__sweep": (entry["param"], value, entry.get("times"), entry.get("label"))}
+
+    def _finish_sweep(self, keywords: Dict[str, Any]) -> Dict[str, Any]:
+        """Turn a sweep point into ``params`` (``times`` refers to a choice made by the same cell)."""
+        if "__sweep" not in keywords:
+            return keywords
+        param, value, times, label = keywords.pop("__sweep")
+        scaled = value * self.resolve(times, keywords) if times is not None else value
+        keywords["params"] = {param: scaled}
+        keywords["sweep"] = {"param": param, "label": label or param, "value": scaled}
+        return keywords
+
+    def cells(self, part: str, builder: Callable[..., Dict[str, Any]], options: Mapping[str, Any] = {},
+              **fixed) -> List[Dict[str, Any]]:
+        """The configs of ``part``: ``builder(**keywords, **fixed)`` for each cell, in order.
+
+        ``options``: the part's runtime options (missing ones take ``[options]``'s defaults).
+        ``fixed``: keywords every cell gets (``rounds=``, ``seed=``), overriding the spec's.
+        """
+        return [config for _, config in self.labelled_cells(part, builder, options, **fixed)]
+
+    def labelled_cells(self, part: str, builder: Callable[..., Dict[str, Any]], options: Mapping[str, Any] = {},
+                       **fixed) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+        """``(keywords, config)`` of every cell of ``part``; a sweep cell's keywords hold ``sweep``."""
+        if part not in self.parts:
+            raise ValueError(f"unknown part {part!r}; expected one of {self.parts}")
+        return self._build(self.data["parts"][part]["blocks"], builder, options, f"parts.{part}", fixed)
+
+    def _build(self, blocks, builder, options, where, fixed) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+        options = {**self._default_options(), **{k: v for k, v in options.items() if v is not None}}
+        accepted = _keywords(builder, self.data["cell"])
+        out = []
+        for keywords in self.expand(blocks, options, where):
+            arguments = {k: v for k, v in keywords.items() if k != "sweep"}
+            unknown = sorted(set(arguments) - accepted)
+            if unknown:
+                raise _fail(self.path, where, f"key {unknown[0]!r} is not a keyword of "
+                                              f"{builder.__name__}(); its keywords are {sorted(accepted)}")
+            out.append((keywords, builder(**{**arguments, **fixed})))
+        return out
+
+    def _default_options(self) -> Dict[str, Any]:
+        return {k: self.resolve(v, {}) for k, v in self.data.get("options", {}).items()}
+
+    # ----------------------------------------------------------------------------------
+    # Tables
+    # ----------------------------------------------------------------------------------
+    def table(self, table_id: str) -> Mapping[str, Any]:
+        if table_id not in self.data.get("tables", {}):
+            raise ValueError(f"unknown table {table_id!r}; {self.path.name} lays out {list(self.data.get('tables', {}))}")
+        return self.data["tables"][table_id]
+
+    def table_rows(self, table_id: str, builder: Callable[..., Dict[str, Any]], options: Mapping[str, Any],
+                   **fixed) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+        """``(key columns, cell config)`` of every row group of ``table_id`` (:func:`cell_index`'s pairs)."""
+        layout = self.table(table_id)
+        names = [k for k in layout["keys"] if k not in _pattern_fields(layout["metrics"]["pattern"])]
+        pairs = []
+        for keywords, config in self._build(layout["rows"], builder, options, f"tables.{table_id}", fixed):
+            columns = {k: v.format(**keywords) if isinstance(v, str) else v
+                       for k, v in layout.get("columns", {}).items()}
+            pairs.append(({k: columns[k] if k in columns else keywords[k] for k in names}, config))
+        return pairs
+
+    def metric_cells(self, table_id: str) -> Callable[[str], Optional[Dict[str, Any]]]:
+        """Recorded metric name -> the table's metric key columns (``None``: not in this table)."""
+        spec = self.table(table_id)["metrics"]
+        fields = _pattern_fields(spec["pattern"])
+        regex = re.escape(spec["pattern"])
+        for field in fields:
+            allowed = spec.get(field)
+            group = "|".join(re.escape(str(v)) for v in allowed) if allowed is not None else "[^/]+"
+            regex = regex.replace(re.escape("{" + field + "}"), f"(?P<{field}>{group})", 1)
+        compiled = re.compile(regex)
+
+        def cells(name: str) -> Optional[Dict[str, Any]]:
+            found = compiled.fullmatch(name)
+            if found is None:
+                return None
+            out = {}
+            for field in fields:
+                value, allowed = found.group(field), spec.get(field)
+                out[field] = allowed[value] if isinstance(allowed, dict) else value
+            return out
+
+        return cells
+
+
+def _is_choice(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith("@") and "." not in value
+
+
+def _pattern_fields(pattern: str) -> List[str]:
+    return re.findall(r"\{(\w+)\}", pattern)
+
+
+def _keywords(builder: Callable, cell: Mapping[str, Any]) -> set:
+    """The keyword names ``builder`` accepts; its ``**settings`` are the spec's ``[cell]`` keys
+    (a builder with ``**settings`` hands them to :meth:`Spec.config`)."""
+    parameters = inspect.signature(builder).parameters.values()
+    named = {p.name for p in parameters if p.kind is not p.VAR_KEYWORD}
+    return named | set(cell) if any(p.kind is p.VAR_KEYWORD for p in parameters) else named
+
+
+# ======================================================================================
+# Loading and checking a spec
+# ======================================================================================
+def load_spec(paper_or_path: str | Path) -> Spec:
+    """Read ``specs/<paper>.toml`` (or a path) and check it; :class:`SpecError` names the file, section and key."""
+    path = Path(paper_or_path) if str(paper_or_path).endswith(".toml") else SPEC_DIR / f"{paper_or_path}.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError(f"{path.name}: no such specification ({path.parent.name}/ holds "
+                        f"{sorted(p.name for p in path.parent.glob('*.toml'))})") from None
+    except tomllib.TOMLDecodeError as error:
+        raise SpecError(f"{path.name}: not valid TOML: {error}") from None
+    spec = Spec(path, data)
+    _check(spec)
+    return spec
+
+
+def _check(spec: Spec) -> None:
+    path, data = spec.path, spec.data
+    for key in ("paper", "version", "cell"):
+        if key not in data:
+            raise _fail(path, "top level", f"missing key {key!r}")
+    unknown = set(data) - SECTIONS
+    if unknown:
+        raise _fail(path, "top level", f"unknown section {sorted(unknown)[0]!r}; the sections are {sorted(SECTIONS)}")
+    if not isinstance(data["version"], int):
+        raise _fail(path, "top level", f"key 'version' must be an integer, got {data['version']!r}")
+
+    def check_reference(value: Any, where: str, key: str) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                check_reference(v, where, f"{key}.{k}")
+        elif isinstance(value, list):
+            for v in value:
+                check_reference(v, where, key)
+        elif isinstance(value, str) and value[:1] == "$" and value[1:] not in data.get("options", {}):
+            raise _fail(path, where, f"key {key!r}: option {value!r} is not declared in [options] "
+                                     f"({sorted(data.get('options', {}))})")
+        elif isinstance(value, str) and value[:1] == "@":
+            name, _, attribute = value[1:].partition(".")
+            if name not in data.get("lists", {}) and name not in data.get("choices", {}):
+                raise _fail(path, where, f"key {key!r}: {value!r} names no list in [lists] ({sorted(data.get('lists', {}))}) "
+                                         f"and no [choices] ({sorted(data.get('choices', {}))})")
+            if attribute and name not in data.get("choices", {}):
+                raise _fail(path, where, f"key {key!r}: {value!r} takes an attribute of a list; only [choices] have them")
+            if attribute and any(attribute not in c for c in data["choices"][name].values()):
+                missing = [n for n, c in data["choices"][name].items() if attribute not in c]
+                raise _fail(path, where, f"key {key!r}: {value!r}: choices {missing} have no {attribute!r}")
+
+    for key, value in data["cell"].items():
+        check_reference(value, "cell", key)
+    for key, value in data.get("options", {}).items():
+        check_reference(value, "options", key)
+
+    def check_blocks(blocks: Any, where: str) -> None:
+        if not isinstance(blocks, list) or not blocks:
+            raise _fail(path, where, "needs at least one block ([[...blocks]] or [[...rows]])")
+        for block in blocks:
+            if "part" in block and block["part"] not in data.get("parts", {}):
+                raise _fail(path, where, f"key 'part': no part {block['part']!r} (parts: {sorted(data['parts'])})")
+            for key, value in block.items():
+                if key == "sweep":
+                    for entry in value:
+                        for needed in ("param", "values"):
+                            if needed not in entry:
+                                raise _fail(path, where, f"key 'sweep': an entry lacks {needed!r}: {entry}")
+                        check_reference(entry["values"], where, "sweep.values")
+                elif key == "only":
+                    for axis, allowed in value.items():
+                        if axis not in block:
+                            raise _fail(path, where, f"key 'only.{axis}': the block has no axis {axis!r}")
+                        check_reference(allowed, where, f"only.{axis}")
+                elif key != "part":
+                    check_reference(value, where, key)
+
+    for part, body in data.get("parts", {}).items():
+        check_blocks(body.get("blocks"), f"parts.{part}")
+    for table_id, layout in data.get("tables", {}).items():
+        where = f"tables.{table_id}"
+        unknown = set(layout) - TABLE_KEYS
+        if unknown:
+            raise _fail(path, where, f"unknown key {sorted(unknown)[0]!r}; a table takes {sorted(TABLE_KEYS)}")
+        for needed in ("keys", "metrics", "rows"):
+            if needed not in layout:
+                raise _fail(path, where, f"missing key {needed!r}")
+        if "pattern" not in layout["metrics"]:
+            raise _fail(path, where, "key 'metrics' needs a 'pattern' such as \"{metric}/{block}\"")
+        stray = [f for f in _pattern_fields(layout["metrics"]["pattern"]) if f not in layout["keys"]]
+        if stray:
+            raise _fail(path, where, f"key 'metrics.pattern': field {stray[0]!r} is not one of keys {layout['keys']}")
+        check_blocks(layout["rows"], where)
+
+
+# ======================================================================================
+# The table builder
+# ======================================================================================
+@dataclasses.dataclass
+class TableContext:
+    """What a table's ``derive`` / ``finish`` function gets: the records and the run -> row index."""
+
+    table_id: str
+    records: Sequence[Any]
+    index: Mapping[str, Mapping[str, Any]]
+    profile: str
+    options: Mapping[str, Any]
+    cell_kwargs: Mapping[str, Any]
+
+    def runs_of(self, **keys) -> list:
+        """Latest records whose row keys include ``keys`` (every seed, in seed order)."""
+        from fedlib.reporting.results import latest_records
+
+        found = [r for r in latest_records(self.records).values()
+                 if (row := self.index.get(r.config_hash)) is not None and all(row.get(k) == v for k, v in keys.items())]
+        return sorted(found, key=lambda r: r.seed)
+
+
+def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note: str, unit: str) -> Dict[str, Any]:
+    """A table row computed from other rows' runs: their ids, an empty ``run_metric`` and a ``derived:`` note."""
+    return {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
+            "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
+
+
+def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Callable[..., Dict[str, Any]],
+                compare: Callable[..., pd.DataFrame], hooks: Mapping[str, Callable] = {},
+                options: Mapping[str, Any] = {}, cell_kwargs: Mapping[str, Any] = {}) -> pd.DataFrame:
+    """One paper table: recorded runs of the layout's rows x metrics, compared with the paper's numbers.
+
+    ``builder``: the paper's cell builder (the rows' configs). ``compare(ours, table_id, keys,
+    profile)``: the paper's :func:`~fedlib.reporting.compare_with_paper` call. ``hooks``: the
+    functions the layout's ``derive`` (``(ours, context) -> ours``) and ``finish``
+    (``(table, context) -> table``) name.
+    """
+    from fedlib.reporting import aggregate_runs
+    from fedlib.reporting.results import cell_index
+
+    layout = spec.table(table_id)
+    pairs = spec.table_rows(table_id, builder, options, **cell_kwargs)
+    index = cell_index(records, pairs)
+    context = TableContext(table_id, records, index, profile, options, cell_kwargs)
+    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=spec.metric_cells(table_id))
+    for stage in ("derive", "finish"):
+        if stage in layout and layout[stage] not in hooks:
+            raise _fail(spec.path, f"tables.{table_id}", f"key {stage!r}: no function {layout[stage]!r} "
+                                                        f"among the paper's table hooks {sorted(hooks)}")
+    if "derive" in layout:
+        ours = hooks[layout["derive"]](ours, context)
+    table = compare(ours, table_id, list(layout["keys"]), profile)
+    return hooks[layout["finish"]](table, context) if "finish" in layout else table
