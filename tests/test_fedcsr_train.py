@@ -201,6 +201,29 @@ def test_central_graph_flag_uses_one_graph(split):
     assert res.method == "FedCSR-central-graph" and all(g is res.graphs[0] for g in res.graphs)
 
 
+@pytest.mark.parametrize("individual, shared", [(False, True), (True, False)])
+def test_a_round_never_writes_into_its_input_state(split, individual, shared):
+    """copy_state shares tensors (the kept best state costs no copy), which is only right because
+    run_round leaves the state it is given untouched: models and Adam moments included."""
+    from fedlib.engine.algorithm import RoundContext
+    from fedlib.engine.plan import round_generator
+
+    tc = T.FedCSRTrainConfig(rounds=2, local_epochs=1, batch_size=32, seed=3, shared_optimizer=shared)
+    algorithm = T.FedCSRAlgorithm(split, FedCSRConfig(dim=8, maxlen=6, dropout=0.2), tc, individual=individual)
+    state = algorithm.init(3)
+    for t in range(2):                      # the second round starts from stepped Adam moments
+        before = T.deep_clone(algorithm.state_dict(state))
+        context = RoundContext(index=t, seed=3, rng=round_generator(3, t))
+        new_state, _ = algorithm.run_round(state, algorithm.plan_round(state, context), context)
+        after = algorithm.state_dict(state)
+        for k, (x, y) in enumerate(zip(before["models"], after["models"])):
+            assert all(torch.equal(x[n], y[n]) for n in x), k
+        moments = lambda saved: [v for o in saved["optimizers"] for per in o["state"].values() for v in per.values()]
+        assert all(torch.equal(x, y) for x, y in zip(moments(before), moments(after)))
+        state = new_state
+    assert moments(algorithm.state_dict(state))    # Adam state outlives the round in both modes
+
+
 @pytest.mark.parametrize("kwargs, hint", [
     ({"rounds": 0}, "rounds"), ({"lr": -1.0}, "lr"), ({"weight_by": "items"}, "weight_by"),
     ({"tie_rule": "x"}, "tie_rule"), ({"device": "tpu"}, "device"), ({"betas": (0.9,)}, "betas"),

@@ -94,8 +94,7 @@ import torch
 from fedlib.data.splits import SequenceSplit
 from fedlib.engine.aggregation import client_weights
 from fedlib.engine.aggregation import fedavg as engine_fedavg
-from fedlib.engine.algorithm import (RoundContext, RoundReport, clone_dataclass, dataclass_from_dict,
-                                     dataclass_to_dict)
+from fedlib.engine.algorithm import RoundContext, RoundReport, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.methods.fedcsr import (FedCSRConfig, FedCSRModel, TransitionGraphs, fedcsr_loss, frozen_copy,
@@ -637,7 +636,10 @@ class FedCSRAlgorithm:
         return FedCSRState(models=models, optimizers=optimizers, **generator_states(rng, self.device))
 
     def copy_state(self, state: FedCSRState) -> FedCSRState:
-        return clone_dataclass(state)
+        """A new state sharing ``state``'s tensors: states are never written to after
+        :meth:`run_round` returns them (it trains the scratch modules and fresh Adams loaded with
+        clones), so the kept best state costs no copy of the K models and their Adam moments."""
+        return dataclasses.replace(state, models=list(state.models), optimizers=list(state.optimizers))
 
     def state_dict(self, state: FedCSRState) -> Dict[str, Any]:
         return dataclass_to_dict(state)
