@@ -2,58 +2,37 @@
 
 Every number here is read from ``runs.jsonl`` records written by
 :func:`fedlib.experiments.f3crec.run_grid` (or by the notebook), matched to table cells by the
-configuration hash of :func:`fedlib.experiments.f3crec.cell`. Derived cells (``Improv``, the
-ablations' relative decrease, the static/dynamic analyses) carry the id of the run they are
-computed from, an empty ``run_metric`` and a note saying how they are derived.
+configuration hash of :func:`fedlib.experiments.f3crec.cell`. Tables 1, 2, 3, 6 and 8 are laid
+out as data (``[tables]`` of ``specs/f3crec.toml``) and built by
+:func:`fedlib.experiments.spec.build_table`; this module holds what is table-specific: the
+derived rows (``Improv``, the ablations' relative decrease), the paper's ``*`` test, and the
+per-group analyses of Tables 4, 5 and 7, which read a run's ``extra``. Derived cells carry the
+id of the run they are computed from, an empty ``run_metric`` and a note saying how.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, BACKBONES, DATASETS, METHODS, NOISE_SCALES, OFFLINE_DATASETS,
-                                       PAPER, SENSITIVITY_GRID, cell, eps_scale)
+from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
+                                       SENSITIVITY_GRID, SPEC, cell, eps_scale)
+from fedlib.experiments.spec import TableContext, build_table, derived_row
 from fedlib.metrics import paired_ttest
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, append_run, compare_with_paper, load_paper_table
-from fedlib.reporting.results import (cell_index as _cell_index, recorded_seeds as _seeds, config_hash,
-                                      latest_records)
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, compare_with_paper, load_paper_table
+from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 
-__all__ = ["data_statistics_records", "table1", "table2", "ablation_table", "user_tables", "table7", "table8",
-           "all_tables", "improvement_over_second_best", "sensitivity_frame", "significance", "recorded_table",
-           "DEVIATION_REASONS", "deviation_summary", "lesson_claims",
-           "significance_frame"]
-
-SHORT = {"N@20": "N@20", "R@20": "R@20"}
-DERIVED = "derived"
+__all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "recorded_table",
+           "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
 def _missing_note(row: pd.Series) -> str:
     if str(row.get("dataset", "")) not in OFFLINE_DATASETS:
         return NEEDS_DOWNLOAD_NOTE
     return "not run at this profile"
-
-
-def _lookup(records) -> Dict[str, Any]:
-    return latest_records(records)
-
-
-
-
-def _aggregate(records, index: Mapping[str, dict], metric_cells: Callable[[str], Optional[dict]]) -> pd.DataFrame:
-    return aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=metric_cells)
-
-
-def _runs_of(records, index: Mapping[str, dict], **keys) -> list:
-    """Records whose cell keys include ``keys`` (every seed)."""
-    out = []
-    for record in _lookup(records).values():
-        cell_keys = index.get(record.config_hash)
-        if cell_keys is not None and all(cell_keys.get(k) == v for k, v in keys.items()):
-            out.append(record)
-    return sorted(out, key=lambda r: r.seed)
 
 
 def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, **kwargs) -> pd.DataFrame:
@@ -72,76 +51,65 @@ def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: st
                               missing_note=_missing_note, **kwargs)
 
 
-def _derived_row(keys: dict, value: float, runs: Sequence, note: str, unit: str) -> dict:
-    return {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
-            "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
-
-
 # ======================================================================================
-# Table 1: data blocks
+# Table 1: data blocks (statistics recorded as runs)
 # ======================================================================================
-STATISTIC_NAMES = {"users": "# of accumulated users", "items": "# of accumulated items",
-                   "interactions": "# of interactions", "sparsity": "sparsity"}
+def statistics_config(dataset: str) -> Dict[str, Any]:
+    """The run configuration under which a dataset's block statistics are recorded."""
+    return {"paper": PAPER, "kind": "data_blocks", "dataset": dataset, "seed": 0}
 
 
 def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
     """Record each dataset's block statistics as a run (once per configuration)."""
     from fedlib.data.stats import stats_table
 
-    known = _lookup(records)
+    known = latest_records(records)
+    names = SPEC.table("table1")["metrics"]["metric"]  # recorded statistic -> Table 1's name
     out = []
     for dataset in datasets:
-        config = {"paper": PAPER, "kind": "data_blocks", "dataset": dataset, "seed": 0}
+        config = statistics_config(dataset)
         if config_hash(config) in known:
             out.append(known[config_hash(config)])
             continue
         started = time.perf_counter()
         wide = stats_table(DATASETS[dataset], "f3crec", compare=False)
-        metrics = {f"{stat}/{row['block']}": float(row[stat]) for _, row in wide.iterrows() for stat in STATISTIC_NAMES}
+        metrics = {f"{stat}/{row['block']}": float(row[stat]) for _, row in wide.iterrows() for stat in names}
         out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
     return out
 
 
-def table1(records, profile: str) -> pd.DataFrame:
-    index = {config_hash({"paper": PAPER, "kind": "data_blocks", "dataset": d, "seed": 0}): {"dataset": d, "method": ""}
-             for d in DATASETS}
-
-    def metric_cells(name):
-        stat, block = name.split("/")
-        return {"metric": STATISTIC_NAMES[stat], "block": block}
-
-    ours = _aggregate(records, index, metric_cells)
+def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
     if len(ours):
         ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
         ours.loc[ours["dataset"] == "Lastfm-2K", "note"] = (
             "closest variant of the paper's Lastfm-2K preprocessing; see the data-protocol notes")
-    return _compare(ours, "table1", ["dataset", "method", "metric", "block"], profile)
+    return ours
 
 
 # ======================================================================================
-# Table 2: the main comparison
+# Table 2: Improv rows and the paper's '*'; Tables 3 and 6: decrease against F3CRec
 # ======================================================================================
-def _block_metric(name: str) -> Optional[dict]:
-    if "/" not in name:
-        return None
-    metric, block = name.split("/", 1)
-    if metric in SHORT and block in ("D1", "D2", "D3", "Avg"):
-        return {"metric": metric, "block": block}
-    return None
-
-
-def _table2_index(records, datasets, cell_kwargs) -> Dict[str, dict]:
-    pairs = [({"dataset": d, "backbone": b, "method": m}, cell(d, b, m, **cell_kwargs))
-             for d in datasets for b in BACKBONES for m in METHODS]
-    return _cell_index(records, pairs)
+def _improvement_over_ft(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """Table 2's ``Improv`` block: ``100·(Avg / FT Avg − 1)`` per method, from the Avg rows."""
+    rows = []
+    if len(ours):
+        avg = ours[ours["block"] == "Avg"].set_index(["dataset", "backbone", "method", "metric"])["value"]
+        for (d, b, m, metric), value in avg.items():
+            if m == "FT" or (d, b, "FT", metric) not in avg.index:
+                continue
+            rows.append(derived_row({"dataset": d, "backbone": b, "method": m, "metric": metric, "block": "Improv"},
+                                    100.0 * (value / avg[(d, b, "FT", metric)] - 1.0),
+                                    context.runs_of(dataset=d, backbone=b, method=m), "100·(Avg / FT Avg − 1)",
+                                    "percent"))
+    return pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
 
 
 def significance(records, dataset: str, backbone: str, cell_kwargs: Mapping, baseline: str) -> Optional[float]:
     """p-value of the paired t-test F3CRec vs ``baseline`` on N@20 over the test users of D1–D3 (seed 0 runs)."""
     runs = {}
     for method in ("F3CRec", baseline):
-        h = config_hash({**cell(dataset, backbone, method, **cell_kwargs), "seed": _seeds(records)[0]})
-        runs[method] = _lookup(records).get(h)
+        h = config_hash({**cell(dataset, backbone, method, **cell_kwargs), "seed": recorded_seeds(records)[0]})
+        runs[method] = latest_records(records).get(h)
     if any(r is None for r in runs.values()):
         return None
     ours, theirs = [], []
@@ -154,22 +122,8 @@ def significance(records, dataset: str, backbone: str, cell_kwargs: Mapping, bas
     return float(paired_ttest(np.asarray(ours), np.asarray(theirs)).pvalue)
 
 
-def table2(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {}) -> pd.DataFrame:
-    index = _table2_index(records, datasets, dict(cell_kwargs))
-    ours = _aggregate(records, index, _block_metric)
-    rows = []
-    if len(ours):
-        avg = ours[ours["block"] == "Avg"].set_index(["dataset", "backbone", "method", "metric"])["value"]
-        for (d, b, m, metric), value in avg.items():
-            if m == "FT" or (d, b, "FT", metric) not in avg.index:
-                continue
-            runs = _runs_of(records, index, dataset=d, backbone=b, method=m)
-            ft = avg[(d, b, "FT", metric)]
-            rows.append(_derived_row({"dataset": d, "backbone": b, "method": m, "metric": metric, "block": "Improv"},
-                                     100.0 * (value / ft - 1.0), runs, "100·(Avg / FT Avg − 1)", "percent"))
-    ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
-    table = _compare(ours, "table2", ["dataset", "backbone", "method", "metric", "block"], profile)
-    # The paper's '*': paired t-test of F3CRec against the best baseline on N@20 (p ≤ 0.05).
+def _mark_significance(table: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """The paper's '*': paired t-test of F3CRec against the best baseline on N@20 (p ≤ 0.05)."""
     table["p_value_ours"] = np.nan
     table["marker_ours"] = ""
     for (d, b), group in table[(table["metric"] == "N@20") & (table["block"] == "Avg")].groupby(["dataset", "backbone"]):
@@ -177,7 +131,7 @@ def table2(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, ce
         if baselines.empty or group[group["method"] == "F3CRec"]["value_ours"].isna().all():
             continue
         best = baselines.sort_values("value_ours").iloc[-1]["method"]
-        p = significance(records, d, b, cell_kwargs, best)
+        p = significance(context.records, d, b, context.cell_kwargs, best)
         if p is None:
             continue
         mask = (table["dataset"] == d) & (table["backbone"] == b) & (table["method"] == "F3CRec") & \
@@ -191,43 +145,40 @@ def table2(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, ce
     return table
 
 
-# ======================================================================================
-# Tables 3 and 6: ablations
-# ======================================================================================
-def ablation_table(records, profile: str, table_id: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-2K"),
-                   cell_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 3 (client: w/o c.c, w/o a.r.m) or Table 6 (server: w/o s.c, w/o i.t.m)."""
-    variants = {"table3": ("w/o c.c", "w/o a.r.m"), "table6": ("w/o s.c", "w/o i.t.m")}[table_id]
-    pairs = [({"dataset": d, "backbone": "FedMF", "method": m, "stat": "score"}, cell(d, "FedMF", m, **cell_kwargs))
-             for d in datasets for m in ("F3CRec", "FT") + variants]
-    index = _cell_index(records, pairs)
-
-    def metric_cells(name):
-        found = _block_metric(name)
-        return {"metric": found["metric"]} if found and found["block"] == "Avg" else None
-
-    ours = _aggregate(records, index, metric_cells)
+def _decrease_vs_f3crec(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """Tables 3 and 6: each variant's (and FT's: the paper lists it) ``100·(variant / F3CRec − 1)``."""
     rows = []
     if len(ours):
         score = ours.set_index(["dataset", "method", "metric"])["value"]
         for (d, m, metric), value in score.items():
-            if m == "F3CRec" or (d, "F3CRec", metric) not in score.index:  # FT too: the paper lists it
+            if m == "F3CRec" or (d, "F3CRec", metric) not in score.index:
                 continue
-            runs = _runs_of(records, index, dataset=d, method=m)
-            rows.append(_derived_row({"dataset": d, "backbone": "FedMF", "method": m, "metric": metric,
-                                      "stat": "decrease_vs_F3CRec"},
-                                     100.0 * (value / score[(d, "F3CRec", metric)] - 1.0), runs,
-                                     "100·(variant / F3CRec − 1)", "percent"))
-    ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
-    return _compare(ours, table_id, ["dataset", "backbone", "method", "metric", "stat"], profile)
+            rows.append(derived_row({"dataset": d, "backbone": "FedMF", "method": m, "metric": metric,
+                                     "stat": "decrease_vs_F3CRec"},
+                                    100.0 * (value / score[(d, "F3CRec", metric)] - 1.0),
+                                    context.runs_of(dataset=d, method=m), "100·(variant / F3CRec − 1)", "percent"))
+    return pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
+
+
+#: The functions the table layouts of the spec name (``derive`` / ``finish``).
+TABLE_HOOKS = {"statistics_units": _statistics_units, "improvement_over_ft": _improvement_over_ft,
+               "mark_significance": _mark_significance, "decrease_vs_f3crec": _decrease_vs_f3crec}
+
+
+def paper_table(table_id: str, records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS,
+                cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    """One table laid out in the spec (1, 2, 3, 6, 8): paper vs ours, from the latest records."""
+    builder, cell_kwargs = (statistics_config, {}) if table_id == "table1" else (cell, cell_kwargs)
+    return build_table(SPEC, table_id, records, profile, builder=builder, compare=_compare, hooks=TABLE_HOOKS,
+                       options={"datasets": list(datasets)}, cell_kwargs=dict(cell_kwargs))
 
 
 # ======================================================================================
 # Tables 4 and 5: static vs dynamic users; Table 7: static vs dynamic items
 # ======================================================================================
 def _analysis_runs(records, datasets, cell_kwargs, methods) -> Dict[tuple, Any]:
-    known, out = _lookup(records), {}
-    seed = _seeds(records)[0]
+    known, out = latest_records(records), {}
+    seed = recorded_seeds(records)[0]
     for d in datasets:
         for m in methods:
             record = known.get(config_hash({**cell(d, "FedMF", m, analysis=True, **cell_kwargs), "seed": seed}))
@@ -269,9 +220,9 @@ def user_tables(records, profile: str, datasets: Sequence[str] = ("ML-100K", "La
                 a10 = float(np.mean(np.asarray(analysis["a10"])[idx]))
                 keys = {"dataset": d, "backbone": "FedMF", "method": m, "setting": setting}
                 note = f"{len(idx)} users grouped by F3CRec's mean Δ in D1 (run {reference.config_hash})"
-                rows4.append(_derived_row({**keys, "metric": "N@20 degradation rate (a00-a10)/a00"},
+                rows4.append(derived_row({**keys, "metric": "N@20 degradation rate (a00-a10)/a00"},
                                           (a00 - a10) / a00, [record], note, "fraction"))
-                rows5.append(_derived_row({**keys, "metric": "N@20 on previous task (D0 test) after training on D1"},
+                rows5.append(derived_row({**keys, "metric": "N@20 on previous task (D0 test) after training on D1"},
                                           a10, [record], note, "fraction"))
     out = {}
     for table_id, rows in (("table4", rows4), ("table5", rows5)):
@@ -289,24 +240,11 @@ def table7(records, profile: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-
         items = record.extra["items"]
         keys = {"dataset": d, "backbone": "FedMF", "method": m, "metric": metric}
         note = "items grouped by φ_i (bottom/top 20%), mean item rank over old users, averaged over D0→D1→D2→D3"
-        rows.append(_derived_row({**keys, "setting": "static items"}, items["static_items"], [record], note, "fraction"))
-        rows.append(_derived_row({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
-        rows.append(_derived_row({**keys, "setting": "diff (dynamic - static)"},
+        rows.append(derived_row({**keys, "setting": "static items"}, items["static_items"], [record], note, "fraction"))
+        rows.append(derived_row({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
+        rows.append(derived_row({**keys, "setting": "diff (dynamic - static)"},
                                  items["dynamic_items"] - items["static_items"], [record], note, "fraction"))
     return _compare(pd.DataFrame(rows), "table7", ["dataset", "backbone", "method", "setting", "metric"], profile)
-
-
-# ======================================================================================
-# Table 8: Laplace noise on uploads
-# ======================================================================================
-def table8(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-           scales: Sequence[float] = NOISE_SCALES) -> pd.DataFrame:
-    pairs = [({"dataset": d, "backbone": "FedMF", "method": "F3CRec", "setting": f"noise lambda={s:g}"},
-              cell(d, "FedMF", "F3CRec", upload_noise=s, **cell_kwargs)) for d in datasets for s in scales]
-    index = _cell_index(records, pairs)
-    names = {"N@20/Avg": "NDCG@20", "R@20/Avg": "Recall@20"}
-    ours = _aggregate(records, index, lambda n: {"metric": names[n]} if n in names else None)
-    return _compare(ours, "table8", ["dataset", "backbone", "method", "setting", "metric"], profile)
 
 
 # ======================================================================================
@@ -330,7 +268,7 @@ def improvement_over_second_best(table2_frame: pd.DataFrame, which: str = "value
 def sensitivity_frame(records, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
                       grid: Mapping[str, Sequence[float]] = SENSITIVITY_GRID) -> pd.DataFrame:
     """Figure 4 data: N@20 (Avg over D1–D3) of F3CRec/FedMF as ε, λ_KD or β varies alone."""
-    known, seed, rows = _lookup(records), _seeds(records)[0], []
+    known, seed, rows = latest_records(records), recorded_seeds(records)[0], []
     for d in datasets:
         sweeps = [("ε", m * eps_scale(d), {"eps": m * eps_scale(d)}) for m in grid["eps_multiple"]]
         sweeps += [("λ_KD", v, {"lambda_kd": v}) for v in grid["lambda_kd"]]
@@ -349,12 +287,9 @@ def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS
                cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
     """Every table id -> its paper-vs-ours frame."""
     pairs = [d for d in datasets if d in ANALYSIS_DATASETS]
-    tables = {"table1": table1(records, profile), "table2": table2(records, profile, datasets, cell_kwargs),
-              "table3": ablation_table(records, profile, "table3", pairs, cell_kwargs),
-              "table6": ablation_table(records, profile, "table6", pairs, cell_kwargs)}
+    tables = {table_id: paper_table(table_id, records, profile, datasets, cell_kwargs) for table_id in SPEC.data["tables"]}
     tables.update(user_tables(records, profile, pairs, cell_kwargs))
     tables["table7"] = table7(records, profile, pairs, cell_kwargs)
-    tables["table8"] = table8(records, profile, datasets, cell_kwargs)
     return dict(sorted(tables.items()))
 
 
