@@ -28,7 +28,7 @@ import torch
 
 from fedlib.engine import BatchedExecutor, init_train_state, make_round_plan, round_generator
 from fedlib.engine.executors import client_batch_widths, width_bucketed_chunks
-from fedlib.experiments import fedrkg as X
+from fedlib.papers.fedrkg import experiment as X
 
 
 def padded_examples(widths: np.ndarray, chunks) -> int:

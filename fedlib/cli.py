@@ -114,13 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _grid_papers():
-    from fedlib.experiments import GRID_COMMANDS
+    from fedlib.papers import GRID_COMMANDS
 
     return list(GRID_COMMANDS)
 
 
 def _cmd_grid(args) -> int:
-    from fedlib.experiments import grid_command
+    from fedlib.papers import grid_command
 
     try:
         command = grid_command(args.paper)

@@ -73,10 +73,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from fedlib.experiments import fedrkg as experiments
-from fedlib.experiments import fedrkg_figures as figures
-from fedlib.experiments import fedrkg_tables as tables
-from fedlib.methods import fedrkg as fedrkg
+from fedlib.papers.fedrkg import experiment as experiments
+from fedlib.papers.fedrkg import figures, gates, guidance, measures, tables
+from fedlib.papers.fedrkg.method import KnowledgeGuidance
 from fedlib.reporting import paper_grid, read_runs, use_style
 
 use_style()
@@ -108,7 +107,7 @@ print(f"profile {profile!r}: {DATASET}, {settings.rounds} rounds, guidance every
 # initialisers, on FilmTrust ($m$ = 2,042 items, $d$ = 32), next to the paper's formulas:
 
 # %%
-memory = experiments.client_memory(num_items=2042, dim=32)
+memory = measures.client_memory(num_items=2042, dim=32)
 print(memory.to_string(index=False, float_format="{:.3f}".format))
 fnb.record("memory", memory)
 
@@ -154,7 +153,7 @@ fnb.record("lastfm_hittable_percent", 100 * hittable)
 # $$P_u \leftarrow \beta\, P_u + (1-\beta)\, P_g \tag{3}$$
 
 # %%
-fnb.show_source(fedrkg.knowledge_guidance)
+fnb.show_source(guidance.knowledge_guidance)
 
 # %% [markdown]
 # **Proposition 1.** Eq. 3 is one gradient step of size $\eta$ on the proximal loss
@@ -170,8 +169,8 @@ generator = torch.Generator().manual_seed(0)
 personal = torch.randn(3, 5, 4, generator=generator)  # (users, items, d)
 global_table = personal.mean(0)  # P_g: the unweighted mean, (items, d)
 beta = 0.99
-guided = fedrkg.knowledge_guidance(personal, global_table, beta)  # Eq. 3
-step = fedrkg.proposition1_step(personal, global_table, lam=1.0, lr=1 - beta)  # one GD step, ηλ = 1 − β
+guided = guidance.knowledge_guidance(personal, global_table, beta)  # Eq. 3
+step = guidance.proposition1_step(personal, global_table, lam=1.0, lr=1 - beta)  # one GD step, ηλ = 1 − β
 prop1_gap = float((guided - step).abs().max())
 print(f"max |Eq. 3 − gradient step| = {prop1_gap:.1e}")
 assert prop1_gap < 1e-6
@@ -193,10 +192,10 @@ assert prop1_gap < 1e-6
 # `tests/test_fedrkg.py::test_adaptive_guidance_batched_equals_sequential` ties the two.
 
 # %%
-fnb.show_source(fedrkg.adaptive_guidance_sequential, start="out = torch.empty_like")
+fnb.show_source(guidance.adaptive_guidance_sequential, start="out = torch.empty_like")
 
 # %%
-fnb.show_source(fedrkg.adaptive_guidance, start="beta = _check_beta(beta)")
+fnb.show_source(guidance.adaptive_guidance, start="beta = _check_beta(beta)")
 
 # %% [markdown]
 # Check: the gate is zero-initialised, so $g = \sigma(0) = 0.5$ and Eq. 9 *is* Eq. 3. For any
@@ -207,8 +206,8 @@ fnb.show_source(fedrkg.adaptive_guidance, start="beta = _check_beta(beta)")
 # %%
 num_users, _, dim = personal.shape
 zero_w, zero_b = torch.zeros(num_users, 3 * dim), torch.zeros(num_users)
-eq9_at_init = fedrkg.adaptive_guidance(personal, global_table, zero_w, zero_b, beta)
-reference = fedrkg.adaptive_guidance_sequential(personal, global_table, zero_w, zero_b, beta)
+eq9_at_init = guidance.adaptive_guidance(personal, global_table, zero_w, zero_b, beta)
+reference = guidance.adaptive_guidance_sequential(personal, global_table, zero_w, zero_b, beta)
 gate_value = 0.9
 coefficient_sum = beta + 2 * (1 - beta) * gate_value
 print(f"Eq. 9 at g = 0.5 vs Eq. 3: max diff {float((eq9_at_init - guided).abs().max()):.1e}; "
@@ -228,7 +227,7 @@ fnb.record("toy_guidance", {"prop1_max_diff": prop1_gap, "eq9_vs_eq3_at_init": f
 # `tests/test_fedrkg.py::test_train_gates_batched_equals_sequential`):
 
 # %%
-fnb.show_source(fedrkg.train_gates_sequential, start="for epoch in range(epochs)", end="b -= lr * b.grad")
+fnb.show_source(gates.train_gates_sequential, start="for epoch in range(epochs)", end="b -= lr * b.grad")
 
 # %% [markdown]
 # A toy user with four items: it likes items 0 and 1, whose personal rows are poor and whose
@@ -240,10 +239,10 @@ toy_personal = torch.tensor([[[-0.5, 0.0], [-0.2, 0.1], [-1.0, 0.0], [-1.0, 0.2]
 toy_global = torch.tensor([[1.0, 0.0], [1.0, 0.1], [-1.0, 0.0], [-1.0, 0.0]])  # (4 items, d)
 head_w, head_b = torch.tensor([[1.0, 0.0]]), torch.tensor([0.0])  # the frozen score head
 items, labels = torch.tensor([[0, 1, 2, 3]]), torch.tensor([[1.0, 1.0, 0.0, 0.0]])
-result = fedrkg.train_gates(toy_personal.clone(), toy_global, head_w, head_b, torch.zeros(1, 6), torch.zeros(1),
+result = gates.train_gates(toy_personal.clone(), toy_global, head_w, head_b, torch.zeros(1, 6), torch.zeros(1),
                             torch.tensor([0]), items, labels, torch.ones(1, 4), beta=0.5, lr=1.0, epochs=20,
                             clip_norm=None, tol=None)
-gates_after = fedrkg.gate_values(toy_personal, toy_global, result.weight, result.bias)
+gates_after = guidance.gate_values(toy_personal, toy_global, result.weight, result.bias)
 losses = result.losses[0, :result.epochs_run[0]]
 print(f"gate loss {float(losses[0]):.4f} -> {float(losses[-1]):.4f}; g after training:",
       gates_after.numpy().round(3).tolist(), "(all 0.5 before)")
@@ -256,7 +255,7 @@ fnb.record("toy_gate", {"first_loss": float(losses[0]), "last_loss": float(losse
 # w/o AG commits Eq. 3, w/ GIE writes $P_g$ itself, w/ PIE changes nothing.
 
 # %%
-fnb.show_source(fedrkg.KnowledgeGuidance.guide, start="total = total_sq = 0.0", end="tables[part] = apply_guidance")
+fnb.show_source(KnowledgeGuidance.guide, start="total = total_sq = 0.0", end="tables[part] = apply_guidance")
 
 # %% [markdown]
 # **The personal-table backbone.** Between guidance rounds FedRKG is FedMF with the item table

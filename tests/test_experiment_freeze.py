@@ -146,8 +146,18 @@ TABLES_NEED_DATA = ("fedrkg",)
 # ======================================================================================
 # Cells of a command line
 # ======================================================================================
+#: papers moved into their folder (``fedlib/papers/<slug>/``): ``(experiment module, tables module)``
+PAPER_MODULES: Dict[str, Tuple[str, str]] = {
+    "fedrkg": ("fedlib.papers.fedrkg.experiment", "fedlib.papers.fedrkg.tables"),
+}
+
+
 def paper_module(paper: str):
-    return importlib.import_module(f"fedlib.experiments.{paper}")
+    return importlib.import_module(PAPER_MODULES.get(paper, (f"fedlib.experiments.{paper}",))[0])
+
+
+def tables_module(paper: str):
+    return importlib.import_module(PAPER_MODULES.get(paper, (None, f"fedlib.experiments.{paper}_tables"))[1])
 
 
 def part_options(paper: str, part: str, options: Mapping[str, Any]) -> Dict[str, Any]:
@@ -521,7 +531,7 @@ def test_tables_rebuild_byte_identical(paper, tmp_path, monkeypatch, request):
 
     monkeypatch.setattr(results_module, "current_commit", commit_of_the_writing_checkout)
 
-    module = importlib.import_module(f"fedlib.experiments.{paper}_tables")
+    module = tables_module(paper)
     if paper in TABLES_NEED_DATA:
         from fedlib.data.errors import MissingDataError
 

@@ -1,4 +1,4 @@
-"""FedRKG's knowledge guidance (fedlib.methods.fedrkg): Eq. 3, Proposition 1, the gate, nested training."""
+"""FedRKG's knowledge guidance (fedlib.papers.fedrkg): Eq. 3, Proposition 1, the gate, nested training."""
 from __future__ import annotations
 
 import math
@@ -12,13 +12,15 @@ from engine_toys import NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (Checkpointer, FederatedConfig, SequentialExecutor, init_train_state, make_round_plan,
                            personal_table_method, round_generator, run_federated)
-from fedlib.methods.fedrkg import (
-    GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, KnowledgeGuidance, adaptive_guidance, adaptive_guidance_sequential,
-    apply_guidance, client_parameter_counts, fused_embedding, fused_logits, gate_examples_from_plan, gate_values,
-    global_knowledge, guidance_examples, guidance_participants, guidance_vector, knowledge_guidance,
-    proposition1_step, train_gates, train_gates_sequential,
-)
+from fedlib.engine.knowledge import global_knowledge
+from fedlib.engine.plan import guidance_participants
 from fedlib.models import PersonalItemTableModel
+from fedlib.papers.fedrkg.gates import fused_logits, train_gates, train_gates_sequential
+from fedlib.papers.fedrkg.guidance import (adaptive_guidance, adaptive_guidance_sequential, apply_guidance,
+                                           fused_embedding, gate_values, guidance_vector, knowledge_guidance,
+                                           proposition1_step)
+from fedlib.papers.fedrkg.method import (GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, KnowledgeGuidance,
+                                         client_parameter_counts, gate_examples_from_plan, guidance_examples)
 
 torch.set_num_threads(1)  # other experiments share this machine
 

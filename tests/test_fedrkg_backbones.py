@@ -13,15 +13,13 @@ from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, SequentialExecutor, fedncf_method,
                            init_train_state, personal_table_method, pfedrec_method, run_federated)
 from fedlib.engine.loop import TrainState
-from fedlib.methods.fedrkg import (
-    GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, GateExamples, KnowledgeGuidance, adaptive_guidance,
-    client_parameter_counts, fused_logits, fused_model_logits, train_gates, train_gates_on_model,
-    train_gates_on_model_sequential,
-)
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
-from fedlib.methods.guided import guided_method
-from fedlib.models.guided import (GUIDED_BACKBONES, PERSONAL_TABLE, GuidedFedNCF, GuidedPFedRec, backbone_name,
-                                  guided_backbone)
+from fedlib.papers.fedrkg.gates import (GateExamples, fused_logits, fused_model_logits, train_gates,
+                                        train_gates_on_model, train_gates_on_model_sequential)
+from fedlib.papers.fedrkg.guidance import (GUIDED_BACKBONES, PERSONAL_TABLE, GuidedFedNCF, GuidedPFedRec,
+                                           adaptive_guidance, backbone_name, guided_backbone)
+from fedlib.papers.fedrkg.method import (GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, KnowledgeGuidance,
+                                         client_parameter_counts, guided_method)
 
 torch.set_num_threads(1)  # other experiments share this machine
 

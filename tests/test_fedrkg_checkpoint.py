@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-import fedlib.experiments.fedrkg as X
+import fedlib.papers.fedrkg.experiment as X
 from fedlib.engine import Checkpointer, FederatedConfig, TrainState, checkpoint_progress
 from fedlib.experiments import grid
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import fedlib.experiments.fedrkg as X
+import fedlib.papers.fedrkg.experiment as X
 from fedlib.engine.centralised import train_centralised
 from fedlib.models.mf import MF
 

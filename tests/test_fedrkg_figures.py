@@ -5,8 +5,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-import fedlib.experiments.fedrkg as X  # noqa: E402
-import fedlib.experiments.fedrkg_figures as F  # noqa: E402
+import fedlib.papers.fedrkg.experiment as X  # noqa: E402
+import fedlib.papers.fedrkg.figures as F  # noqa: E402
 
 
 def result(config, final=0.5, rounds=(10, 20, 30)):

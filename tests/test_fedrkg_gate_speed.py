@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedlib.methods import fedrkg as G
-from fedlib.methods.fedrkg import (
-    GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, GateExamples, KnowledgeGuidance, fused_logits, train_gates,
-    train_gates_sequential,
-)
+from fedlib.engine.knowledge import global_knowledge
+from fedlib.papers.fedrkg import gates as G
+from fedlib.papers.fedrkg.gates import GateExamples, fused_logits, train_gates, train_gates_sequential
+from fedlib.papers.fedrkg.guidance import adaptive_guidance
+from fedlib.papers.fedrkg.method import GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, KnowledgeGuidance
 
 torch.set_num_threads(1)  # other experiments share this machine
 
@@ -280,7 +280,7 @@ def test_guide_stores_each_users_trained_gate(chunk_size):
     extra = {GATE_WEIGHT_KEY: gate_w.clone(), GATE_BIAS_KEY: gate_b.clone()}
     participants = [0, 3, 5, 6]
     record = guidance.guide(private, extra, participants, _gate_examples(examples), round_index=3)
-    p_g = G.global_knowledge(tables, participants)
+    p_g = global_knowledge(tables, participants)
     want = _run(_train_gates_autograd, (tables, p_g, head_w, head_b, gate_w, gate_b), examples, beta=0.7, lr=0.5,
                 epochs=5, clip_norm=0.3, tol=2e-3)
     users = examples[0]
@@ -294,5 +294,5 @@ def test_guide_stores_each_users_trained_gate(chunk_size):
     assert record["gate_loss_first_epoch"] == pytest.approx(float(want.losses[ran, 0].mean()), rel=1e-12)
     assert record["gate_loss_last_epoch"] == pytest.approx(float(last.mean()), rel=1e-12)
     assert extra[LOG_KEY][-1] is record
-    committed = G.adaptive_guidance(tables, p_g, extra[GATE_WEIGHT_KEY], extra[GATE_BIAS_KEY], 0.7)
+    committed = adaptive_guidance(tables, p_g, extra[GATE_WEIGHT_KEY], extra[GATE_BIAS_KEY], 0.7)
     torch.testing.assert_close(private["personal_item_emb"], committed, rtol=0, atol=1e-12)

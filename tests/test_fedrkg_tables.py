@@ -3,8 +3,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import fedlib.experiments.fedrkg as X
-import fedlib.experiments.fedrkg_tables as T
+import fedlib.papers.fedrkg.experiment as X
+import fedlib.papers.fedrkg.tables as T
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE
 from fedlib.reporting.results import RunRecord, config_hash
 

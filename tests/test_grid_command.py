@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from fedlib.cli import main as cli_main
-from fedlib.experiments import GRID_COMMANDS, grid_command
+from fedlib.papers import GRID_COMMANDS, grid_command
 from fedlib.experiments.grid import pending_cells, unique_cells
 from fedlib.paths import PAPER_SLUGS
 

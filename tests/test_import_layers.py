@@ -174,11 +174,11 @@ def test_literal_dynamic_imports_are_found_and_other_calls_are_not():
         "from importlib import import_module\n"
         "def load(self):\n"
         "    return importlib.import_module('fedlib.data.loaders')\n"
-        "x = import_module('fedlib.methods.fedrkg')\n"
+        "x = import_module('fedlib.papers.fedrkg.method')\n"
         "y = importlib.import_module(name)\n"          # not a literal: cannot be resolved
         "z = importlib.import_module('numpy')\n"       # not fedlib
     )
-    assert literal_dynamic_imports(source) == [("fedlib.data.loaders", 4), ("fedlib.methods.fedrkg", 5)]
+    assert literal_dynamic_imports(source) == [("fedlib.data.loaders", 4), ("fedlib.papers.fedrkg.method", 5)]
 
 
 # --------------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_deviation_list_holds_every_far_r10_cell(records):
 
 
 def test_every_deviation_of_every_table_has_a_reason():
-    from fedlib.experiments import fedrkg_tables as tables
+    from fedlib.papers.fedrkg import tables
 
     names = ("table1", "table2", "table3", "table4", "table5", "tableD1", "tableD2", "tableD3", "tableD4")
     found = tables.recorded_deviations([_table(n) for n in names])  # raises on a cell without a reason
@@ -143,7 +143,7 @@ def test_live_run_paragraph_matches_the_committed_quick_run():
 
 # -- the exercises, each at smoke size through the function the exercise calls ---------------
 def _run(tmp_profile="smoke", **cell_options):
-    from fedlib.experiments import fedrkg as experiments
+    from fedlib.papers.fedrkg import experiment as experiments
 
     options = {**SMOKE_RUN, **cell_options.pop("run", {})}
     config = experiments.cell("synthetic", **cell_options, **options)
@@ -174,7 +174,7 @@ def test_exercise_3_stronger_guidance_changes_the_result():
 
 
 def test_exercise_4_more_noise_gives_a_smaller_epsilon():
-    from fedlib.experiments import fedrkg as experiments
+    from fedlib.papers.fedrkg import experiment as experiments
 
     split = experiments.load_split("synthetic")
 
@@ -189,7 +189,7 @@ def test_exercise_4_more_noise_gives_a_smaller_epsilon():
 
 # -- the appendix ------------------------------------------------------------------------------
 def test_appendix_smoke_run_reads_the_recorded_grid(smoke_records):
-    from fedlib.experiments.fedrkg_tables import CLAIM_COLUMNS
+    from fedlib.papers.fedrkg.tables import CLAIM_COLUMNS
 
     appendix = smoke_records("01_fedrkg_appendix")
     assert appendix["__finished__"] is True
@@ -204,7 +204,7 @@ def test_appendix_smoke_run_reads_the_recorded_grid(smoke_records):
 
 
 def test_appendix_stronger_guidance_bullet_quotes_the_recorded_sweep():
-    from fedlib.experiments import fedrkg as experiments
+    from fedlib.papers.fedrkg import experiment as experiments
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import config_hash, latest_records
 
@@ -229,7 +229,7 @@ def test_appendix_stronger_guidance_bullet_quotes_the_recorded_sweep():
 
 
 def test_appendix_adaptive_vs_fixed_bullet_quotes_the_recorded_runs():
-    from fedlib.experiments import fedrkg as experiments
+    from fedlib.papers.fedrkg import experiment as experiments
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import config_hash, latest_records
 
@@ -251,7 +251,7 @@ def test_appendix_adaptive_vs_fixed_bullet_quotes_the_recorded_runs():
 
 
 def test_appendix_ldp_bullet_quotes_fedmf_seed_0():
-    from fedlib.experiments import fedrkg as experiments
+    from fedlib.papers.fedrkg import experiment as experiments
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import config_hash, latest_records
 

@@ -432,7 +432,7 @@ def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
 
 
 def test_fedrap_code_optimiser_paragraph_quotes_the_recorded_runs():
-    from fedlib.experiments import fedrkg as X
+    from fedlib.papers.fedrkg import experiment as X
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
 
@@ -501,7 +501,7 @@ def test_fedrkg_lastfm_bullet_quotes_the_leaky_ablation_rows():
 def test_fedrkg_table4_bullet_quotes_the_recorded_probe_and_gate_tables():
     import numpy as np
 
-    from fedlib.experiments import fedrkg as X
+    from fedlib.papers.fedrkg import experiment as X
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
 

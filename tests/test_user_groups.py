@@ -270,7 +270,7 @@ def test_gate_group_change_zero_logit_mean_is_nan():
 
 
 def test_gate_group_change_with_fedrkg_gate_logits():
-    from fedlib.methods.fedrkg import gate_logits, gate_values
+    from fedlib.papers.fedrkg.guidance import gate_logits, gate_values
 
     g = torch.Generator().manual_seed(0)
     personal, p_g = torch.randn(4, 5, 3, generator=g), torch.randn(5, 3, generator=g)

@@ -30,7 +30,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 
 __all__ = ["RoundPlan", "round_generator", "round_noise_key", "client_noise_generator", "make_round_plan",
-           "select_clients"]
+           "select_clients", "guidance_participants"]
 
 #: ``round_generator`` stream of the upload-noise keys (0 is the round plan).
 NOISE_STREAM = 1
@@ -165,6 +165,28 @@ def select_clients(candidates: np.ndarray, clients_per_round: Optional[int], rng
     if clients_per_round is None or clients_per_round >= candidates.size:
         return np.sort(candidates)
     return np.sort(rng.choice(candidates, size=int(clients_per_round), replace=False))
+
+
+def guidance_participants(train: Pairs, config, round_index: int) -> np.ndarray:
+    """The clients of round ``round_index``'s plan, replayed: exactly those :func:`make_round_plan` draws.
+
+    For a hook that acts between rounds on what the clients of an earlier round uploaded
+    (FedRKG's guidance and CoFedRec's clustering read the tables of round ``t − 1``'s
+    participants at the start of round ``t``) and receives neither the plan nor the data.
+    ``make_round_plan`` draws its clients first from ``round_generator(seed, round)``, so
+    repeating that draw reproduces them: every user with training data when
+    ``config.clients_per_round`` is ``None`` (the papers' setting).
+
+    Args:
+        train: the run's training pairs.
+        config: the run's :class:`~fedlib.engine.FederatedConfig` (``seed``, ``clients_per_round``).
+        round_index: 0-based round whose participants are wanted.
+
+    Returns:
+        ``(S,) int64`` sorted user ids.
+    """
+    rng = round_generator(config.seed, int(round_index))
+    return select_clients(train.active_users(), config.clients_per_round, rng)
 
 
 def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -8,50 +8,7 @@ through the same code from one command line::
 
     python -m fedlib grid <paper> <parts> [--pending] [--rerun] [--seeds 0 1 2] ...
 
-:data:`GRID_COMMANDS` is the registry behind it: paper slug -> the paper's grid command.
+whose registry (paper slug -> the paper's grid command) is :data:`fedlib.papers.GRID_COMMANDS`.
+The papers move one by one into their own folders (``fedlib/papers/<slug>/``, FedRKG first);
+what stays here is shared by every paper (:mod:`fedlib.experiments.grid`) or not moved yet.
 """
-from __future__ import annotations
-
-from typing import Callable, Dict, Optional, Sequence
-
-__all__ = ["GRID_COMMANDS", "grid_command"]
-
-
-def _f3crec(argv):
-    from fedlib.experiments import f3crec
-    return f3crec.main(argv)
-
-
-def _fedrkg(argv):
-    from fedlib.experiments import fedrkg
-    return fedrkg.main(argv)
-
-
-def _fedkdrec(argv):
-    from fedlib.experiments import fedkdrec
-    return fedkdrec.main(argv)
-
-
-def _fedpcl_cdr(argv):
-    from fedlib.experiments import fedpcl_cdr
-    return fedpcl_cdr.main(argv)
-
-
-def _fedcsr(argv):
-    from fedlib.experiments import fedcsr
-    return fedcsr.main(argv)
-
-
-#: paper slug -> ``command(argv)``, the paper's resumable grid (:func:`fedlib.experiments.grid.grid_main`).
-#: Each imports its paper's module only when called, so listing the papers loads no model code.
-GRID_COMMANDS: Dict[str, Callable[[Optional[Sequence[str]]], object]] = {
-    "fedrkg": _fedrkg, "f3crec": _f3crec, "fedkdrec": _fedkdrec, "fedpcl_cdr": _fedpcl_cdr, "fedcsr": _fedcsr,
-}
-
-
-def grid_command(paper: str) -> Callable[[Optional[Sequence[str]]], object]:
-    """The grid command of ``paper``; a clear error for an unknown slug."""
-    try:
-        return GRID_COMMANDS[paper]
-    except KeyError:
-        raise ValueError(f"no grid for paper {paper!r}; the papers with a grid are {', '.join(GRID_COMMANDS)}") from None

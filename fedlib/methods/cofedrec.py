@@ -43,7 +43,7 @@ Assumptions (where the paper is ambiguous; the choices that plausibly matter are
   ``private_rows`` table (as in GPFedRec, :mod:`fedlib.methods.gpfedrec`) that the server step
   reads and writes in ``before_round`` (:class:`CoClusteringServer`). Participants of round
   ``t − 1`` are re-derived from ``(seed, t − 1)``
-  (:func:`fedlib.methods.fedrkg.guidance_participants`), exactly the engine's. The
+  (:func:`fedlib.engine.plan.guidance_participants`), exactly the engine's. The
   communication ledger sees no public tensor and counts nothing for CoFedRec.
 * **Round 0** has no membership yet: the loss is plain BCE (as the fork: its placeholder
   labels switch the contrastive term off).
@@ -90,9 +90,9 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.splits import Pairs
+from fedlib.engine.knowledge import global_knowledge
 from fedlib.engine.method import FederatedMethod, LocalBatch
-from fedlib.engine.plan import RoundPlan, round_generator
-from fedlib.methods.fedrkg import global_knowledge, guidance_participants
+from fedlib.engine.plan import RoundPlan, guidance_participants, round_generator
 from fedlib.methods.gpfedrec import add_table_context, first_occurrence
 from fedlib.models.base import FederatedModel
 from fedlib.models.personal import PersonalItemTableModel
@@ -405,7 +405,7 @@ def _mean_table(tables: torch.Tensor, users: torch.Tensor, chunk_size: int) -> t
     When at least half the users are averaged (every round of the paper profile, where all
     users take part), one matrix-vector product with 0 / ``1/|users|`` weights reads each table
     once, about twice as fast as summing chunks; otherwise the chunked sum of
-    :func:`~fedlib.methods.fedrkg.global_knowledge` reads only the users averaged.
+    :func:`~fedlib.engine.knowledge.global_knowledge` reads only the users averaged.
     """
     num_users = tables.shape[0]
     if 2 * users.numel() < num_users or not tables.is_contiguous():

@@ -583,7 +583,7 @@ def gate_group_change(logits: ArrayLike, users_a: ArrayLike, users_b: ArrayLike,
 
     Args:
         logits: ``(U, I)`` gate logits ``w_uᵀ[P_ui ; P_gi ; P_ui − P_gi] + b_u``
-            (``fedlib.methods.fedrkg.gate_logits``), numpy or torch; with ``kind="values"``,
+            (``fedlib.papers.fedrkg.guidance.gate_logits``), numpy or torch; with ``kind="values"``,
             gate values in (0, 1) (``gate_values``), turned into logits by ``σ⁻¹``.
         users_a, users_b: user ids of the two groups (rows of ``logits``).
         item_mask: ``(I,) bool`` or integer item ids to average over; ``None`` = all items.
@@ -631,7 +631,7 @@ def gate_group_change(logits: ArrayLike, users_a: ArrayLike, users_b: ArrayLike,
         if kind == "values":
             if bool(((rows <= 0) | (rows >= 1) | torch.isnan(rows)).any()):
                 raise ValueError("gate values must lie strictly inside (0, 1) to be turned into logits; "
-                                 "pass the logits (fedlib.methods.fedrkg.gate_logits) with kind='logits'")
+                                 "pass the logits (fedlib.papers.fedrkg.guidance.gate_logits) with kind='logits'")
             values, rows = rows, torch.logit(rows)
         else:
             if not bool(torch.isfinite(rows).all()):

@@ -38,9 +38,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Image, display
 
-from fedlib.experiments import fedrkg as experiments
-from fedlib.experiments import fedrkg_figures as figures
-from fedlib.experiments import fedrkg_tables as tables
+from fedlib.papers.fedrkg import experiment as experiments
+from fedlib.papers.fedrkg import figures, tables
 from fedlib.paths import figures_dir
 from fedlib.reporting import paper_grid, read_runs, use_style
 from fedlib.reporting.results import latest_records
@@ -124,18 +123,18 @@ for method, params in experiments.DEFAULT_PARAMS.items():  # experiments.DEFAULT
 #
 # ```sh
 # # Table 1 with the paper's five seeds on FilmTrust and Amazon-Video (both samplers)
-# python -m fedlib.experiments.fedrkg table1 --datasets FilmTrust Amazon-Video --seeds 0 1 2 3 4
+# python -m fedlib grid fedrkg table1 --datasets FilmTrust Amazon-Video --seeds 0 1 2 3 4
 # # Table 1 on LastFM-2K (3,000 rounds), one seed
-# python -m fedlib.experiments.fedrkg table1 --datasets LastFM-2K
+# python -m fedlib grid fedrkg table1 --datasets LastFM-2K
 # # the multi-dataset parts, one seed: the audit, Table 3, the ablations (Amazon-Video, LastFM-2K),
 # # FedRAP under its code's local training (FilmTrust, Amazon-Video)
-# python -m fedlib.experiments.fedrkg audit table3 ablation fedrap_code
+# python -m fedlib grid fedrkg audit table3 ablation fedrap_code
 # # the single-dataset parts, one seed: the guidance probe (Tables 4, D.3, D.4), LDP (Tables 5, D.2),
 # # Figures D.1, D.2 and 2, the leak trace and the guidance-strength sweep
-# python -m fedlib.experiments.fedrkg probe ldp interval sensitivity trace figure2 strength
+# python -m fedlib grid fedrkg probe ldp interval sensitivity trace figure2 strength
 # # the tables and figures, from runs.jsonl only (no training)
-# python -c "import fedlib.experiments.fedrkg_tables as T; T.write_tables('paper')"
-# python -c "import fedlib.experiments.fedrkg_figures as F; from fedlib.reporting import read_runs; F.write_recorded_figures(read_runs('fedrkg', 'paper'))"
+# python -c "import fedlib.papers.fedrkg.tables as T; T.write_tables('paper')"
+# python -c "import fedlib.papers.fedrkg.figures as F; from fedlib.reporting import read_runs; F.write_recorded_figures(read_runs('fedrkg', 'paper'))"
 # ```
 #
 # More seeds for any selection come from the same command with `--seeds` (and `--datasets`,
@@ -280,7 +279,7 @@ print(accounting.drop(columns=["run_id"], errors="ignore").to_string(index=False
 # paper's guidance adds 1 % of the global table every 100 rounds. The sweep moves β and
 # $T_{int}$ towards more global knowledge, up to Full Replacement (the personal table *is* the
 # global one every round), next to FedRKG at the paper's setting and FedMF (recorded runs,
-# FilmTrust, correct sampler; `python -m fedlib.experiments.fedrkg strength`).
+# FilmTrust, correct sampler; `python -m fedlib grid fedrkg strength`).
 
 # %%
 strength = tables.strength_frame(paper_runs, {})

@@ -1,8 +1,8 @@
 """FedRKG: from recorded runs to the paper's tables (paper vs ours, under both negative samplers).
 
 Every number is read from ``runs.jsonl`` records written by
-:func:`fedlib.experiments.fedrkg.run_grid` or :func:`~fedlib.experiments.fedrkg.run_cells`,
-matched to table cells by the configuration hash of :func:`fedlib.experiments.fedrkg.cell`.
+:func:`fedlib.papers.fedrkg.experiment.run_grid` or :func:`~fedlib.papers.fedrkg.experiment.run_cells`,
+matched to table cells by the configuration hash of :func:`fedlib.papers.fedrkg.experiment.cell`.
 
 **Two columns of ours per paper cell.** The paper's numbers were produced with the public
 code's negative sampler, which never draws a user's validation or test item as a training
@@ -23,9 +23,12 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.fedrkg import (ABLATION_DATASETS, DATASETS, GUIDANCE_MODES, LDP, LDP_METHODS, METHODS, OFFLINE_DATASETS,
-                                       PAPER, cell, load_split, method_label, probe_cells)
 from fedlib.experiments import grid
+from fedlib.papers.fedrkg.experiment import (ABLATION_DATASETS, DATASETS, FEDRAP_CODE_PARAMS, GUIDANCE_MODES, LDP,
+                                             LDP_METHODS, METHODS, OFFLINE_DATASETS, PAPER, cell, grid_cells,
+                                             load_split, method_label, probe_cells, strength_cells)
+from fedlib.papers.fedrkg.guidance import GUIDED_BACKBONES
+from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
                                       config_hash, latest_records)
@@ -44,8 +47,6 @@ def _missing_note(row: pd.Series) -> str:
     if str(row.get("dataset", "")) not in OFFLINE_DATASETS:
         return NEEDS_DOWNLOAD_NOTE
     return "not run at this profile"
-
-
 
 
 def _metric_cells(name: str) -> Optional[dict]:
@@ -174,8 +175,6 @@ def _improv_note(available: Sequence[str], best: str, best_runs: Sequence) -> st
 # ======================================================================================
 def table3(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
            samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
-    from fedlib.models.guided import GUIDED_BACKBONES
-
     pairs = []
     for s in samplers:
         for d in datasets:
@@ -374,12 +373,10 @@ LDP_COLUMNS = ["dataset", "method", "sampler", "seed", "rounds", "noised tables"
 
 
 def _ldp_row(config: Mapping[str, Any], delta: float, epsilon: Optional[float], run_id: str = "") -> dict:
-    from fedlib.experiments.fedrkg import _ldp_params
-
     clip, std = float(config["ldp"]["clip"]), float(config["ldp"]["noise_std"])
     return {"dataset": config["dataset"], "method": method_label(config), "sampler": config["sampler"],
             "seed": int(config["seed"]), "rounds": int(config["rounds"]),
-            "noised tables": ", ".join(_ldp_params(config["method"])), "clip C": clip, "noise std s": std,
+            "noised tables": ", ".join(ldp_params(config["method"])), "clip C": clip, "noise std s": std,
             "multiplier s/C": std / clip, "δ": np.nan if delta is None else float(delta),
             "ε": np.nan if epsilon is None else float(epsilon),
             "run_id": run_id}
@@ -391,11 +388,9 @@ def ldp_accounting(cells: Sequence[Mapping[str, Any]], split) -> pd.DataFrame:
     The mapping of Table 5's "sensitivity 0.1, σ = 0.001": every local step's gradient of the
     ``noised tables`` is clipped to L2 norm ``C`` = 0.1 and gets Gaussian noise of standard
     deviation ``s`` = 0.001 per coordinate, i.e. noise multiplier ``s/C``. ε comes from
-    :func:`fedlib.experiments.fedrkg.ldp_epsilon` (the function the runs record as ``ldp_epsilon``).
+    :func:`fedlib.papers.fedrkg.measures.ldp_epsilon` (the function the runs record as ``ldp_epsilon``).
     Cells without LDP are skipped. Columns: :data:`LDP_COLUMNS` (``run_id`` empty).
     """
-    from fedlib.experiments.fedrkg import ldp_epsilon
-
     rows = [_ldp_row(c, 1.0 / split.num_users, ldp_epsilon(c, split)) for c in cells if c.get("ldp") is not None]
     return pd.DataFrame(rows, columns=LDP_COLUMNS)
 
@@ -440,14 +435,12 @@ def warm_cold_frame(records, cell_kwargs: Mapping = {}, sampler: str = "correct"
 
 def strength_frame(records, cell_kwargs: Mapping = {}, dataset: str = "FilmTrust", sampler: str = "correct"
                    ) -> pd.DataFrame:
-    """The guidance-strength sweep (:func:`~fedlib.experiments.fedrkg.strength_cells`; beyond the paper).
+    """The guidance-strength sweep (:func:`~fedlib.papers.fedrkg.experiment.strength_cells`; beyond the paper).
 
     One row per recorded cell, with FedRKG at the paper's setting and FedMF as references:
     ``setting, beta, interval, R@10, N@10`` (percent, seed-mean), ``best_round``, ``rounds_run``,
     ``seeds``. Cells without a record are listed with NaN values.
     """
-    from fedlib.experiments.fedrkg import strength_cells
-
     known = latest_records(records)
     reference = [("FedRKG (paper: β 0.99, T_int 100)", cell(dataset, "FedRKG", sampler=sampler, **cell_kwargs)),
                  ("FedMF (shared item table)", cell(dataset, "FedMF", sampler=sampler, **cell_kwargs))]
@@ -747,8 +740,6 @@ def run_summary(results: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
 def fedrap_local_training(records) -> pd.DataFrame:
     """FedRAP's R@10 (%) per local training: the protocol's (Table 1) and every recorded code variant."""
-    from fedlib.experiments.fedrkg import FEDRAP_CODE_PARAMS, grid_cells
-
     variants = {"epochs": "code epochs (10 epochs, batch 2048, × 0.97)",
                 "optimizer": "code optimiser (+ weight decay, × 0.95 per batch, tol)"}
     known = latest_records(records)

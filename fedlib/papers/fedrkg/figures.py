@@ -1,7 +1,7 @@
 """FedRKG: the paper's figures from run results (live runs or the recorded paper-profile grid).
 
 Each function takes ``results``: dicts ``{"config", "metrics", "extra"}`` as returned by
-:func:`fedlib.experiments.fedrkg.run_cells`, or built from ``runs.jsonl`` records by
+:func:`fedlib.papers.fedrkg.experiment.run_cells`, or built from ``runs.jsonl`` records by
 :func:`results_from_records`, and returns a matplotlib figure, or ``None`` when none of the
 runs it needs is among ``results`` (a figure is never drawn from an empty frame).
 
@@ -11,7 +11,7 @@ runs it needs is among ``results`` (a figure is never drawn from an empty frame)
   panel per sampler, guidance rounds marked and the step at each of them annotated;
   :func:`convergence_gains` returns those steps as a tidy frame (:func:`step_gains`).
 * Figure 5 (:func:`warm_cold_figure`): warm vs cold users, FedRKG vs FedRAP
-  (from :func:`fedlib.experiments.fedrkg_tables.warm_cold_frame`).
+  (from :func:`fedlib.papers.fedrkg.tables.warm_cold_frame`).
 * Figure D.1 (:func:`interval_figure`): Knowledge Guidance with several intervals.
 * Figure D.2 (:func:`sensitivity_figure`): best-validation test R@10 against gate lr, β and
   ``T_int`` (one changed at a time).
@@ -28,9 +28,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fedlib.experiments.fedrkg import (BETAS, DEFAULT_PARAMS, GATE_LRS, GUIDANCE_MODES, INTERVALS, PAPER,
-                                       guidance_rounds, method_label, paper_beta, paper_rounds)
-from fedlib.experiments.fedrkg_tables import curve_frame, warm_cold_frame
+from fedlib.papers.fedrkg.experiment import (BETAS, DEFAULT_PARAMS, GATE_LRS, GUIDANCE_MODES, INTERVALS, PAPER,
+                                             guidance_rounds, method_label, paper_beta, paper_rounds)
+from fedlib.papers.fedrkg.tables import curve_frame, warm_cold_frame
 from fedlib.reporting.results import latest_records
 
 __all__ = ["results_from_records", "convergence_figure", "convergence_gains", "step_gains", "figure2",
@@ -68,10 +68,10 @@ def step_gains(curves: pd.DataFrame, rounds_of_guidance: Sequence[int]) -> pd.Da
     """The metric just before and just after each guidance round, per curve (the step-wise gains).
 
     Args:
-        curves: a :func:`~fedlib.experiments.fedrkg_tables.curve_frame`: one row per evaluation
+        curves: a :func:`~fedlib.papers.fedrkg.tables.curve_frame`: one row per evaluation
             with ``dataset, method, sampler, round, value``; ``round`` counts completed rounds.
         rounds_of_guidance: 0-based rounds ``t`` before which guidance runs
-            (:func:`~fedlib.experiments.fedrkg.guidance_rounds`), i.e. after ``t`` completed rounds.
+            (:func:`~fedlib.papers.fedrkg.experiment.guidance_rounds`), i.e. after ``t`` completed rounds.
 
     Returns:
         One row per curve and guidance round with an evaluation on each side: the last evaluation
@@ -303,7 +303,7 @@ def sensitivity_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampl
 
 
 def warm_cold_figure(frame: pd.DataFrame):
-    """Figure 5 from :func:`~fedlib.experiments.fedrkg_tables.warm_cold_frame` (one panel per sampler)."""
+    """Figure 5 from :func:`~fedlib.papers.fedrkg.tables.warm_cold_frame` (one panel per sampler)."""
     if frame is None or frame.empty:
         return None
     frame = frame.assign(**{"method · group": frame["method"] + " " + frame["group"]})

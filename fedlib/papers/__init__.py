@@ -1,0 +1,59 @@
+"""The papers: one subpackage per paper, its method, model pieces and experiment in one place.
+
+A paper's folder (``fedlib/papers/<slug>/``) holds everything of that paper that no other
+paper or baseline uses: the method's equations and its engine hooks, the model pieces only
+it trains, the experiment specification (cells, parts, ``run_cell``, its grid command), and
+the tables and figures built from its records. Shared pieces sit in the layers below
+(``fedlib.experiments.grid``, ``fedlib.methods``, ``fedlib.engine``, ...); the paper folders
+never import each other (an import-linter ``independence`` contract in pyproject.toml).
+
+:data:`GRID_COMMANDS` is the registry behind ``python -m fedlib grid <paper> <parts>
+[--pending] [--rerun] [--seeds 0 1 2] ...``: paper slug -> the paper's grid command. Papers
+not yet moved into a folder are still served from ``fedlib.experiments.<paper>`` (a
+downward import).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Sequence
+
+__all__ = ["GRID_COMMANDS", "grid_command"]
+
+
+def _fedrkg(argv):
+    from fedlib.papers.fedrkg import experiment
+    return experiment.main(argv)
+
+
+def _f3crec(argv):
+    from fedlib.experiments import f3crec
+    return f3crec.main(argv)
+
+
+def _fedkdrec(argv):
+    from fedlib.experiments import fedkdrec
+    return fedkdrec.main(argv)
+
+
+def _fedpcl_cdr(argv):
+    from fedlib.experiments import fedpcl_cdr
+    return fedpcl_cdr.main(argv)
+
+
+def _fedcsr(argv):
+    from fedlib.experiments import fedcsr
+    return fedcsr.main(argv)
+
+
+#: paper slug -> ``command(argv)``, the paper's resumable grid (:func:`fedlib.experiments.grid.grid_main`).
+#: Each imports its paper's module only when called, so listing the papers loads no model code.
+GRID_COMMANDS: Dict[str, Callable[[Optional[Sequence[str]]], object]] = {
+    "fedrkg": _fedrkg, "f3crec": _f3crec, "fedkdrec": _fedkdrec, "fedpcl_cdr": _fedpcl_cdr, "fedcsr": _fedcsr,
+}
+
+
+def grid_command(paper: str) -> Callable[[Optional[Sequence[str]]], object]:
+    """The grid command of ``paper``; a clear error for an unknown slug."""
+    try:
+        return GRID_COMMANDS[paper]
+    except KeyError:
+        raise ValueError(f"no grid for paper {paper!r}; the papers with a grid are {', '.join(GRID_COMMANDS)}") from None
