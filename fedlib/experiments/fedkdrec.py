@@ -334,9 +334,14 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
         state.global_state["item_emb"] = init.to(state.global_state["item_emb"])
     model = method.model
 
+    evaluations = []
+
     def evaluator(_model, global_state, private_state, which="valid"):
-        # called by the loop right after round ``state.round_index`` (1-based here)
-        value = recorder(state.round_index, lambda users: model.score_users(global_state, private_state, users),
+        # The trainer evaluates after rounds eval_every, 2 eval_every, ... and the last (no patience here),
+        # so the i-th evaluation follows round min(i * eval_every, rounds) (the trainer's RunResult, not the
+        # starting TrainState, counts the rounds).
+        evaluations.append(min((len(evaluations) + 1) * fed.eval_every, fed.rounds))
+        value = recorder(evaluations[-1], lambda users: model.score_users(global_state, private_state, users),
                          None, device)
         return {"selection": value}
 
