@@ -1,38 +1,117 @@
-"""Shared cross-domain evaluation and selection."""
-import numpy as np
+"""Shared cross-domain evaluation, schedule and result: train_cross_domain, CDRResult.from_run.
+
+Selection and early stopping are the trainer's (fedlib.engine.selection.Selection); these tests
+check the family's use of them: select on the mean validation HR@10 with patience, keep the
+best-on-test evaluation as the audit, select on test when asked, and the family's errors.
+"""
+from dataclasses import dataclass
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods.cdr_common import SelectionTracker, evaluate_both, evaluate_scorer
+from fedlib.engine.algorithm import RoundReport
+from fedlib.methods import cdr_single_domain as S
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, check_training_loop, evaluate_both,
+                                       evaluate_scorer, train_cross_domain)
+
+DOMAINS = ("A", "B")
 
 
-def _metrics(valid, test):
-    return {"A": {"valid/HR@10": valid, "test/HR@10": test}, "B": {"valid/HR@10": valid, "test/HR@10": test}}
+@dataclass
+class Rounds:
+    """The toy's state: how many rounds it has run."""
+
+    done: int
 
 
-def test_tracker_selects_on_validation_stops_on_patience_and_remembers_test_selection():
-    tracker = SelectionTracker(patience=2)
-    assert not tracker.update(1, _metrics(0.3, 0.2))
-    assert not tracker.update(2, _metrics(0.5, 0.3))
-    assert not tracker.update(3, _metrics(0.4, 0.6))  # best test, not best valid
-    assert tracker.update(4, _metrics(0.45, 0.1))  # second evaluation without a better valid score
-    result = tracker.result("toy", None, wall_seconds=1.0)
-    assert result.selected_round == 2 and result.test_selected_round == 3
-    assert result.selected["A"]["test/HR@10"] == 0.3 and result.test_selected["A"]["test/HR@10"] == 0.6
+class Scripted(CrossDomainAlgorithm):
+    """A cross-domain algorithm whose evaluation after round ``t`` reports the scripted
+    ``(valid, test)`` HR@10 of ``script[t - 1]`` in both domains (the family's metric layout)."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.split, self.seed, self.device = SimpleNamespace(domains=DOMAINS), 0, torch.device("cpu")
+
+    def init(self, seed):
+        return Rounds(0)
+
+    def run_round(self, state, plan, context):
+        done = state.done + 1
+        return Rounds(done), RoundReport(train_loss=float(done), logged={f"{d}/loss": float(done) for d in DOMAINS})
+
+    def scorers(self, state):
+        raise AssertionError("the scripted algorithm evaluates through evaluate_splits only")
+
+    def evaluate_splits(self, state, splits):
+        scores = dict(zip(("valid", "test"), self.script[state.done - 1]))
+        return {split: {**{f"{d}/HR@10": scores[split] for d in DOMAINS}, "HR@10": scores[split]}
+                for split in splits}
+
+
+def _config(patience, select_on="valid", eval_every=1):
+    return SimpleNamespace(patience=patience, select_on=select_on, eval_every=eval_every)
+
+
+def _result(script, config, rounds=None):
+    run = train_cross_domain(Scripted(script), config, rounds=len(script) if rounds is None else rounds)
+    return run, CDRResult.from_run("toy", config, run, DOMAINS)
+
+
+def test_selects_on_validation_stops_on_patience_and_keeps_the_best_test_evaluation_as_audit():
+    script = [(0.3, 0.2), (0.5, 0.3), (0.4, 0.6), (0.45, 0.1), (0.9, 0.9)]
+    run, result = _result(script, _config(patience=2))
+    assert run.round_index == 4  # round 4 is the second evaluation without a better validation score
+    assert [row["round"] for row in result.history] == [1, 2, 3, 4]
+    assert result.selected_round == 2 and result.test_selected_round == 3  # round 3: best test, not best valid
+    assert result.selected["A"] == {"valid/HR@10": 0.5, "test/HR@10": 0.3}
+    assert result.test_selected["B"] == {"valid/HR@10": 0.4, "test/HR@10": 0.6}
     flat = result.flat_metrics()
     assert flat["A/test/HR@10"] == 0.3 and flat["test_selected/B/test/HR@10"] == 0.6
+    assert flat["selected_round"] == 2.0 and flat["test_selected_round"] == 3.0
+    # history rows: the round, what it logged, every domain's numbers, then the means
+    assert list(result.history[0]) == ["round", "A/loss", "B/loss", "seconds", "A/valid/HR@10", "A/test/HR@10",
+                                       "B/valid/HR@10", "B/test/HR@10", "valid/HR@10", "test/HR@10"]
+    assert result.history[2]["valid/HR@10"] == 0.4 and result.history[2]["B/test/HR@10"] == 0.6
 
 
-def test_tracker_can_select_on_test_and_rejects_bad_arguments():
-    tracker = SelectionTracker(patience=5, select_on="test")
-    tracker.update(1, _metrics(0.9, 0.1))
-    tracker.update(2, _metrics(0.1, 0.9))
-    assert tracker.result("toy", None, 0.0).selected_round == 2
+def test_can_select_on_test_from_the_config_or_the_argument():
+    script = [(0.9, 0.1), (0.1, 0.9)]
+    assert _result(script, _config(patience=5))[1].selected_round == 1
+    assert _result(script, _config(patience=5, select_on="test"))[1].selected_round == 2
+    run = train_cross_domain(Scripted(script), _config(patience=5), rounds=2, select_on="test")
+    assert CDRResult.from_run("toy", None, run, DOMAINS).selected_round == 2
+
+
+def test_bad_settings_and_a_run_without_evaluation_are_refused():
+    config = SimpleNamespace(dim=8, patience=3, eval_every=1, lr=1e-3, select_on="train", seed=0)
     with pytest.raises(ValueError, match="select_on"):
-        SelectionTracker(select_on="train")
+        check_training_loop(config)
+    with pytest.raises(ValueError, match="patience must be an integer >= 1"):
+        check_training_loop(SimpleNamespace(**{**vars(config), "select_on": "valid", "patience": 0}))
+    with pytest.raises(ValueError, match="select_on"):
+        train_cross_domain(Scripted([(0.1, 0.1)]), _config(patience=1, select_on="train"), rounds=1)
+    run = train_cross_domain(Scripted([]), _config(patience=1), rounds=0)  # a run that never evaluated
     with pytest.raises(RuntimeError, match="no evaluation"):
-        SelectionTracker().result("toy", None, 0.0)
+        CDRResult.from_run("toy", None, run, DOMAINS)
+
+
+def test_one_embedding_pass_scores_valid_and_test_with_the_numbers_of_separate_passes():
+    torch.set_num_threads(1)
+    split = overlapping_domains(num_users=60, items_per_domain=150, overlap=0.5, seed=1)
+    config = S.LightGCNConfig(dim=8, epochs=3, patience=3)
+    algorithm = S.SingleDomainBaseline(split, config, S._LightGCNDomain, torch.device("cpu"), (5, 10))
+    passes = []
+    build_scorers = algorithm.scorers
+    algorithm.scorers = lambda state: passes.append(1) or build_scorers(state)
+    run = train_cross_domain(algorithm, config, rounds=config.epochs)
+    evaluations = [record for record in run.history if "valid/HR@10" in record]
+    assert len(evaluations) == 3 and len(passes) == 3  # one propagation per evaluation, not one per split
+    both = algorithm.evaluate_splits(run.state, ("valid", "test"))
+    for split_name in ("valid", "test"):
+        assert both[split_name] == algorithm.evaluate(run.state, split_name)
+        assert {f"{split_name}/{k}": v for k, v in both[split_name].items()}.items() <= evaluations[-1].items()
 
 
 def test_constant_scorer_gets_zero_and_an_oracle_gets_one():

@@ -41,7 +41,8 @@ from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
 __all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CDRResult", "CrossDomainAlgorithm",
-           "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SelectionTracker", "SELECTION_METRIC", "check_positive_ints", "check_training_loop"]
+           "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SELECTION_METRIC",
+           "check_positive_ints", "check_training_loop"]
 
 SELECTION_METRIC = "HR@10"
 ROLES = ("valid", "test")
@@ -279,14 +280,27 @@ class CrossDomainAlgorithm:
 
     def evaluate(self, state, split: str) -> Dict[str, float]:
         """``{"<domain>/HR@10": ..., ..., "HR@10": mean over domains}`` on ``split`` (``"valid"`` or ``"test"``)."""
+        return self.evaluate_splits(state, (split,))[split]
+
+    def evaluate_splits(self, state, splits: Sequence[str]) -> Dict[str, Dict[str, float]]:
+        """``{split: evaluate(state, split)}`` from one call of :meth:`scorers`.
+
+        The scorers hold the model's embeddings (a graph propagation for LightGCN, NMCDR,
+        CL-DTCDR, FedPCL-CDR), so validation and test share one embedding pass; the numbers
+        are those of :meth:`evaluate` per split (the pass is deterministic, in eval mode).
+        """
         with torch.no_grad():
             scorers = self.scorers(state)
-            metrics: Dict[str, float] = {}
-            for domain in self.split.domains:
-                values = evaluate_scorer(scorers[domain], self.split[domain], split, self.ks, self.device)
-                metrics.update({f"{domain}/{key}": value for key, value in values.items()})
-        metrics[SELECTION_METRIC] = float(np.mean([metrics[f"{d}/{SELECTION_METRIC}"] for d in self.split.domains]))
-        return metrics
+            scored: Dict[str, Dict[str, float]] = {}
+            for split in splits:
+                metrics: Dict[str, float] = {}
+                for domain in self.split.domains:
+                    values = evaluate_scorer(scorers[domain], self.split[domain], split, self.ks, self.device)
+                    metrics.update({f"{domain}/{key}": value for key, value in values.items()})
+                metrics[SELECTION_METRIC] = float(np.mean([metrics[f"{d}/{SELECTION_METRIC}"]
+                                                           for d in self.split.domains]))
+                scored[split] = metrics
+        return scored
 
     def state_dict(self, state) -> Dict[str, Any]:
         return {f.name: _export(getattr(state, f.name)) for f in dataclasses.fields(state)}
@@ -341,51 +355,3 @@ def train_cross_domain(algorithm: CrossDomainAlgorithm, config: Any, *, rounds: 
 
     return train(algorithm, cdr_schedule(config, rounds, select_on), seed=algorithm.seed, checkpointer=checkpointer,
                  checkpoint_config=checkpoint_config, on_round_end=after_round)
-
-
-# Kept until every method of the family runs through the trainer (then removed).
-class SelectionTracker:
-    """Model selection over evaluations: validation (with patience) and test (audit only).
-
-    Args:
-        patience: stop after this many evaluations without a better selection score.
-        select_on: ``"valid"`` (default) or ``"test"`` (reproduces selection on the test set).
-    """
-
-    def __init__(self, patience: int = 10, select_on: str = "valid"):
-        if select_on not in ("valid", "test"):
-            raise ValueError(f"select_on must be 'valid' or 'test', got {select_on!r}")
-        if int(patience) < 1:
-            raise ValueError(f"patience must be >= 1, got {patience}")
-        self.patience, self.select_on = int(patience), select_on
-        self.history: List[Dict[str, float]] = []
-        self.best_score, self.best_round, self.best = -math.inf, 0, {}
-        self.best_test_score, self.best_test_round, self.best_test = -math.inf, 0, {}
-        self.waited = 0
-
-    def update(self, round_index: int, metrics: Mapping[str, Mapping[str, float]],
-               **logged: float) -> bool:
-        """Record one evaluation (``{domain: evaluate_both(...)}``); returns True when patience ran out."""
-        row: Dict[str, float] = {"round": round_index, **logged}
-        for domain, values in metrics.items():
-            row.update({f"{domain}/{key}": float(value) for key, value in values.items()})
-        valid = float(np.mean([m[f"valid/{SELECTION_METRIC}"] for m in metrics.values()]))
-        test = float(np.mean([m[f"test/{SELECTION_METRIC}"] for m in metrics.values()]))
-        row.update({f"valid/{SELECTION_METRIC}": valid, f"test/{SELECTION_METRIC}": test})
-        self.history.append(row)
-        frozen = {d: dict(m) for d, m in metrics.items()}
-        if test > self.best_test_score:
-            self.best_test_score, self.best_test_round, self.best_test = test, round_index, frozen
-        score = valid if self.select_on == "valid" else test
-        if score > self.best_score:
-            self.best_score, self.best_round, self.best, self.waited = score, round_index, frozen, 0
-            return False
-        self.waited += 1
-        return self.waited >= self.patience
-
-    def result(self, method: str, config: Any, wall_seconds: float, extra: Optional[Mapping[str, float]] = None,
-               models: Optional[Mapping[str, Any]] = None, artifacts: Optional[Mapping[str, Any]] = None) -> CDRResult:
-        if not self.history:
-            raise RuntimeError("no evaluation was recorded; call update() at least once")
-        return CDRResult(method, config, self.best, self.best_round, self.best_test, self.best_test_round,
-                         self.history, wall_seconds, dict(extra or {}), dict(models or {}), dict(artifacts or {}))

@@ -464,7 +464,7 @@ class _LightGCNDomain:
     def scorer(self, live: _LocalModel) -> PairScorer:
         live.model.eval()
         with torch.no_grad():
-            user_nodes, item_nodes = live.model.propagate()  # one propagation per evaluated split
+            user_nodes, item_nodes = live.model.propagate()  # one propagation per evaluation (valid and test share it)
         return lambda users, items: lightgcn_candidate_logits(user_nodes, item_nodes, users, items)
 
     def model(self, live: _LocalModel):

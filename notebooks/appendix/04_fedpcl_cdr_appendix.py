@@ -151,7 +151,7 @@ if fig is not None:
 # | what the code uploads | all K prototypes; its server only echoes the non-representative ones back, so keeping them home changes no training number | `DomainUpload` |
 # | cluster labels for the CL terms | from the previous round's k-means (code) | `_make_upload` |
 # | Laplace parameter | scale b = η (numpy's parameter; the paper says standard deviation) | `differential_prototypes` |
-# | model selection | validation HR@10 with patience 5 (the code: the test set) | `SelectionTracker` |
+# | model selection | validation HR@10 with patience 5 (the code: the test set) | `cdr_schedule` (the trainer's `Selection`) |
 # | review branch | off on the substitutes (no text); on for the original format, Doc2Vec from training reviews only | `fedlib.models.review_text` |
 #
 # ## E. Secondary audits
