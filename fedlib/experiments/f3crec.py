@@ -49,8 +49,8 @@ from fedlib.methods.f3crec import F3CRec, ParameterRegularisation, kd_baseline
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "SPEC", "PARTS", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS", "ABLATIONS",
-    "PAPER_SETTINGS", "SENSITIVITY_GRID", "NOISE_SCALES", "SELECTED", "cell", "method_params", "grid_cells",
+    "PAPER", "SPEC", "PARTS", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS",
+    "SENSITIVITY_GRID", "SELECTED", "cell", "method_params", "grid_cells",
     "audit_cells", "select_hyperparameters", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
     "run_cell", "WithUploadNoise", "run_cells", "run_grid", "run_live", "forgetting_frame", "memory_consumed_share",
 ]
@@ -68,11 +68,6 @@ OFFLINE_DATASETS = tuple(SPEC.list("offline_datasets"))
 ANALYSIS_DATASETS = tuple(SPEC.list("analysis_datasets"))
 BACKBONES = tuple(SPEC.list("backbone"))
 METHODS = tuple(SPEC.list("methods"))
-#: Ablation label -> F3CRec flags (Tables 3 and 6).
-ABLATIONS = {label: dict(SPEC.choice("method", label)["flags"]) for label in SPEC.list("ablations")}
-NOISE_SCALES = tuple(SPEC.list("noise_scales"))
-#: Per-dataset ``rounds`` and untuned ``eps``.
-PAPER_SETTINGS = {d: {"rounds": c["rounds"], "eps": c["eps"]} for d, c in SPEC.choices("dataset").items()}
 #: Figure 4's one-at-a-time sweeps (ε as multiples of :func:`eps_scale`).
 SENSITIVITY_GRID = {name: tuple(SPEC.list(name)) for name in ("eps_multiple", "lambda_kd", "beta")}
 REG_PULL = SPEC.choice("method", "Reg")["params"]["pull"]
@@ -229,7 +224,7 @@ def make_method(config: Mapping[str, Any], num_items: int) -> ContinualMethod:
     elif name == "SPP":
         from fedlib.methods.spp import SPP
         method = SPP(**params)
-    elif name == "F3CRec" or name in ABLATIONS:
+    elif name == "F3CRec" or SPEC.choice("method", name).get("ablation_of") == "F3CRec":
         method = F3CRec(**params, record_shifts=analysis, name=name)
     else:
         raise ValueError(f"unknown method {name!r}")

@@ -363,8 +363,10 @@ def _check(spec: Spec) -> None:
                         check_reference(entry["values"], where, "sweep.values")
                 elif key == "only":
                     for axis, allowed in value.items():
-                        if axis not in block:
-                            raise _fail(path, where, f"key 'only.{axis}': the block has no axis {axis!r}")
+                        value_of = block.get(axis)
+                        if not (isinstance(value_of, list) or (isinstance(value_of, str) and value_of[:1] in "@$")):
+                            raise _fail(path, where, f"key 'only.{axis}': the block has no axis {axis!r} (only "
+                                                     "filters a key whose value is a list, '@list' or '$option')")
                         check_reference(allowed, where, f"only.{axis}")
                 elif key != "part":
                     check_reference(value, where, key)
