@@ -104,6 +104,14 @@ def test_best_selection_ties_and_patience():
         later.update(3, {"other": 1.0})
 
 
+def test_selection_never_selects_a_nan_score():
+    selection = Selection("m", patience=2)
+    assert not selection.update(1, {"m": float("nan")})
+    assert selection.best_round is None and selection.evals_since_best == 1
+    assert selection.update(2, {"m": 0.1}) and selection.best_round == 2
+    assert not selection.update(3, {"m": float("nan")}) and selection.best_round == 2
+
+
 def test_selection_patience_is_recomputed_after_an_improvement():
     selection = Selection("m", patience=1)
     selection.update(1, {"m": 0.5})

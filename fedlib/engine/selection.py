@@ -8,6 +8,7 @@ After every scheduled evaluation the trainer hands the evaluation's metrics to a
   the test numbers *at the selected round*, which is what the papers' tables report);
 * counts the evaluations since the last improvement and stops the run once they reach
   ``patience`` (``None``: never stop early);
+* never selects a NaN score (it counts as an evaluation without improvement);
 * breaks ties by keeping the first best (F3CRec, the cross-domain methods), or the later one
   with ``prefer_later_ties`` (FedRKG's code compares with ``>=``).
 
@@ -75,8 +76,10 @@ class Selection:
                              "evaluate it or select on one of these")
         score = float(metrics[self.metric])
         self.evaluations += 1
-        better = (self.best_score is None or score > self.best_score
-                  or (self.prefer_later_ties and score == self.best_score))
+        # A NaN score (a diverged model, an empty validation set) is never selected: it counts as an
+        # evaluation without improvement, as in every paper's code that starts from -inf.
+        better = not math.isnan(score) and (self.best_score is None or score > self.best_score
+                                            or (self.prefer_later_ties and score == self.best_score))
         if better:
             self.best_round, self.best_score, self.best_metrics = int(round_index), score, dict(metrics)
             self.evals_since_best, self.stopped_early = 0, False
@@ -86,11 +89,6 @@ class Selection:
         # patience (FedRKG's probe rounds) sees it set again at the next evaluation without gain.
         self.stopped_early = self.patience is not None and self.evals_since_best >= self.patience
         return False
-
-    @property
-    def has_best(self) -> bool:
-        """Whether any evaluation has been recorded with a comparable score."""
-        return self.best_score is not None and not math.isnan(self.best_score)
 
     def state_dict(self) -> Dict[str, object]:
         """Plain values (for checkpoints)."""
