@@ -119,3 +119,36 @@ def test_training_beats_random_ranking_and_is_deterministic():
     first, second = C.train_cl_dtcdr(split, short), C.train_cl_dtcdr(split, short)
     assert first.history[0]["loss"] == second.history[0]["loss"]
     assert first.selected == second.selected
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    """CL-DTCDR's state (cdr_common.JointModelState plus the last epoch's inter-domain positives):
+    the model, Adam, the epoch generator (batches, negatives, edge dropout) and the positives are
+    in the checkpoint; killed in epoch 3 and resumed = uninterrupted. NMCDR and GA hold the same
+    JointModelState without extra fields (GA's resume is tested in test_ga_cdr.py)."""
+    from fedlib.engine import Checkpointer
+
+    torch.set_num_threads(1)
+    config = C.CLDTCDRConfig(dim=8, lr=5e-3, epochs=4, patience=4, seed=2)
+    full = C.train_cl_dtcdr(SMALL, config)
+
+    def kill_in_epoch_3(run, record):
+        if run.round_index == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        C.train_cl_dtcdr(SMALL, config, checkpointer=Checkpointer(tmp_path, every=1), on_round_end=kill_in_epoch_3)
+    checkpointer = Checkpointer(tmp_path, every=1)
+    resumed = C.train_cl_dtcdr(SMALL, config, checkpointer=checkpointer)
+    assert checkpointer.resumed_at == [2]
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert strip(resumed.history) == strip(full.history)
+    assert (resumed.selected, resumed.test_selected, resumed.extra) == (full.selected, full.test_selected, full.extra)
+    for key, value in full.models["A"].state_dict().items():
+        assert torch.equal(value, resumed.models["A"].state_dict()[key]), key
+    for name in SMALL.domains:
+        assert torch.equal(full.artifacts["inter_positives"][name], resumed.artifacts["inter_positives"][name])

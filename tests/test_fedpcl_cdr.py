@@ -355,3 +355,52 @@ def test_summed_layers_have_the_bits_of_stack_and_sum():
     layers = [torch.randn(50, 8, generator=g) * 10.0 ** k for k in range(4)]  # very different scales
     assert torch.equal(P._combine_layers(layers, "sum"), torch.stack(layers, 0).sum(0))
     assert torch.equal(P._combine_layers(layers, "concat"), torch.cat(layers, dim=-1))
+
+
+class _Killed(RuntimeError):
+    pass
+
+
+def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    """Models, Adam, the batch and LDP-noise generators, the cluster labels, each domain's own
+    and received prototypes, the last uploads and server messages, and the byte totals are in
+    the checkpoint: killed in round 3 and resumed = uninterrupted. Loading rebuilds the
+    messages as DomainPrototypes (round 3 trains with them), DomainUpload and ServerPrototypes
+    (a finished run reloaded from its last checkpoint returns them as artifacts)."""
+    from fedlib.engine import Checkpointer
+
+    split = _toy_split()
+    config = P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=4, patience=4)
+    full = P.train_fedpcl_cdr(split, config)
+
+    def kill_in_round_3(run, record):
+        if run.round_index == 3:
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        P.train_fedpcl_cdr(split, config, checkpointer=Checkpointer(tmp_path, every=1), on_round_end=kill_in_round_3)
+    checkpointer = Checkpointer(tmp_path, every=1)
+    resumed = P.train_fedpcl_cdr(split, config, checkpointer=checkpointer)
+    assert checkpointer.resumed_at == [2]
+    reloaded = P.train_fedpcl_cdr(split, config, checkpointer=Checkpointer(tmp_path, every=1))  # nothing left to run
+    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    assert full.history[1][f"{split.domains[0]}/loss_global"] > 0.0  # rounds after the first train with prototypes
+    for run in (resumed, reloaded):
+        assert strip(run.history) == strip(full.history)
+        assert (run.selected, run.test_selected, run.selected_round) == (full.selected, full.test_selected,
+                                                                         full.selected_round)
+        assert run.extra == full.extra
+        for name in split.domains:
+            for key, value in full.models[name].state_dict().items():
+                assert torch.equal(value, run.models[name].state_dict()[key]), (name, key)
+            assert torch.equal(full.artifacts["assignments"][name], run.artifacts["assignments"][name])
+            assert isinstance(run.artifacts["domain_prototypes"][name], P.DomainPrototypes)
+            assert torch.equal(full.artifacts["domain_prototypes"][name].local_prototypes,
+                               run.artifacts["domain_prototypes"][name].local_prototypes)
+        for ours, theirs in zip(run.artifacts["uploads"], full.artifacts["uploads"]):
+            assert isinstance(ours, P.DomainUpload) and torch.equal(ours.prototypes, theirs.prototypes)
+        for ours, theirs in zip(run.artifacts["prototypes"], full.artifacts["prototypes"]):
+            assert isinstance(ours, P.ServerPrototypes) and torch.equal(ours.global_prototypes,
+                                                                        theirs.global_prototypes)
+        for name in split.domains:
+            assert torch.equal(full.artifacts["transmitted"][name]["sent"], run.artifacts["transmitted"][name]["sent"])
