@@ -113,7 +113,7 @@ def cell(dataset: str, backbone: str, method: str, *, params: Optional[Mapping] 
 
 
 def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
-    """The cells of one part of the paper-profile grid (``[parts]`` of the spec); ``kwargs`` go to every :func:`cell`."""
+    """The cells of one part of the paper-profile grid (``[parts]`` of the spec); ``kwargs`` go to each :func:`cell`."""
     return SPEC.cells(part, cell, {"datasets": list(datasets)}, **kwargs)
 
 

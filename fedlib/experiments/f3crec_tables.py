@@ -19,36 +19,14 @@ import pandas as pd
 
 from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
                                        SENSITIVITY_GRID, SPEC, cell, eps_scale)
-from fedlib.experiments.spec import TableContext, build_table, derived_row
+from fedlib.experiments.spec import TableContext, build_table, compare, derived_row
 from fedlib.metrics import paired_ttest
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, compare_with_paper, load_paper_table
+from fedlib.reporting import append_run
 from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
            "improvement_over_second_best", "sensitivity_frame", "significance", "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
-
-
-def _missing_note(row: pd.Series) -> str:
-    if str(row.get("dataset", "")) not in OFFLINE_DATASETS:
-        return NEEDS_DOWNLOAD_NOTE
-    return "not run at this profile"
-
-
-def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, **kwargs) -> pd.DataFrame:
-    """:func:`compare_with_paper` against ``paper_tables/f3crec/<table_id>``; an empty ``ours`` is fine."""
-    if ours.empty:
-        ours = pd.DataFrame(columns=[*keys, "value"])
-    if "dataset" in ours.columns:
-        unknown = set(ours["dataset"]) - set(DATASETS)
-        if unknown:  # our rows come from the cell builders; an unknown name is a bug, not a gap
-            raise ValueError(f"{table_id}: datasets {sorted(unknown)} are not F3CRec datasets {list(DATASETS)}")
-    # Kept with an empty paper value: synthetic cells (smoke profile) have no paper counterpart,
-    # and the transcribed tables lack the cells that are illegible in the paper's text (e.g.
-    # several ML-Latest-Small blocks of Table 2); ours are still reported for them.
-    kwargs.setdefault("unmatched", "keep")
-    return compare_with_paper(ours, load_paper_table(PAPER, table_id), list(keys), profile=profile,
-                              missing_note=_missing_note, **kwargs)
 
 
 # ======================================================================================
@@ -169,7 +147,7 @@ def paper_table(table_id: str, records, profile: str, datasets: Sequence[str] = 
                 cell_kwargs: Mapping = {}) -> pd.DataFrame:
     """One table laid out in the spec (1, 2, 3, 6, 8): paper vs ours, from the latest records."""
     builder, cell_kwargs = (statistics_config, {}) if table_id == "table1" else (cell, cell_kwargs)
-    return build_table(SPEC, table_id, records, profile, builder=builder, compare=_compare, hooks=TABLE_HOOKS,
+    return build_table(SPEC, table_id, records, profile, builder=builder, hooks=TABLE_HOOKS,
                        options={"datasets": list(datasets)}, cell_kwargs=dict(cell_kwargs))
 
 
@@ -226,8 +204,8 @@ def user_tables(records, profile: str, datasets: Sequence[str] = ("ML-100K", "La
                                           a10, [record], note, "fraction"))
     out = {}
     for table_id, rows in (("table4", rows4), ("table5", rows5)):
-        out[table_id] = _compare(pd.DataFrame(rows), table_id, ["dataset", "backbone", "method", "setting", "metric"],
-                                 profile, unmatched="keep")
+        out[table_id] = compare(SPEC, pd.DataFrame(rows), table_id,
+                                ["dataset", "backbone", "method", "setting", "metric"], profile, unmatched="keep")
     return out
 
 
@@ -244,7 +222,7 @@ def table7(records, profile: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-
         rows.append(derived_row({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
         rows.append(derived_row({**keys, "setting": "diff (dynamic - static)"},
                                  items["dynamic_items"] - items["static_items"], [record], note, "fraction"))
-    return _compare(pd.DataFrame(rows), "table7", ["dataset", "backbone", "method", "setting", "metric"], profile)
+    return compare(SPEC, pd.DataFrame(rows), "table7", ["dataset", "backbone", "method", "setting", "metric"], profile)
 
 
 # ======================================================================================
@@ -287,7 +265,8 @@ def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS
                cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
     """Every table id -> its paper-vs-ours frame."""
     pairs = [d for d in datasets if d in ANALYSIS_DATASETS]
-    tables = {table_id: paper_table(table_id, records, profile, datasets, cell_kwargs) for table_id in SPEC.data["tables"]}
+    tables = {table_id: paper_table(table_id, records, profile, datasets, cell_kwargs)
+              for table_id in SPEC.data["tables"]}
     tables.update(user_tables(records, profile, pairs, cell_kwargs))
     tables["table7"] = table7(records, profile, pairs, cell_kwargs)
     return dict(sorted(tables.items()))

@@ -27,6 +27,8 @@ The file, section by section:
   is an axis of one-at-a-time sweeps, each entry ``{param, values, times?, label?, ...}``
   giving ``params = {param: value × times}`` plus its other keys; ``part = "<other>"`` makes
   the block another part's cells.
+* ``[report]``: ``available``, the datasets that can be run offline (a row of another
+  dataset without our value is noted "needs download", see :func:`compare`).
 * ``[tables.<id>]``: ``keys`` (the paper table's key columns), ``metrics`` (a pattern such as
   ``"{metric}/{block}"`` over the recorded metric names, each field's allowed values as a list
   or as a mapping recorded -> shown), ``[[tables.<id>.rows]]`` (blocks as above: one table row
@@ -46,10 +48,10 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import pandas as pd
 
-__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED"]
+__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "compare", "build_table"]
 
 SPEC_DIR = Path(__file__).resolve().parent / "specs"
-SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "selected"}
+SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
 BLOCK_DIRECTIVES = {"only", "sweep", "part"}
 TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish"}
 #: The ``note`` prefix of a table row computed from other rows (its ``run_metric`` is empty).
@@ -238,7 +240,8 @@ class Spec:
     # ----------------------------------------------------------------------------------
     def table(self, table_id: str) -> Mapping[str, Any]:
         if table_id not in self.data.get("tables", {}):
-            raise ValueError(f"unknown table {table_id!r}; {self.path.name} lays out {list(self.data.get('tables', {}))}")
+            raise ValueError(f"unknown table {table_id!r}; {self.path.name} lays out "
+                             f"{list(self.data.get('tables', {}))}")
         return self.data["tables"][table_id]
 
     def table_rows(self, table_id: str, builder: Callable[..., Dict[str, Any]], options: Mapping[str, Any],
@@ -335,10 +338,12 @@ def _check(spec: Spec) -> None:
         elif isinstance(value, str) and value[:1] == "@":
             name, _, attribute = value[1:].partition(".")
             if name not in data.get("lists", {}) and name not in data.get("choices", {}):
-                raise _fail(path, where, f"key {key!r}: {value!r} names no list in [lists] ({sorted(data.get('lists', {}))}) "
-                                         f"and no [choices] ({sorted(data.get('choices', {}))})")
+                raise _fail(path, where, f"key {key!r}: {value!r} names no list in [lists] "
+                                         f"({sorted(data.get('lists', {}))}) and no [choices] "
+                                         f"({sorted(data.get('choices', {}))})")
             if attribute and name not in data.get("choices", {}):
-                raise _fail(path, where, f"key {key!r}: {value!r} takes an attribute of a list; only [choices] have them")
+                raise _fail(path, where, f"key {key!r}: {value!r} takes an attribute of a list; "
+                                         "only [choices] have attributes")
             if attribute and any(attribute not in c for c in data["choices"][name].values()):
                 missing = [n for n, c in data["choices"][name].items() if attribute not in c]
                 raise _fail(path, where, f"key {key!r}: {value!r}: choices {missing} have no {attribute!r}")
@@ -407,8 +412,11 @@ class TableContext:
         """Latest records whose row keys include ``keys`` (every seed, in seed order)."""
         from fedlib.reporting.results import latest_records
 
-        found = [r for r in latest_records(self.records).values()
-                 if (row := self.index.get(r.config_hash)) is not None and all(row.get(k) == v for k, v in keys.items())]
+        def matches(record) -> bool:
+            row = self.index.get(record.config_hash)
+            return row is not None and all(row.get(k) == v for k, v in keys.items())
+
+        found = [r for r in latest_records(self.records).values() if matches(r)]
         return sorted(found, key=lambda r: r.seed)
 
 
@@ -418,13 +426,40 @@ def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note
             "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
 
 
+def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, **kwargs) -> pd.DataFrame:
+    """:func:`~fedlib.reporting.compare_with_paper` of ``ours`` against ``paper_tables/<paper>/<table_id>``.
+
+    An empty ``ours`` is fine; a dataset unknown to ``[choices.dataset]`` is a bug of the
+    caller (our rows come from the cell builder), not a gap. Paper cells without a value of
+    ours are noted "needs download" outside ``[report] available``, else "not run at this
+    profile". Our rows without a paper value are kept (``unmatched="keep"``): smoke cells
+    have no paper counterpart, and transcribed tables lack the cells illegible in the paper.
+    """
+    from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, compare_with_paper, load_paper_table
+
+    if ours.empty:
+        ours = pd.DataFrame(columns=[*keys, "value"])
+    known = spec.choices("dataset")
+    if "dataset" in ours.columns and known:
+        unknown = set(ours["dataset"]) - set(known)
+        if unknown:
+            raise ValueError(f"{table_id}: datasets {sorted(unknown)} are not {spec.paper} datasets {list(known)}")
+    available = set(spec.resolve(spec.data.get("report", {}).get("available", []), {}))
+
+    def missing_note(row: pd.Series) -> str:
+        return "not run at this profile" if str(row.get("dataset", "")) in available else NEEDS_DOWNLOAD_NOTE
+
+    kwargs.setdefault("unmatched", "keep")
+    return compare_with_paper(ours, load_paper_table(spec.paper, table_id), list(keys), profile=profile,
+                              missing_note=missing_note, **kwargs)
+
+
 def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Callable[..., Dict[str, Any]],
-                compare: Callable[..., pd.DataFrame], hooks: Mapping[str, Callable] = {},
+                hooks: Mapping[str, Callable] = {},
                 options: Mapping[str, Any] = {}, cell_kwargs: Mapping[str, Any] = {}) -> pd.DataFrame:
     """One paper table: recorded runs of the layout's rows x metrics, compared with the paper's numbers.
 
-    ``builder``: the paper's cell builder (the rows' configs). ``compare(ours, table_id, keys,
-    profile)``: the paper's :func:`~fedlib.reporting.compare_with_paper` call. ``hooks``: the
+    ``builder``: the paper's cell builder (the rows' configs), compared by :func:`compare`. ``hooks``: the
     functions the layout's ``derive`` (``(ours, context) -> ours``) and ``finish``
     (``(table, context) -> table``) name.
     """
@@ -442,5 +477,5 @@ def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Ca
                                                         f"among the paper's table hooks {sorted(hooks)}")
     if "derive" in layout:
         ours = hooks[layout["derive"]](ours, context)
-    table = compare(ours, table_id, list(layout["keys"]), profile)
+    table = compare(spec, ours, table_id, list(layout["keys"]), profile)
     return hooks[layout["finish"]](table, context) if "finish" in layout else table
