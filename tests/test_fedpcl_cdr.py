@@ -1,4 +1,5 @@
-"""FedPCL-CDR: each equation on hand-made cases, the two aggregation paths, what leaves a domain, and short runs."""
+"""FedPCL-CDR (fedlib.methods.fedpcl_cdr, its prototype math in fedpcl_prototypes): each equation on
+hand-made cases, the two aggregation paths, what leaves a domain, and short runs."""
 import math
 
 import numpy as np
@@ -7,6 +8,7 @@ import torch
 
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.methods import fedpcl_cdr as P
+from fedlib.methods import fedpcl_prototypes as M
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -23,21 +25,21 @@ def _upload(prototypes, overlap_cluster):
     """The representative upload of all ``(K, D)`` prototypes of a domain."""
     prototypes = torch.as_tensor(prototypes, dtype=torch.float64)
     labels = torch.as_tensor(overlap_cluster, dtype=torch.int64)
-    return P.DomainUpload.representative(prototypes, labels, torch.bincount(labels, minlength=prototypes.shape[0]))
+    return M.DomainUpload.representative(prototypes, labels, torch.bincount(labels, minlength=prototypes.shape[0]))
 
 
 def _server_and_domains(full_prototypes, labels):
     """Representative uploads -> server -> each domain completes with its own prototypes."""
     uploads = [_upload(p, l) for p, l in zip(full_prototypes, labels)]
-    sent = P.aggregate_prototypes(uploads)
-    return uploads, sent, [P.complete_prototypes(s, torch.as_tensor(p, dtype=torch.float64), i)
+    sent = M.aggregate_prototypes(uploads)
+    return uploads, sent, [M.complete_prototypes(s, torch.as_tensor(p, dtype=torch.float64), i)
                            for i, (s, p) in enumerate(zip(sent, full_prototypes))]
 
 
 # ----------------------------------------------------------------------------- Eq. 5
 def test_clip_bounds_every_row_and_keeps_short_rows():
     vectors = torch.tensor([[3.0, 4.0], [0.06, 0.08], [0.0, 0.0], [-1.0, 0.0]])
-    clipped = P.clip_to_norm(vectors, 0.2)
+    clipped = M.clip_to_norm(vectors, 0.2)
     assert torch.all(clipped.norm(dim=1) <= 0.2 + 1e-7)
     assert torch.allclose(clipped[0], torch.tensor([0.12, 0.16]))  # direction kept, norm = β
     assert torch.equal(clipped[1], vectors[1])  # already inside the ball: unchanged
@@ -46,19 +48,19 @@ def test_clip_bounds_every_row_and_keeps_short_rows():
 
 def test_laplace_noise_has_the_stated_scale_and_budget():
     centroids = torch.zeros(2000, 64, dtype=torch.float64)
-    noisy = P.differential_prototypes(centroids, 0.2, 0.1, torch.Generator().manual_seed(0))
+    noisy = M.differential_prototypes(centroids, 0.2, 0.1, torch.Generator().manual_seed(0))
     # Laplace(0, b): E|x| = b and Var x = 2 b².
     assert abs(noisy.abs().mean().item() - 0.1) < 0.002
     assert abs(noisy.var().item() - 2 * 0.1 ** 2) < 0.001
-    budget = P.privacy_budget(0.2, 0.1, 64)
+    budget = M.privacy_budget(0.2, 0.1, 64)
     assert budget["paper_epsilon"] == pytest.approx(4.0)
     assert budget["mechanism_epsilon"] == pytest.approx(2 * 0.2 * 8 / 0.1)
-    assert P.privacy_budget(0.2, 0.0, 64)["paper_epsilon"] == math.inf
+    assert M.privacy_budget(0.2, 0.0, 64)["paper_epsilon"] == math.inf
 
 
 def test_without_ldp_the_upload_is_the_clipped_centroid():
     centroids = torch.tensor([[1.0, 0.0], [0.01, 0.0]])
-    out = P.differential_prototypes(centroids, 0.2, 0.1, torch.Generator().manual_seed(0), ldp=False)
+    out = M.differential_prototypes(centroids, 0.2, 0.1, torch.Generator().manual_seed(0), ldp=False)
     assert torch.allclose(out, torch.tensor([[0.2, 0.0], [0.01, 0.0]]))
 
 
@@ -97,7 +99,7 @@ def test_representative_uploads_give_what_the_code_computes_from_all_prototypes(
         labels[0] = torch.where(labels[0] == 5, 0, labels[0])
         labels[1] = torch.where(labels[1] >= 4, 1, labels[1])
         _, _, ours = _server_and_domains(full, labels)
-        for mine, code in zip(ours, P.aggregate_prototypes_reference(full, labels)):
+        for mine, code in zip(ours, M.aggregate_prototypes_reference(full, labels)):
             assert torch.equal(mine.local_mask, code.local_mask)
             assert torch.allclose(mine.global_prototypes, code.global_prototypes)
             assert torch.allclose(mine.local_prototypes, code.local_prototypes)
@@ -123,7 +125,7 @@ def test_non_representative_prototypes_never_leave_a_domain():
         assert torch.equal(before.global_prototypes, after.global_prototypes)
         assert torch.equal(before.local_prototypes, after.local_prototypes)
     with pytest.raises(ValueError, match="one prototype and one size per representative cluster"):
-        P.DomainUpload(full[0], labels[0], torch.ones(5, dtype=torch.int64), 5)
+        M.DomainUpload(full[0], labels[0], torch.ones(5, dtype=torch.int64), 5)
 
 
 def test_training_never_sends_a_cluster_without_overlapping_users():
@@ -151,17 +153,17 @@ def test_training_never_sends_a_cluster_without_overlapping_users():
 
 def test_aggregation_rejects_mismatched_uploads():
     with pytest.raises(ValueError, match="at least two domains"):
-        P.aggregate_prototypes([_upload(torch.zeros(2, 2), [0])])
+        M.aggregate_prototypes([_upload(torch.zeros(2, 2), [0])])
     with pytest.raises(ValueError, match="same"):
-        P.aggregate_prototypes([_upload(torch.zeros(2, 2), [0]), _upload(torch.zeros(3, 2), [0])])
+        M.aggregate_prototypes([_upload(torch.zeros(2, 2), [0]), _upload(torch.zeros(3, 2), [0])])
 
 
 # ----------------------------------------------------------------------------- Eqs. 7-9
 def test_global_infonce_is_lower_for_the_correct_cluster_and_matches_the_formula():
     prototypes = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]], dtype=torch.float64)
     user = torch.tensor([[0.9, 0.1]], dtype=torch.float64)
-    right = P.global_prototype_loss(user, torch.tensor([0]), prototypes, 0.2)
-    wrong = P.global_prototype_loss(user, torch.tensor([1]), prototypes, 0.2)
+    right = M.global_prototype_loss(user, torch.tensor([0]), prototypes, 0.2)
+    wrong = M.global_prototype_loss(user, torch.tensor([1]), prototypes, 0.2)
     assert right < wrong
     cos = torch.nn.functional.cosine_similarity(user, prototypes) / 0.2
     assert right.item() == pytest.approx(-(cos[0] - torch.logsumexp(cos, 0)).item(), rel=1e-6)
@@ -171,23 +173,23 @@ def test_local_infonce_is_lower_for_the_correct_cluster_and_matches_the_referenc
     local = torch.tensor([[[1.0, 0.0], [0.9, 0.2]], [[0.0, 1.0], [0.1, 1.0]], [[-1.0, 0.0], [0.0, 0.0]]])
     mask = torch.tensor([[True, True], [True, True], [True, False]])
     user = torch.tensor([[1.0, 0.05]])
-    right = P.local_prototype_loss(user, torch.tensor([0]), local, mask, 0.2)
-    wrong = P.local_prototype_loss(user, torch.tensor([1]), local, mask, 0.2)
+    right = M.local_prototype_loss(user, torch.tensor([0]), local, mask, 0.2)
+    wrong = M.local_prototype_loss(user, torch.tensor([1]), local, mask, 0.2)
     assert right < wrong
     gen = torch.Generator().manual_seed(1)
     users = torch.randn(7, 4, generator=gen, dtype=torch.float64)
     clusters = torch.randint(0, 3, (7,), generator=gen)
     protos = torch.randn(3, 2, 4, generator=gen, dtype=torch.float64)
     mask = torch.tensor([[True, True], [True, False], [False, True]])
-    fast = P.local_prototype_loss(users, clusters, protos, mask, 0.2)
-    slow = P.local_prototype_loss_reference(users, clusters, protos, mask, 0.2)
+    fast = M.local_prototype_loss(users, clusters, protos, mask, 0.2)
+    slow = M.local_prototype_loss_reference(users, clusters, protos, mask, 0.2)
     assert fast.item() == pytest.approx(slow.item(), rel=1e-10)
 
 
 def test_cl_losses_pull_the_user_towards_its_prototype():
     prototypes = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     user = torch.tensor([[0.5, 0.5]], requires_grad=True)
-    P.global_prototype_loss(user, torch.tensor([0]), prototypes, 0.2).backward()
+    M.global_prototype_loss(user, torch.tensor([0]), prototypes, 0.2).backward()
     step = user.detach() - 0.1 * user.grad
     cos = torch.nn.functional.cosine_similarity(step, prototypes)
     assert cos[0] > cos[1]
@@ -219,11 +221,11 @@ def test_domain_model_shapes_for_both_layer_combinations_and_reviews():
 
 def test_kmeans_clusters_every_user_and_rejects_too_few_points():
     vectors = torch.cat([torch.randn(30, 3) * 0.01 + c for c in (0.0, 5.0, -5.0)])
-    centroids, assignment = P.cluster_users(vectors, 3, seed=0)
+    centroids, assignment = M.cluster_users(vectors, 3, seed=0)
     assert centroids.shape == (3, 3) and assignment.shape == (90,)
     assert len(set(assignment[:30].tolist())) == 1 and len(set(assignment.tolist())) == 3
     with pytest.raises(ValueError, match="distinct"):
-        P.cluster_users(torch.zeros(20, 2), 3)
+        M.cluster_users(torch.zeros(20, 2), 3)
 
 
 def test_config_and_variant_errors_are_explicit():
@@ -394,13 +396,13 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
             for key, value in full.models[name].state_dict().items():
                 assert torch.equal(value, run.models[name].state_dict()[key]), (name, key)
             assert torch.equal(full.artifacts["assignments"][name], run.artifacts["assignments"][name])
-            assert isinstance(run.artifacts["domain_prototypes"][name], P.DomainPrototypes)
+            assert isinstance(run.artifacts["domain_prototypes"][name], M.DomainPrototypes)
             assert torch.equal(full.artifacts["domain_prototypes"][name].local_prototypes,
                                run.artifacts["domain_prototypes"][name].local_prototypes)
         for ours, theirs in zip(run.artifacts["uploads"], full.artifacts["uploads"]):
-            assert isinstance(ours, P.DomainUpload) and torch.equal(ours.prototypes, theirs.prototypes)
+            assert isinstance(ours, M.DomainUpload) and torch.equal(ours.prototypes, theirs.prototypes)
         for ours, theirs in zip(run.artifacts["prototypes"], full.artifacts["prototypes"]):
-            assert isinstance(ours, P.ServerPrototypes) and torch.equal(ours.global_prototypes,
+            assert isinstance(ours, M.ServerPrototypes) and torch.equal(ours.global_prototypes,
                                                                         theirs.global_prototypes)
         for name in split.domains:
             assert torch.equal(full.artifacts["transmitted"][name]["sent"], run.artifacts["transmitted"][name]["sent"])

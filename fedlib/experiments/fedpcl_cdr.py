@@ -320,9 +320,9 @@ BASELINE_SPECS = {
     "GA-MTCDR-P": ("fedlib.methods.ga_cdr", "train_ga_mtcdr_p", "GAMTCDRPConfig", {}),
     "NMCDR": ("fedlib.methods.nmcdr", "train_nmcdr", "NMCDRConfig", {}),
     "CL-DTCDR": ("fedlib.methods.cl_dtcdr", "train_cl_dtcdr", "CLDTCDRConfig", {}),
-    "PriCDR": ("fedlib.methods.pp_cdr", "train_pricdr", "PriCDRConfig", {}),
-    "P2FCDR": ("fedlib.methods.pp_cdr", "train_p2fcdr", "P2FCDRConfig", {}),
-    "P2DTR": ("fedlib.methods.pp_cdr", "train_p2dtr", "P2DTRConfig", {}),
+    "PriCDR": ("fedlib.methods.pricdr", "train_pricdr", "PriCDRConfig", {}),
+    "P2FCDR": ("fedlib.methods.p2fcdr", "train_p2fcdr", "P2FCDRConfig", {}),
+    "P2DTR": ("fedlib.methods.p2dtr", "train_p2dtr", "P2DTRConfig", {}),
 }
 
 

@@ -42,11 +42,12 @@ from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
 __all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CDRResult", "CrossDomainAlgorithm",
            "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SELECTION_METRIC",
-           "check_positive_ints", "check_training_loop"]
+           "check_positive_ints", "check_training_loop", "Progress"]
 
 SELECTION_METRIC = "HR@10"
 ROLES = ("valid", "test")
 
+#: ``progress(round, history_row)``, called after every evaluation (see :func:`train_cross_domain`).
 Progress = Optional[Callable[[int, Dict[str, float]], None]]
 
 

@@ -101,7 +101,7 @@ import math
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -118,7 +118,7 @@ from fedlib.engine.method import FederatedMethod, fedncf_method
 from fedlib.engine.optim import adam
 from fedlib.engine.plan import round_generator
 from fedlib.engine.trainer import RunResult
-from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, PairScorer, check_training_loop,
+from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
                                        train_cross_domain)
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
@@ -134,9 +134,6 @@ LIGHTGCN_LOSSES = ("bpr", "bce")
 EXECUTORS = ("batched", "sequential")
 DTYPES = ("float32", "float64")
 
-Progress = Optional[Callable[[int, Dict[str, float]], None]]
-
-
 # --------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------
@@ -148,10 +145,6 @@ def _positive_int(name: str, value, hint: str = "") -> None:
 def _positive_float(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-
-
-def _check_common(config) -> None:
-    check_training_loop(config)
 
 
 def _check_hidden(hidden) -> Tuple[int, ...]:
@@ -190,11 +183,9 @@ class NeuMFConfig:
     seed: int = 0
 
     def __post_init__(self):
-        _check_common(self)
+        check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
         object.__setattr__(self, "hidden", _check_hidden(self.hidden))
-        _positive_int("batch_size", self.batch_size)
         _positive_int("num_negatives", self.num_negatives, " (NCF samples 4 per positive)")
-        _positive_int("epochs", self.epochs)
 
     @property
     def model(self) -> str:
@@ -233,11 +224,9 @@ class LightGCNConfig:
     seed: int = 0
 
     def __post_init__(self):
-        _check_common(self)
+        check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
         _positive_int("num_layers", self.num_layers, " (LightGCN uses 3)")
-        _positive_int("batch_size", self.batch_size)
         _positive_int("num_negatives", self.num_negatives)
-        _positive_int("epochs", self.epochs)
         _positive_float("init_std", self.init_std)
         if self.loss not in LIGHTGCN_LOSSES:
             raise ValueError(f"loss must be one of {LIGHTGCN_LOSSES} ('bpr' is LightGCN's), got {self.loss!r}")
@@ -286,12 +275,10 @@ class FedNCFConfig:
     dtype: str = "float32"
 
     def __post_init__(self):
-        _check_common(self)
+        check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
         object.__setattr__(self, "hidden", _check_hidden(self.hidden))
-        _positive_int("batch_size", self.batch_size)
         _positive_int("local_epochs", self.local_epochs)
         _positive_int("num_negatives", self.num_negatives)
-        _positive_int("rounds", self.rounds)
         _positive_int("chunk_size", self.chunk_size)
         fraction = self.client_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:

@@ -66,9 +66,9 @@ fnb.record("paper_runs", {"runs": len(paper_runs), "hours": hours})
 # | GA-MTCDR-P | centralised CDR | GNN embedding + personalised alignment of sparse to rich domains | `ga_cdr` |
 # | NMCDR | centralised CDR | intra- and inter-domain node matching | `nmcdr` |
 # | CL-DTCDR | centralised CDR | intra-domain (graph views) and inter-domain contrastive learning | `cl_dtcdr` |
-# | PriCDR | privacy-preserving | DP release of a JL-projected rating matrix | `pp_cdr` |
-# | P2FCDR | privacy-preserving, federated | LDP on mapped user embeddings + gated fusion | `pp_cdr` |
-# | P²DTR | privacy-preserving, federated | PSI for shared users + prototype FL | `pp_cdr` |
+# | PriCDR | privacy-preserving | DP release of a JL-projected rating matrix | `pricdr` |
+# | P2FCDR | privacy-preserving, federated | LDP on mapped user embeddings + gated fusion | `p2fcdr` |
+# | P²DTR | privacy-preserving, federated | PSI for shared users + prototype FL | `p2dtr` |
 #
 # The paper says its baselines were "carefully tuned". Our `tuning` part trains each baseline on
 # Phone-Sport (seed 0) at lr 1e-3 and 1e-2, and whenever the best rate is an edge of what was
