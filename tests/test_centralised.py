@@ -20,7 +20,7 @@ def _pairs(num_users=30, num_items=50, per_user=6, seed=0):
     return Pairs.from_arrays(users, items, num_users), num_items
 
 
-def _adam_algorithm(train_pairs, num_items, evaluator=None):
+def _adam_algorithm(train_pairs, num_items, evaluator=None, epochs_per_round=1):
     """An MF-like model with Adam: its moments are state a checkpoint must carry."""
     num_users, dim = train_pairs.num_users, 4
 
@@ -31,7 +31,7 @@ def _adam_algorithm(train_pairs, num_items, evaluator=None):
 
     return Centralised(lambda p, u, i: (p["user"][u] * p["item"][i]).sum(-1), init_params,
                        lambda params: torch.optim.Adam(params, lr=0.05), train_pairs, num_items, batch_size=16,
-                       num_negatives=2, evaluator=evaluator)
+                       num_negatives=2, evaluator=evaluator, epochs_per_round=epochs_per_round)
 
 
 def test_centralised_is_an_algorithm_and_an_epoch_draws_from_the_round_generator():
@@ -39,13 +39,15 @@ def test_centralised_is_an_algorithm_and_an_epoch_draws_from_the_round_generator
     algorithm = _adam_algorithm(train_pairs, num_items)
     assert isinstance(algorithm, Algorithm)
     state = algorithm.init(3)
-    plan = algorithm.plan_round(state, RoundContext(index=2, seed=3, rng=round_generator(3, 2)))
-    again = algorithm.plan_round(state, RoundContext(index=2, seed=3, rng=round_generator(3, 2)))
+    [plan] = algorithm.plan_round(state, RoundContext(index=2, seed=3, rng=round_generator(3, 2)))
+    [again] = algorithm.plan_round(state, RoundContext(index=2, seed=3, rng=round_generator(3, 2)))
     assert torch.equal(plan.users, again.users) and torch.equal(plan.items, again.items)
     assert plan.users.numel() == 3 * len(train_pairs)  # each positive and its 2 negatives
     assert float(plan.labels.sum()) == len(train_pairs)
     with pytest.raises(ValueError, match="batch_size"):
         Centralised(None, None, None, train_pairs, num_items, batch_size=0)
+    with pytest.raises(ValueError, match="epochs_per_round"):
+        Centralised(None, None, None, train_pairs, num_items, batch_size=4, epochs_per_round=0)
     with pytest.raises(ValueError, match="no evaluator"):
         algorithm.evaluate(state, "valid")
 
@@ -111,3 +113,15 @@ def test_copy_state_is_independent_of_later_epochs():
     assert not torch.equal(state.params["item_emb"], copy.params["item_emb"])  # the epoch moved the state...
     assert torch.equal(copy.params["item_emb"], algorithm.init(0).params["item_emb"])  # ...not its copy
     assert state.round_index == 1 and report.train_loss > 0
+
+
+def test_rounds_of_several_epochs_draw_what_single_epoch_rounds_would():
+    train_pairs, num_items = _pairs()
+    three = _adam_algorithm(train_pairs, num_items, epochs_per_round=3)
+    one = _adam_algorithm(train_pairs, num_items)
+    by_three = train(three, Schedule(rounds=2), seed=5, evaluate=False)
+    by_one = train(one, Schedule(rounds=6), seed=5, evaluate=False)
+    for name, tensor in by_one.state.params.items():
+        assert torch.equal(by_three.state.params[name], tensor)
+    losses = [row["train_loss"] for row in by_one.history]
+    assert [row["train_loss"] for row in by_three.history] == pytest.approx([np.mean(losses[:3]), np.mean(losses[3:])])

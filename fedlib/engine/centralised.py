@@ -26,8 +26,8 @@ from torch.func import functional_call
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.engine.selection import Selection
-from fedlib.engine.trainer import RunResult, Schedule
+from fedlib.engine.plan import round_generator
+from fedlib.engine.trainer import Schedule, start_run
 from fedlib.engine.trainer import train as train_rounds
 
 __all__ = ["CentralisedState", "EpochPlan", "Centralised", "train_centralised"]
@@ -74,15 +74,22 @@ class Centralised:
         sampler: training negative sampler (default: excludes only ``train``).
         evaluator: ``evaluator(state, split) -> {metric: value}`` (``split`` = ``"valid"`` or
             ``"test"``); ``None`` when the run is not evaluated.
+        epochs_per_round: epochs in one round (FedRKG's centralised baselines count a "round"
+            as several epochs); epoch ``e = t E + k`` draws from ``round_generator(seed, e)``,
+            so a run of ``R`` rounds of ``E`` epochs draws what ``R E`` rounds of one epoch would.
     """
 
     def __init__(self, logits: LogitsFn, init_params: Callable[[int], Dict[str, torch.Tensor]],
                  make_optimizer: Callable[[List[torch.Tensor]], torch.optim.Optimizer], train: Pairs,
                  num_items: int, *, batch_size: int, num_negatives: int = 4,
                  sampler: Optional[NegativeSampler] = None,
-                 evaluator: Optional[Callable[[CentralisedState, str], Dict[str, float]]] = None):
+                 evaluator: Optional[Callable[[CentralisedState, str], Dict[str, float]]] = None,
+                 epochs_per_round: int = 1):
         if int(batch_size) < 1 or int(num_negatives) < 0:
             raise ValueError(f"batch_size must be >= 1 and num_negatives >= 0, got {batch_size}, {num_negatives}")
+        if isinstance(epochs_per_round, bool) or int(epochs_per_round) < 1:
+            raise ValueError(f"epochs_per_round must be an integer >= 1, got {epochs_per_round!r}")
+        self.epochs_per_round = int(epochs_per_round)
         self.logits, self.init_params, self.make_optimizer = logits, init_params, make_optimizer
         self.train, self.batch_size, self.num_negatives, self.evaluator = train, int(batch_size), int(num_negatives), \
             evaluator
@@ -111,9 +118,19 @@ class Centralised:
         return state
 
     # --- one epoch -------------------------------------------------------------------------
-    def plan_round(self, state: CentralisedState, context: RoundContext) -> EpochPlan:
-        """Fresh negatives for every positive, then a shuffle, both from ``context.rng``."""
-        train, k, rng = self.train, self.num_negatives, context.rng
+    def plan_round(self, state: CentralisedState, context: RoundContext) -> List[EpochPlan]:
+        """Each epoch of the round: fresh negatives for every positive, then a shuffle.
+
+        With one epoch per round both come from ``context.rng``; epoch ``k`` of ``E`` draws from
+        ``round_generator(seed, t E + k)``.
+        """
+        if self.epochs_per_round == 1:
+            return [self._epoch_plan(state, context.rng)]
+        first = context.index * self.epochs_per_round
+        return [self._epoch_plan(state, round_generator(context.seed, first + k)) for k in range(self.epochs_per_round)]
+
+    def _epoch_plan(self, state: CentralisedState, rng: np.random.Generator) -> EpochPlan:
+        train, k = self.train, self.num_negatives
         negatives = self.sampler.sample(train.users, k, rng)  # (P, k)
         users = np.repeat(train.users, 1 + k)
         items = np.concatenate([train.items[:, None], negatives], axis=1).ravel()
@@ -124,9 +141,15 @@ class Centralised:
                          items=torch.as_tensor(items[order], device=first.device),
                          labels=torch.as_tensor(labels[order], device=first.device, dtype=first.dtype))
 
-    def run_round(self, state: CentralisedState, plan: EpochPlan, context: RoundContext
+    def run_round(self, state: CentralisedState, plan: List[EpochPlan], context: RoundContext
                   ) -> Tuple[CentralisedState, RoundReport]:
-        """Mini-batch steps over the epoch; the report's ``train_loss`` is the example-weighted mean BCE."""
+        """Mini-batch steps over the round's epochs; ``train_loss``: the mean over epochs of each
+        epoch's example-weighted mean BCE."""
+        losses = [self._epoch(state, epoch) for epoch in plan]
+        state.round_index = context.index + 1
+        return state, RoundReport(train_loss=float(np.mean(losses)) if len(losses) > 1 else losses[0])
+
+    def _epoch(self, state: CentralisedState, plan: EpochPlan) -> float:
         total, n = 0.0, plan.users.numel()
         for start in range(0, n, self.batch_size):
             sl = slice(start, start + self.batch_size)
@@ -136,8 +159,7 @@ class Centralised:
             loss.backward()
             state.optimizer.step()
             total += float(loss.detach()) * (min(start + self.batch_size, n) - start)
-        state.round_index = context.index + 1
-        return state, RoundReport(train_loss=total / n if n else float("nan"))
+        return total / n if n else float("nan")
 
     def evaluate(self, state: CentralisedState, split: str) -> Dict[str, float]:
         if self.evaluator is None:
@@ -175,15 +197,17 @@ def train_centralised(
     """
     algorithm = sgd_centralised(model, train, num_items, lr=lr, batch_size=batch_size, num_negatives=num_negatives,
                                 sampler=sampler)
-    start = RunResult(state=algorithm.state_from(dict(model.named_parameters()), int(first_epoch)),
-                      selection=Selection("unused"), round_index=int(first_epoch))
-    run = train_rounds(algorithm, Schedule(rounds=int(first_epoch) + int(epochs)), seed=seed, start=start, evaluate=False)
+    schedule = Schedule(rounds=int(first_epoch) + int(epochs))
+    start = start_run(algorithm, schedule, seed, state=algorithm.state_from(dict(model.named_parameters()),
+                                                                            int(first_epoch)), round_index=first_epoch)
+    run = train_rounds(algorithm, schedule, seed=seed, start=start, evaluate=False)
     return [float(row["train_loss"]) for row in run.history]
 
 
 def sgd_centralised(model: nn.Module, train: Pairs, num_items: int, *, lr: Union[float, Mapping[str, float]],
                     batch_size: int, num_negatives: int, sampler: Optional[NegativeSampler] = None,
-                    evaluator: Optional[Callable[[CentralisedState, str], Dict[str, float]]] = None) -> Centralised:
+                    evaluator: Optional[Callable[[CentralisedState, str], Dict[str, float]]] = None,
+                    epochs_per_round: int = 1) -> Centralised:
     """:class:`Centralised` over an ``nn.Module``'s parameters with SGD (``lr`` as :func:`train_centralised`).
 
     The state's parameters are the module's own when the run starts from
@@ -203,4 +227,5 @@ def sgd_centralised(model: nn.Module, train: Pairs, num_items: int, *, lr: Union
         return functional_call(model, dict(params), (users, items))
 
     return Centralised(logits, init_params, make_optimizer, train, num_items, batch_size=batch_size,
-                       num_negatives=num_negatives, sampler=sampler, evaluator=evaluator)
+                       num_negatives=num_negatives, sampler=sampler, evaluator=evaluator,
+                       epochs_per_round=epochs_per_round)

@@ -27,7 +27,7 @@ from fedlib.engine.algorithm import Algorithm, RoundContext
 from fedlib.engine.plan import round_generator
 from fedlib.engine.selection import Selection
 
-__all__ = ["Schedule", "RunResult", "train"]
+__all__ = ["Schedule", "RunResult", "train", "start_run"]
 
 StateT = TypeVar("StateT")
 
@@ -147,9 +147,14 @@ def _new_audit(schedule: Schedule) -> Optional[Selection]:
     return None if schedule.audit_metric is None else Selection(f"test/{schedule.audit_metric}")
 
 
-def start_run(algorithm: Algorithm, schedule: Schedule, seed: int) -> RunResult:
-    """A fresh run: ``algorithm.init(seed)`` and empty bookkeeping."""
-    return RunResult(state=algorithm.init(seed), selection=_new_selection(schedule), audit=_new_audit(schedule))
+def start_run(algorithm: Algorithm, schedule: Schedule, seed: int, state=None, round_index: int = 0) -> RunResult:
+    """A fresh run: ``state`` (default ``algorithm.init(seed)``) after ``round_index`` rounds, empty bookkeeping.
+
+    Pass it as :func:`train`'s ``start`` to train a state prepared by hand (e.g. a module's own
+    parameters, trained in place).
+    """
+    return RunResult(state=algorithm.init(seed) if state is None else state, selection=_new_selection(schedule),
+                     audit=_new_audit(schedule), round_index=int(round_index))
 
 
 def _snapshot(algorithm: Algorithm, run: RunResult) -> Dict[str, Any]:

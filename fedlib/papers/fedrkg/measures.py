@@ -119,8 +119,15 @@ class _CentralModel:
 
 
 def run_centralised(config, split, sampler, recorder, device):
-    """MF / NeuMF trained on the pooled data, one "round" = ``epochs_per_round`` epochs."""
-    from fedlib.engine.centralised import train_centralised
+    """MF / NeuMF trained on the pooled data by the one trainer, one "round" = ``epochs_per_round`` epochs.
+
+    The recorder is the evaluator (validation selects, the test numbers of the selected round
+    are kept); patience counts evaluations, ``ceil(patience_rounds / eval_every)``. Returns the
+    trainer's history (one row per round: ``round``, ``train_loss``, ``valid/<metric>`` when
+    evaluated).
+    """
+    from fedlib.engine.centralised import sgd_centralised
+    from fedlib.engine.trainer import Schedule, start_run, train
     from fedlib.models.mf import MF
     from fedlib.models.ncf import NeuMF
 
@@ -133,22 +140,20 @@ def run_centralised(config, split, sampler, recorder, device):
     module = module.to(device)
     model = _CentralModel(module)
     probe = {"device": torch.empty(0, device=device)}
-    patience = math.ceil(config["patience_rounds"] / config["eval_every"])
-    history, since_best = [], 0
-    epochs = int(p["epochs_per_round"])
-    for epoch in range(config["rounds"]):
-        losses = train_centralised(module, split.train, split.num_items, epochs=epochs, lr=p["lr"],
-                                   batch_size=config["batch_size"], num_negatives=config["num_negatives"],
-                                   seed=config["seed"], sampler=sampler, first_epoch=epoch * epochs)
-        history.append({"round": epoch + 1, "train_loss": float(np.mean(losses))})
-        if (epoch + 1) % config["eval_every"] == 0 or epoch + 1 == config["rounds"]:
-            with torch.no_grad():
-                recorder(model, probe, {}, "valid")
-            history[-1].update({k: v for k, v in recorder.curve[-1].items() if k.startswith("valid/")})
-            since_best = 0 if recorder.best == len(recorder.curve) - 1 else since_best + 1
-            if since_best >= patience:
-                break
-    return history
+
+    def evaluate(state, which):
+        with torch.no_grad():  # the module holds the state's parameters: it is trained in place
+            return recorder(model, probe, {}, which)
+
+    algorithm = sgd_centralised(module, split.train, split.num_items, lr=p["lr"], batch_size=config["batch_size"],
+                                num_negatives=config["num_negatives"], sampler=sampler, evaluator=evaluate,
+                                epochs_per_round=int(p["epochs_per_round"]))
+    schedule = Schedule(rounds=config["rounds"], eval_every=config["eval_every"],
+                        patience=math.ceil(config["patience_rounds"] / config["eval_every"]),
+                        selection_metric=recorder.selection_metric, prefer_later_ties=recorder.prefer_later_ties,
+                        test_at_end=False, keep_best_state=False)
+    start = start_run(algorithm, schedule, config["seed"], state=algorithm.state_from(dict(module.named_parameters())))
+    return train(algorithm, schedule, seed=config["seed"], start=start).history
 
 
 # ======================================================================================
