@@ -76,11 +76,7 @@ class Selection:
                              "evaluate it or select on one of these")
         score = float(metrics[self.metric])
         self.evaluations += 1
-        # A NaN score (a diverged model, an empty validation set) is never selected: it counts as an
-        # evaluation without improvement, as in every paper's code that starts from -inf.
-        better = not math.isnan(score) and (self.best_score is None or score > self.best_score
-                                            or (self.prefer_later_ties and score == self.best_score))
-        if better:
+        if self.improves(score, self.best_score, self.prefer_later_ties):
             self.best_round, self.best_score, self.best_metrics = int(round_index), score, dict(metrics)
             self.evals_since_best, self.stopped_early = 0, False
             return True
@@ -89,6 +85,17 @@ class Selection:
         # patience (FedRKG's probe rounds) sees it set again at the next evaluation without gain.
         self.stopped_early = self.patience is not None and self.evals_since_best >= self.patience
         return False
+
+    @staticmethod
+    def improves(score: float, best_score: Optional[float], prefer_later_ties: bool = False) -> bool:
+        """The rule: whether ``score`` replaces ``best_score`` (``None``: nothing selected yet).
+
+        A NaN score (a diverged model, an empty validation set) is never selected: it counts as
+        an evaluation without improvement, as in every paper's code that starts from -inf.
+        """
+        if math.isnan(score):
+            return False
+        return best_score is None or score > best_score or (prefer_later_ties and score == best_score)
 
     def state_dict(self) -> Dict[str, object]:
         """Plain values (for checkpoints)."""

@@ -33,6 +33,7 @@ from fedlib.engine import RankingEvaluator
 from fedlib.engine.knowledge import global_knowledge
 from fedlib.engine.method import GradientNoise
 from fedlib.engine.plan import guidance_participants
+from fedlib.engine.selection import Selection
 from fedlib.metrics import DivergedModelError, mean_over_users
 from fedlib.papers.fedrkg.guidance import gate_logits, guided_backbone
 from fedlib.papers.fedrkg.method import GATE_BIAS_KEY, GATE_WEIGHT_KEY, client_parameter_counts
@@ -84,7 +85,7 @@ class SelectionRecorder:
         self.curve.append({**{f"valid/{k}": v for k, v in valid.items()}, **{f"test/{k}": v for k, v in test.items()}})
         score = valid[self.selection_metric]
         best_score = None if self.best is None else self.curve[self.best][f"valid/{self.selection_metric}"]
-        if best_score is None or score > best_score or (self.prefer_later_ties and score == best_score):
+        if Selection.improves(score, best_score, self.prefer_later_ties):  # the trainer's rule
             self.best = len(self.curve) - 1
             self.best_users = np.asarray(users)
             self.best_per_user = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in per_user.items()}
