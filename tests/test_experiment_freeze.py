@@ -146,18 +146,31 @@ TABLES_NEED_DATA = ("fedrkg",)
 # ======================================================================================
 # Cells of a command line
 # ======================================================================================
-#: papers moved into their folder (``fedlib/papers/<slug>/``): ``(experiment module, tables module)``
-PAPER_MODULES: Dict[str, Tuple[str, str]] = {
-    "fedrkg": ("fedlib.papers.fedrkg.experiment", "fedlib.papers.fedrkg.tables"),
+#: each paper's experiment and tables modules: its folder (``fedlib/papers/<slug>/``), else the
+#: ``fedlib.experiments`` modules it had before it moved there
+PAPER_MODULES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
+    paper: ((f"fedlib.papers.{paper}.experiment", f"fedlib.experiments.{paper}"),
+            (f"fedlib.papers.{paper}.tables", f"fedlib.experiments.{paper}_tables"))
+    for paper in ("f3crec", "fedrkg", "fedkdrec", "fedpcl_cdr", "fedcsr")
 }
 
 
+def _first_importable(names: Tuple[str, ...]):
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (name == error.name or name.startswith(error.name + ".")):
+                raise  # the module exists but one of its own imports is missing
+    raise ModuleNotFoundError(f"none of {names} can be imported")
+
+
 def paper_module(paper: str):
-    return importlib.import_module(PAPER_MODULES.get(paper, (f"fedlib.experiments.{paper}",))[0])
+    return _first_importable(PAPER_MODULES[paper][0])
 
 
 def tables_module(paper: str):
-    return importlib.import_module(PAPER_MODULES.get(paper, (None, f"fedlib.experiments.{paper}_tables"))[1])
+    return _first_importable(PAPER_MODULES[paper][1])
 
 
 def part_options(paper: str, part: str, options: Mapping[str, Any]) -> Dict[str, Any]:

@@ -74,15 +74,10 @@ FROZEN_FILE = TESTS / "frozen" / "loop_metrics.json"
 TOLERANCE = 1e-6
 
 #: where each paper's cell builders and ``run_cell`` live: the first importable module of each
-#: tuple (a paper's folder of issue 42, then its old ``fedlib.experiments`` module); when a paper
-#: moves, add its new module in front
-PAPER_MODULES = {
-    "f3crec": ("fedlib.experiments.f3crec",),
-    "fedrkg": ("fedlib.papers.fedrkg.experiment", "fedlib.experiments.fedrkg"),
-    "fedkdrec": ("fedlib.experiments.fedkdrec",),
-    "fedpcl_cdr": ("fedlib.experiments.fedpcl_cdr",),
-    "fedcsr": ("fedlib.experiments.fedcsr",),
-}
+#: tuple (the paper's folder, ``fedlib/papers/<slug>/experiment.py``, then the module it had
+#: before it moved there)
+PAPER_MODULES = {paper: (f"fedlib.papers.{paper}.experiment", f"fedlib.experiments.{paper}")
+                 for paper in ("f3crec", "fedrkg", "fedkdrec", "fedpcl_cdr", "fedcsr")}
 
 
 def paper_module(paper: str):

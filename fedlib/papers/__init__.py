@@ -14,40 +14,29 @@ downward import).
 """
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Dict, Optional, Sequence
 
 __all__ = ["GRID_COMMANDS", "grid_command"]
 
 
-def _fedrkg(argv):
-    from fedlib.papers.fedrkg import experiment
-    return experiment.main(argv)
-
-
-def _f3crec(argv):
-    from fedlib.experiments import f3crec
-    return f3crec.main(argv)
-
-
-def _fedkdrec(argv):
-    from fedlib.experiments import fedkdrec
-    return fedkdrec.main(argv)
-
-
-def _fedpcl_cdr(argv):
-    from fedlib.experiments import fedpcl_cdr
-    return fedpcl_cdr.main(argv)
-
-
-def _fedcsr(argv):
-    from fedlib.experiments import fedcsr
-    return fedcsr.main(argv)
+def _grid_main(paper: str) -> Callable[[Optional[Sequence[str]]], object]:
+    def command(argv):
+        # The paper's folder; papers not yet moved there keep their grid in fedlib.experiments.
+        try:
+            module = importlib.import_module(f"fedlib.papers.{paper}.experiment")
+        except ModuleNotFoundError as error:
+            if error.name not in (f"fedlib.papers.{paper}", f"fedlib.papers.{paper}.experiment"):
+                raise
+            module = importlib.import_module(f"fedlib.experiments.{paper}")
+        return module.main(argv)
+    return command
 
 
 #: paper slug -> ``command(argv)``, the paper's resumable grid (:func:`fedlib.experiments.grid.grid_main`).
 #: Each imports its paper's module only when called, so listing the papers loads no model code.
 GRID_COMMANDS: Dict[str, Callable[[Optional[Sequence[str]]], object]] = {
-    "fedrkg": _fedrkg, "f3crec": _f3crec, "fedkdrec": _fedkdrec, "fedpcl_cdr": _fedpcl_cdr, "fedcsr": _fedcsr,
+    paper: _grid_main(paper) for paper in ("fedrkg", "f3crec", "fedkdrec", "fedpcl_cdr", "fedcsr")
 }
 
 
