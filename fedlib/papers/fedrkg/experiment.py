@@ -141,7 +141,9 @@ DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {
     # (NaN at round 11), 1e-2: 35.5 % (NaN at round 143; the best evaluation before it counts),
     # 1e-3: 8.4 % (patience stop at round 570); 1e-4 learns slower still and was not run.
     "FedDAE": {"lr": 0.01, "beta": 1.0, "hidden": (64,)},
-    "FedRKG": {"lr": 0.1, "lr_eta": 80.0, "interval": 100, "gate_lr": 1e-4, "gate_epochs": 5},
+    # the guidance schedule's defaults are the public code's, written once on KnowledgeGuidance
+    "FedRKG": {"lr": 0.1, "lr_eta": 80.0, "interval": KnowledgeGuidance.interval, "gate_lr": KnowledgeGuidance.gate_lr,
+               "gate_epochs": KnowledgeGuidance.gate_epochs},
 }
 
 
