@@ -44,7 +44,7 @@ def _graph(dataset: str):
         num_users, num_items = 300, 500
         users = rng.integers(0, num_users, 6000)
         return Pairs.from_arrays(users, rng.integers(0, num_items, 6000), num_users), num_users, num_items
-    from fedlib.experiments.fedkdrec import load_split
+    from fedlib.papers.fedkdrec.experiment import load_split
 
     split = load_split(dataset)
     return split.train, split.num_users, split.num_items

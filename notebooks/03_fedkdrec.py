@@ -89,10 +89,8 @@ import torch
 
 from fedlib.data import dataset_status
 from fedlib.data.sampling import NegativeSampler
-from fedlib.experiments import fedkdrec as experiments
-from fedlib.experiments import fedkdrec_lesson as lesson
-from fedlib.methods import fedkdrec
-from fedlib.methods import kd_agents
+from fedlib.papers.fedkdrec import agents, clients, lesson
+from fedlib.papers.fedkdrec import experiment as experiments
 from fedlib.reporting import deviations, paper_grid, save_figure, use_style
 
 use_style()
@@ -159,7 +157,7 @@ for name in ("ml-1m", "amazon-industrial"):  # the paper's other two datasets
 # The batched executor trains all of a round's clients at once; the loss sums each client's mean BCE:
 
 # %%
-fnb.show_source(fedkdrec._client_loss)
+fnb.show_source(clients._client_loss)
 
 # %% [markdown]
 # Check: two hard labels and one soft label from the server (0.3), computed by hand from Eq. 3.
@@ -185,7 +183,7 @@ fnb.record("eq3_gap", abs(float(by_hand) - float((backbone_free * mask).sum() / 
 # its ⌊λ · #positives⌋ most confident positives with as many most confident negatives (λ = 0.1):
 
 # %%
-fnb.show_source(fedkdrec.prepare_uploads, start="hard = torch.where", end="swap_neg = negative")
+fnb.show_source(clients.prepare_uploads, start="hard = torch.where", end="swap_neg = negative")
 
 # %% [markdown]
 # Check on a toy client (user 0 of a small synthetic set: its positives and one negative per
@@ -195,11 +193,11 @@ fnb.show_source(fedkdrec.prepare_uploads, start="hard = torch.where", end="swap_
 # %%
 toy_split = experiments.synthetic_split()
 sampler = NegativeSampler(toy_split.train, toy_split.num_items)
-toy_data = fedkdrec.local_examples(toy_split.train, np.array([0]), toy_split.num_items, sampler, 1,
-                                   np.random.default_rng(0))
+toy_data = clients.local_examples(toy_split.train, np.array([0]), toy_split.num_items, sampler, 1,
+                                  np.random.default_rng(0))
 toy_pred = torch.linspace(0.9, 0.1, toy_data.items.shape[1])[None]        # the client's r̂
-toy_config = fedkdrec.FedKDRecConfig(backbone="lightgcn", beta_range=(1.0, 1.0), swap_ratio=0.34)
-toy_upload = fedkdrec.prepare_uploads(toy_data, toy_pred, toy_config, np.random.default_rng(0))
+toy_config = clients.FedKDRecConfig(backbone="lightgcn", beta_range=(1.0, 1.0), swap_ratio=0.34)
+toy_upload = clients.prepare_uploads(toy_data, toy_pred, toy_config, np.random.default_rng(0))
 eq4 = 0.5 * toy_data.labels[0] + 0.5 * toy_pred[0]
 kept = ~toy_upload.swapped[0]
 toy = pd.DataFrame({"r": toy_data.labels[0], "r̂": toy_pred[0], "r̄ uploaded": toy_upload.labels[0],
@@ -220,7 +218,7 @@ generator = torch.Generator().manual_seed(1)
 student = torch.randn(1000, generator=generator, requires_grad=True)
 hard = (torch.rand(1000, generator=generator) < 0.3).float()
 teacher = torch.rand(1000, generator=generator)
-mixed, split_loss = fedkdrec.mixed_label_bce(student, hard, teacher, alpha=0.5)
+mixed, split_loss = clients.mixed_label_bce(student, hard, teacher, alpha=0.5)
 loss_gap = float((mixed - split_loss).detach().abs())
 grad_gap = (torch.autograd.grad(mixed, student, retain_graph=True)[0] - torch.autograd.grad(split_loss, student)[0])
 print(f"BCE(mixed) = {mixed.item():.6f}   α·BCE(hard) + (1−α)·BCE(teacher) = {split_loss.item():.6f}   "
@@ -242,20 +240,20 @@ fnb.record("appendix_c1", {"loss_gap": loss_gap, "grad_gap": float(grad_gap.abs(
 # $$\mathcal L_{M_R} = -\sum_i R_i \log \omega_i \qquad\text{(Eq. 10)}$$
 
 # %%
-fnb.show_source(kd_agents.TeacherWeightAgent.update)
+fnb.show_source(agents.TeacherWeightAgent.update)
 
 # %% [markdown]
 # Check: four clients, a reward that favours low label variance. After 200 REINFORCE steps
 # the policy puts most weight on the lowest-variance client (edit the rewards and watch ω move).
 
 # %%
-agent = kd_agents.TeacherWeightAgent(lr=1e-2, generator=torch.Generator().manual_seed(0))
+agent = agents.TeacherWeightAgent(lr=1e-2, generator=torch.Generator().manual_seed(0))
 label_var = torch.tensor([0.01, 0.20, 0.05, 0.15])
 states = agent.states(volume=torch.tensor([100.0, 200, 150, 120]), label_mean=torch.tensor([0.4, 0.5, 0.45, 0.6]),
                       label_var=label_var, server_loss=torch.tensor([0.5, 0.6, 0.55, 0.7]))
 before = agent.weights(states)
 for _ in range(200):
-    agent.update(states, kd_agents.zscore(-label_var))
+    agent.update(states, agents.zscore(-label_var))
 after = agent.weights(states)
 fnb.show(pd.DataFrame({"label variance": label_var, "ω before": before, "ω after": after}), decimals=3)
 fnb.record("toy_teacher", {"sum": float(after.sum()), "argmax": int(after.argmax()), "before_max": float(before.max())})
@@ -280,7 +278,7 @@ fnb.record("toy_teacher", {"sum": float(after.sum()), "argmax": int(after.argmax
 #   \mathcal L_{\pi_A} = -\overline{\log\pi_A(a_p\mid s_p)\,\delta_p}\quad\text{(Eq. 12)}$$
 
 # %%
-fnb.show_source(kd_agents.td_losses)
+fnb.show_source(agents.td_losses)
 
 # %% [markdown]
 # Check: one client, two positions, both sent, episode reward $R^{AC} = 1$, ρ = 4. Shaped
@@ -288,9 +286,9 @@ fnb.show_source(kd_agents.td_losses)
 # $\delta_1 = 0.875 + 0.9 \cdot 0.2 - 0.5 = 0.555$, $\delta_2 = 0.75 - 0.2 = 0.55$.
 
 # %%
-shaped = kd_agents.shaped_rewards(torch.tensor([1.0]), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), rho=4.0)
+shaped = agents.shaped_rewards(torch.tensor([1.0]), torch.tensor([[1.0, 1.0]]), torch.ones(1, 2), rho=4.0)
 values, log_pi = torch.tensor([[0.5, 0.2]]), torch.log(torch.tensor([[0.6, 0.7]]))
-critic_loss, actor_loss = kd_agents.td_losses(values, shaped, log_pi, torch.ones(1, 2), gamma=0.9)
+critic_loss, actor_loss = agents.td_losses(values, shaped, log_pi, torch.ones(1, 2), gamma=0.9)
 delta = torch.tensor([0.555, 0.55])
 print("shaped rewards", shaped.tolist())
 print(f"critic (Eq. 11) {float(critic_loss):.6f} = mean δ² {float((delta ** 2).mean()):.6f};  "
@@ -299,7 +297,7 @@ fnb.record("toy_td", {"critic": float(critic_loss), "actor": float(actor_loss), 
 
 # %% [markdown]
 # **Readings we had to choose** (the paper leaves them open; each is a setting of
-# `FedKDRecConfig` or `kd_agents`, tested in `tests/test_fedkdrec.py`): rewards and states are
+# `FedKDRecConfig` or `agents.py`, tested in `tests/test_fedkdrec.py`): rewards and states are
 # z-scored across the round's clients; Eq. 8's KL compares the softmax of the mean server item
 # embedding of the two item sets; Eq. 9's "cos" between scalars is read as the cosine between the
 # two prediction vectors; the actor walks the **previous** round's uploaded items; swap partners
@@ -321,9 +319,9 @@ fnb.record("toy_td", {"critic": float(critic_loss), "actor": float(actor_loss), 
 # %%
 live = lesson.LiveRun(dataset, rounds=settings.rounds, eval_every=settings.eval_every, seed=settings.seed)
 started = time.perf_counter()
-clients = live.session.begin_round()
+round_clients = live.session.begin_round()
 sent, _ = live.session.send()
-print(f"round {live.round_index}: {len(clients)} of {live.split.num_users} clients; "
+print(f"round {live.round_index}: {len(round_clients)} of {live.split.num_users} clients; "
       f"items sent per client: {int((sent >= 0).sum(1).max()) if sent.numel() else 0}")
 
 # %% [markdown]

@@ -13,14 +13,15 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import clustered_interactions
 from fedlib.engine import CommunicationLedger
-from fedlib.methods import kd_agents as A
-from fedlib.methods.fedkdrec import (
-    VARIANTS, FedKDRecConfig, _Server, gather_local, local_examples, local_predictions, mixed_label_bce,
-    prepare_uploads, train_fedkdrec, variant_config,
-)
 from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 from fedlib.models.stacked import Backbone, paper_hidden
+from fedlib.papers.fedkdrec import agents as A
+from fedlib.papers.fedkdrec.clients import (
+    VARIANTS, FedKDRecConfig, gather_local, local_examples, local_predictions, mixed_label_bce, prepare_uploads,
+    variant_config,
+)
+from fedlib.papers.fedkdrec.method import _Server, train_fedkdrec
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +151,7 @@ def test_sample_mix_swap():
     private[:, 36:] = False  # auxiliary items
     mask = torch.ones(c, length)
     mask[1, 30:] = 0
-    from fedlib.methods.fedkdrec import LocalData
+    from fedlib.papers.fedkdrec.clients import LocalData
     data = LocalData(clients=np.array([0, 1]), items=torch.arange(length).expand(c, -1), rows=torch.arange(length).expand(c, -1),
                      row_items=torch.arange(length).expand(c, -1), row_mask=mask, labels=labels, private=private,
                      mask=mask, counts=np.array([40, 30]), own=labels)

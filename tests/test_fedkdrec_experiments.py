@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.experiments import fedkdrec as X
+from fedlib.papers.fedkdrec import experiment as X
 from fedlib.reporting import read_runs
 from fedlib.reporting.results import config_hash
 

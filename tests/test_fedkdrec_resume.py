@@ -10,7 +10,8 @@ import torch
 from fedlib.data.synthetic import clustered_interactions
 from fedlib.engine import Checkpointer, CommunicationLedger
 from fedlib.engine.algorithm import Algorithm
-from fedlib.methods.fedkdrec import FedKDRec, FedKDRecConfig, FedKDRecSession, train_fedkdrec
+from fedlib.papers.fedkdrec.clients import FedKDRecConfig
+from fedlib.papers.fedkdrec.method import FedKDRec, FedKDRecSession, train_fedkdrec
 from fedlib.metrics.ranking import candidate_set_metrics
 
 torch.set_num_threads(1)

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.methods import kd_agents as A
-from fedlib.methods.fedkdrec import Uploads, _Server, variant_config
 from fedlib.models.stacked import Backbone
+from fedlib.papers.fedkdrec import agents as A
+from fedlib.papers.fedkdrec.clients import Uploads, variant_config
+from fedlib.papers.fedkdrec.method import _Server
 
 NUM_USERS, NUM_ITEMS = 6, 20
 

@@ -11,8 +11,9 @@ import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 import scipy.stats  # noqa: E402
 
-import fedlib.experiments.fedkdrec as X  # noqa: E402
-import fedlib.experiments.fedkdrec_tables as T  # noqa: E402
+import fedlib.papers.fedkdrec.experiment as X  # noqa: E402
+import fedlib.papers.fedkdrec.figures as F  # noqa: E402
+import fedlib.papers.fedkdrec.tables as T  # noqa: E402
 from fedlib.reporting.stats import reference_spread_p, welch_p  # noqa: E402
 from fedlib.paths import project_root  # noqa: E402
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, read_runs  # noqa: E402
@@ -345,7 +346,7 @@ def test_sensitivity_frame_and_figure(root):
         for seed in (0, 1):
             record(X.cell(D, "FedKDRec", backbone="NeuMF", beta_range=r, seed=seed, **KW),
                    metrics(0.20 + 0.01 * i, seed=seed))
-    frame = T.sensitivity_frame(read_runs("fedkdrec", "quick"), KW)
+    frame = F.sensitivity_frame(read_runs("fedkdrec", "quick"), KW)
     sampled = frame[(frame.protocol == "sampled 1+99") & (frame.metric == "N@10")]
     alpha = sampled[sampled.parameter == "alpha"].set_index("label")["value"]
     assert alpha.to_dict() == pytest.approx({"0": 30.0, "0.25": 31.0, "0.5": 32.0, "0.75": 33.0, "1": 34.0})
@@ -354,9 +355,9 @@ def test_sensitivity_frame_and_figure(root):
     assert beta.loc["[0.1, 0.5]", "value"] == pytest.approx(21.0) and beta.loc["[0.1, 0.5]", "n_seeds"] == 2
     assert beta.loc["[0.3, 0.7]", "value"] == pytest.approx(32.0) and beta.loc["[0.3, 0.7]", "n_seeds"] == 1
     assert set(frame["backbone"]) == {"NeuMF"}
-    fig = T.figure_sensitivity(frame, "fig3_sensitivity", profile="quick")
+    fig = F.figure_sensitivity(frame, "fig3_sensitivity", profile="quick")
     assert fig is not None and (root / "figures" / "fedkdrec" / "fig3_sensitivity.png").stat().st_size > 1000
-    assert T.figure_sensitivity(frame.iloc[0:0]) is None
+    assert F.figure_sensitivity(frame.iloc[0:0]) is None
 
 
 def test_sensitivity_claims_on_a_hand_made_sweep():
@@ -374,8 +375,8 @@ def test_sensitivity_claims_on_a_hand_made_sweep():
         add("beta", label, value)
     add("alpha", "0.5", 28.0, std=1.0, n=5)                     # the Table 1 cell: α = 0.5, β ∈ [0.3, 0.7]
     add("beta", "[0.3, 0.7]", 28.0, std=1.0, n=5)
-    sweep = pd.DataFrame(rows, columns=T.SENSITIVITY_COLUMNS)
-    claims = T.sensitivity_claims(sweep).set_index("claim")
+    sweep = pd.DataFrame(rows, columns=F.SENSITIVITY_COLUMNS)
+    claims = F.sensitivity_claims(sweep).set_index("claim")
     assert claims.loc["α = 0.5 is the best α", "holds"] is True
     # 28 (5 seeds) vs 27 (1 seed), spread 1 from the default's 5 seeds: t = 1 / sqrt(1/5 + 1) on 4 df
     p = 2 * scipy.stats.t.sf(1 / math.sqrt(1 / 5 + 1), 4)
@@ -386,7 +387,7 @@ def test_sensitivity_claims_on_a_hand_made_sweep():
     below = claims.loc["β ∈ [0.4, 0.8] below [0.2, 0.6]"]
     assert below["holds"] is True                                # two one-seed points: t = 5.5 / sqrt(2)
     assert below["p"] == pytest.approx(2 * scipy.stats.t.sf(5.5 / math.sqrt(2), 4), rel=1e-9)
-    assert T.sensitivity_claims(sweep[sweep["parameter"] == "beta"]).empty        # no α sweep: nothing to say
+    assert F.sensitivity_claims(sweep[sweep["parameter"] == "beta"]).empty        # no α sweep: nothing to say
     assert math.isnan(reference_spread_p(1.0, 1, 0.0, 1, math.nan, 1))
 
 
@@ -395,13 +396,13 @@ def test_init_frame_pairs_the_two_inits_seed_by_seed(root):
         record(X.cell(D, "FedKDRec", backbone="NeuMF", init="random", seed=seed, **KW), metrics(0.30, seed=seed))
     record(X.cell(D, "FedKDRec", backbone="NeuMF", init="text", seed=0, **KW), metrics(0.35))
     record(X.cell(D, "PTF-FedRec", backbone="NeuMF", init="text", seed=0, **KW), metrics(0.25))  # no random twin
-    frame = T.init_frame(read_runs("fedkdrec", "quick"), KW)
+    frame = F.init_frame(read_runs("fedkdrec", "quick"), KW)
     assert set(frame["method"]) == {"FedKDRec"} and set(frame["seed"]) == {0}   # seed 1 has one init only
     sampled = frame[(frame.metric == "N@10") & (frame.protocol == "sampled 1+99")].iloc[0]
     assert (sampled["random"], sampled["text"]) == pytest.approx((30.0, 35.0))
     assert sampled["text - random"] == pytest.approx(5.0)
     assert len(frame) == len(T.METRICS)
-    assert T.init_frame([], KW).empty
+    assert F.init_frame([], KW).empty
 
 
 def history(rounds=5, sent=3.0):
@@ -416,34 +417,34 @@ def test_history_and_communication_figure_use_the_default_cell(root):
                    "download": [8.0 * (3 + t) for t in range(1, 6)], "upload": [80.0] * 5}}},
                {"config": sweep, "metrics": {}, "extra": {"history": history(sent=100.0)}},
                {"config": X.cell(D, "FedMF", **KW), "metrics": {}, "extra": {}}]
-    frame = T.history_frame(results[0])
+    frame = F.history_frame(results[0])
     assert frame["sent_per_client"].tolist() == [4.0, 5.0, 6.0, 7.0, 8.0]
     assert (frame["download_bytes_per_client"] == 8 * frame["sent_per_client"]).all()
     assert set(frame["backbone"]) == {"LightGCN"} and set(frame["method"]) == {"FedKDRec"}
-    assert T.history_frame(results[2]).empty
-    fig = T.figure_communication(results, "fig2_communication", profile="quick")
+    assert F.history_frame(results[2]).empty
+    fig = F.figure_communication(results, "fig2_communication", profile="quick")
     assert fig is not None and len(fig.axes) == 2  # one backbone: its axis and the loss twin
     bars = [p.get_height() for p in fig.axes[0].patches]
     assert bars == [4.0, 5.0, 6.0, 7.0, 8.0]  # the default cell, not the α sweep
     assert fig.axes[1].lines[0].get_ydata().tolist() == pytest.approx([1.0 / t for t in range(1, 6)])
     assert (root / "figures" / "fedkdrec" / "fig2_communication.png").is_file()
-    assert T.figure_communication(results[1:]) is None  # only the sweep run and a baseline
-    assert T.figure_communication(results, dataset="ML-1M") is None
+    assert F.figure_communication(results[1:]) is None  # only the sweep run and a baseline
+    assert F.figure_communication(results, dataset="ML-1M") is None
 
 
 def test_curve_frame_has_one_row_per_evaluation_and_protocol():
     config = X.cell(D, "PTF-FedRec", backbone="NeuMF", **KW)
     curve = [{"round": 10, "test/sampled/NDCG@10": 0.1, "test/full/NDCG@10": 0.01, "valid/sampled/NDCG@10": 0.5},
              {"round": 20, "test/sampled/NDCG@10": 0.2, "test/full/NDCG@10": 0.02, "valid/sampled/NDCG@10": 0.6}]
-    frame = T.curve_frame([{"config": config, "extra": {"curve": curve}}], "sampled/NDCG@10")
+    frame = F.curve_frame([{"config": config, "extra": {"curve": curve}}], "sampled/NDCG@10")
     assert frame["round"].tolist() == [10, 20] and frame["value"].tolist() == [0.1, 0.2]
     assert frame["method"].unique().tolist() == ["PTF-FedRec"]
-    both = T.curve_frame([{"config": config, "extra": {"curve": curve}}], "NDCG@10")
+    both = F.curve_frame([{"config": config, "extra": {"curve": curve}}], "NDCG@10")
     assert both.groupby("protocol")["value"].sum().to_dict() == pytest.approx({"full ranking": 0.03,
                                                                                 "sampled 1+99": 0.3})
-    valid = T.curve_frame([{"config": config, "extra": {"curve": curve}}], "NDCG@10", which="valid")
+    valid = F.curve_frame([{"config": config, "extra": {"curve": curve}}], "NDCG@10", which="valid")
     assert valid["value"].tolist() == [0.5, 0.6]
-    assert T.curve_frame([]).empty
+    assert F.curve_frame([]).empty
 
 
 def test_synthetic_smoke_cells_are_kept_in_percent_and_written_consistently(root):

@@ -6,7 +6,7 @@ import re
 import pandas as pd
 import pytest
 
-from fedlib.experiments import fedkdrec_lesson as lesson
+from fedlib.papers.fedkdrec import lesson
 from fedlib.notebook.records import record_frame as frame
 from fedlib.paths import project_root
 
@@ -110,7 +110,7 @@ def test_exercise_4_more_candidates_lower_the_hit_rate(default_run):
 
 def test_live_run_equals_the_grid_cell():
     """LiveRun trains the same model as run_cell of the same grid cell (same numbers)."""
-    from fedlib.experiments import fedkdrec as experiments
+    from fedlib.papers.fedkdrec import experiment as experiments
 
     run = _live()
     cell = experiments.cell("synthetic", "FedKDRec", backbone="NeuMF", rounds=3, eval_every=3, seed=0)
@@ -146,7 +146,7 @@ def test_audit_paragraph_quotes_the_recorded_scale():
     assert "about a fifth of it" in prose and 0.15 < full.value_ours / sampled.value_ours < 0.25
     assert "one user in eight" in prose and 1 / 9 < full.value_ours / 100 < 1 / 7
     assert "within a few points" in prose and abs(sampled.value_ours - sampled.value_paper) < 5
-    from fedlib.experiments import fedkdrec as experiments
+    from fedlib.papers.fedkdrec import experiment as experiments
     split = experiments.load_split("ML-100K")
     # full ranking: every item except the user's training and validation items
     competitors = split.num_items - 1 - split.train.counts()[split.test.users] - 1
@@ -211,7 +211,7 @@ def test_appendix_label_leak(appendix):
 
 def test_tables_paragraph_follows_the_recorded_seed_tests():
     """§4's summary of Tables 1-2, checked with the same Welch tests the appendix prints."""
-    from fedlib.experiments import fedkdrec_tables as tables
+    from fedlib.papers.fedkdrec import tables
     from fedlib.reporting import recorded_or_none
 
     prose = _cell_text(STEM, "**What the tables say.**")

@@ -42,11 +42,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlib.experiments import fedkdrec as experiments
-from fedlib.experiments import fedkdrec_lesson as lesson
-from fedlib.experiments import fedkdrec_tables as tables
-from fedlib.methods import fedkdrec
 from fedlib.models.stacked import paper_hidden
+from fedlib.papers.fedkdrec import clients, figures, lesson, method, tables
+from fedlib.papers.fedkdrec import experiment as experiments
 from fedlib.reporting import paper_grid, read_runs, recorded_or_none, use_style
 
 use_style()
@@ -123,8 +121,8 @@ if all(frame is not None for frame in recorded.values()):
 # drops sharply in the first rounds.
 
 # %%
-fig = tables.figure_communication(tables.results_from_records(paper_runs), "figure2_communication_paper_profile",
-                                  profile=settings.profile, dataset="ML-100K")
+fig = figures.figure_communication(figures.results_from_records(paper_runs), "figure2_communication_paper_profile",
+                                   profile=settings.profile, dataset="ML-100K")
 if fig is not None:
     plt.show()
 
@@ -132,9 +130,9 @@ if fig is not None:
 # ## E. Figures 3–4: sensitivity to α and β (recorded sweep, one seed per setting)
 
 # %%
-sweep = tables.sensitivity_frame(paper_runs)
+sweep = figures.sensitivity_frame(paper_runs)
 if len(sweep):
-    tables.figure_sensitivity(sweep, "figure3_4_sensitivity_paper_profile", profile=settings.profile)
+    figures.figure_sensitivity(sweep, "figure3_4_sensitivity_paper_profile", profile=settings.profile)
     plt.show()
 
 # %% [markdown]
@@ -142,7 +140,7 @@ if len(sweep):
 # one seed, so `p` tests each gap against the seed spread of the default setting (five seeds):
 
 # %%
-sweep_claims = tables.sensitivity_claims(sweep) if len(sweep) else pd.DataFrame()
+sweep_claims = figures.sensitivity_claims(sweep) if len(sweep) else pd.DataFrame()
 print(sweep_claims.round(3).to_string(index=False) if len(sweep_claims) else "no recorded sweep")
 fnb.record("sensitivity_claims", sweep_claims)
 
@@ -168,7 +166,7 @@ if settings.text_init:
 # Recorded pairs (200 rounds; NeuMF backbone; N@10 and H@10 in %, both protocols):
 
 # %%
-init_pairs = tables.init_frame(paper_runs)
+init_pairs = figures.init_frame(paper_runs)
 if len(init_pairs):
     fnb.show(init_pairs.set_index(["method", "seed", "protocol", "metric"])[["random", "text", "text - random"]],
              "random vs text initialisation", max_rows=40)
@@ -210,13 +208,13 @@ fnb.record("label_revealed", leak["labels revealed"].dropna().to_dict())
 
 # %%
 check_split = experiments.load_split(settings.dataset)
-check_config = fedkdrec.FedKDRecConfig(backbone="neumf", hidden=paper_hidden("neumf", "ml-100k"),
-                                       rounds=settings.executor_check_rounds, client_lr=5e-3, server_lr=5e-3,
-                                       weight_decay=experiments.WEIGHT_DECAY)
+check_config = clients.FedKDRecConfig(backbone="neumf", hidden=paper_hidden("neumf", "ml-100k"),
+                                      rounds=settings.executor_check_rounds, client_lr=5e-3, server_lr=5e-3,
+                                      weight_decay=experiments.WEIGHT_DECAY)
 runs, seconds = {}, {}
 for executor in ("batched", "sequential"):
     started = time.perf_counter()
-    runs[executor] = fedkdrec.train_fedkdrec(check_split, check_config, executor=executor)
+    runs[executor] = method.train_fedkdrec(check_split, check_config, executor=executor)
     seconds[executor] = round((time.perf_counter() - started) / settings.executor_check_rounds, 2)
 gap = {part: max(float((getattr(runs["batched"], part)[n] - getattr(runs["sequential"], part)[n]).detach().abs().max())
                  for n in getattr(runs["batched"], part)) for part in ("server", "clients")}
@@ -230,10 +228,10 @@ fnb.record("executor_check", {"server_gap": gap["server"], "client_gap": gap["cl
 # Resumable, cached per configuration, one process per core (`--pending` prints what is left):
 #
 # ```sh
-# python -m fedlib.experiments.fedkdrec tuning --workers 2 --worker 0          # and --worker 1
-# python -m fedlib.experiments.fedkdrec table1 ablation --seeds 0 1 2 3 4 --threads 1
-# python -m fedlib.experiments.fedkdrec agent sensitivity init --threads 1
-# python -m fedlib.experiments.fedkdrec table1 ablation --seeds 0 1 2 3 4 --pending
+# python -m fedlib grid fedkdrec tuning --workers 2 --worker 0          # and --worker 1
+# python -m fedlib grid fedkdrec table1 ablation --seeds 0 1 2 3 4 --threads 1
+# python -m fedlib grid fedkdrec agent sensitivity init --threads 1
+# python -m fedlib grid fedkdrec table1 ablation --seeds 0 1 2 3 4 --pending
 # ```
 
 # %%

@@ -4,7 +4,7 @@ Reference:
     "Federated Recommendation with Reinforcement Learning based Knowledge Distillation"
     (FedKDRec), anonymous ICLR 2026 submission, https://openreview.net/forum?id=Qlk5I6TI2D;
     no public code. The choices the paper leaves open are listed in
-    :mod:`fedlib.methods.fedkdrec`.
+    :mod:`fedlib.papers.fedkdrec.method`.
 
 A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) fixing one run:
 dataset, method, backbone, FedKDRec variant, item initialisation, learning rate, α, β range,
@@ -55,8 +55,9 @@ from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
 from fedlib.metrics.ranking import candidate_set_metrics
-from fedlib.methods.fedkdrec import VARIANTS, FedKDRecConfig, train_fedkdrec
 from fedlib.models.stacked import Backbone, paper_hidden
+from fedlib.papers.fedkdrec.clients import VARIANTS, FedKDRecConfig
+from fedlib.papers.fedkdrec.method import train_fedkdrec
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -124,7 +125,7 @@ def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: 
         method: one of :data:`METHODS`; ``"PTF-FedRec"`` is accepted as FedKDRec's ``-m-c~s``.
         backbone: ``"NeuMF"``, ``"NeuNCF"`` or ``"LightGCN"`` (Centralized and FedKDRec; the
             parameter-transfer baselines have their own models and take none).
-        variant: a key of :data:`~fedlib.methods.fedkdrec.VARIANTS` (FedKDRec only).
+        variant: a key of :data:`~fedlib.papers.fedkdrec.clients.VARIANTS` (FedKDRec only).
         init: ``"random"`` or ``"text"`` (item tables from the side-information autoencoder).
         lr: Adam step size (default :data:`SELECTED` of the family).
         alpha, beta_range: Eq. 4's α and the sample ratio range (FedKDRec only).
@@ -534,7 +535,7 @@ def selected_from_records(records) -> Dict[str, float]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m fedlib.experiments.fedkdrec <parts> [--dataset ..] [--methods ..] [--backbones ..] [--seeds ..]``.
+    """``python -m fedlib grid fedkdrec <parts> [--dataset ..] [--methods ..] [--backbones ..] [--seeds ..]``.
 
     ``--methods`` takes row labels (FedKDRec, PTF-FedRec, w/o R_i, FedMF; write ``--methods=-m``
     for a label that starts with a dash); the paper's Tables 1-2 use ``--seeds 0 1 2 3 4``
@@ -544,6 +545,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                    run_grid=run_grid, part_options={"--dataset": dict(default="ML-100K", choices=list(DATASETS))},
                    filters={"--backbones": grid.CellFilter("backbone", list(BACKBONES), keep_missing=True)})
 
-
-if __name__ == "__main__":
-    main()

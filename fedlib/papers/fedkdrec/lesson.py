@@ -4,8 +4,8 @@ Reference:
     "Federated Recommendation with Reinforcement Learning based Knowledge Distillation"
     (FedKDRec, anonymous ICLR 2026 submission), §3, Alg. 1.
 
-:class:`LiveRun` wraps a :class:`~fedlib.methods.fedkdrec.FedKDRecSession` configured exactly as
-the grid cell ``cell(dataset, "FedKDRec", backbone=...)`` of :mod:`fedlib.experiments.fedkdrec`
+:class:`LiveRun` wraps a :class:`~fedlib.papers.fedkdrec.method.FedKDRecSession` configured exactly as
+the grid cell ``cell(dataset, "FedKDRec", backbone=...)`` of :mod:`fedlib.papers.fedkdrec.experiment`
 (same learning rate, hidden sizes, seeds and evaluation rounds), so the live numbers equal the
 cell's ``run_cell`` numbers. It keeps, per round, a summary of the teacher weights the
 clients-to-server agent assigned, which is the mechanism the lesson shows working (or not).
@@ -25,9 +25,9 @@ import torch
 
 from fedlib.data.candidates import candidates_for
 from fedlib.engine import CommunicationLedger
-from fedlib.experiments import fedkdrec as X
-from fedlib.methods.fedkdrec import FedKDRecSession
 from fedlib.metrics.ranking import candidate_set_metrics
+from fedlib.papers.fedkdrec import experiment as X
+from fedlib.papers.fedkdrec.method import FedKDRecSession
 
 __all__ = ["LiveRun", "upload_rows", "teacher_table", "selection_table", "sampled_metrics", "random_scorer"]
 
@@ -36,11 +36,11 @@ class LiveRun:
     """One FedKDRec run trained in visible steps, evaluated under both protocols.
 
     Args:
-        dataset: ``"ML-100K"`` or ``"synthetic"`` (a key of :data:`~fedlib.experiments.fedkdrec.DATASETS`).
+        dataset: ``"ML-100K"`` or ``"synthetic"`` (a key of :data:`~fedlib.papers.fedkdrec.experiment.DATASETS`).
         backbone: ``"NeuMF"``, ``"NeuNCF"`` or ``"LightGCN"``.
         variant: a FedKDRec variant (``"FedKDRec"``, ``"-c"``, ``"-m-c~s"`` = PTF-FedRec, ...).
         rounds, eval_every, seed: as in the grid cell; ``alpha``/``beta_range`` too (Eq. 4).
-        overrides: other :class:`~fedlib.methods.fedkdrec.FedKDRecConfig` fields (``mu``,
+        overrides: other :class:`~fedlib.papers.fedkdrec.clients.FedKDRecConfig` fields (``mu``,
             ``swap_ratio``, ...); the run then no longer equals a grid cell (``cell`` is None).
     """
 
