@@ -36,8 +36,8 @@ def measure(task: str, epochs: int) -> Dict[str, float]:
     import numpy as np
     import torch
 
-    import fedlib.experiments.fedpcl_cdr as experiment
-    import fedlib.methods.fedpcl_cdr as method
+    import fedlib.papers.fedpcl_cdr.experiment as experiment
+    import fedlib.papers.fedpcl_cdr.method as method
     from fedlib.data.sampling import NegativeSampler
 
     torch.set_num_threads(1)

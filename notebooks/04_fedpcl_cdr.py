@@ -34,7 +34,7 @@
 # **Time** (2 cores, idle machine): smoke about 30 s, quick about 4 minutes (two live runs of
 # 3 rounds, exercises included), paper: the lesson with 20 rounds per live run, about
 # 20 minutes; the recorded grid behind Tables 2–5 took many CPU-hours and is run by
-# `python -m fedlib.experiments.fedpcl_cdr`, not by this lesson.
+# `python -m fedlib grid fedpcl_cdr`, not by this lesson.
 #
 # **Glossary**
 #
@@ -89,10 +89,10 @@ import pandas as pd
 import torch
 
 from fedlib.device import default_device
-from fedlib.experiments import fedpcl_cdr as X
-from fedlib.experiments import fedpcl_cdr_lesson as lesson
-from fedlib.experiments import fedpcl_cdr_tables as T
-from fedlib.methods import fedpcl_cdr as P
+from fedlib.papers.fedpcl_cdr import experiment as X
+from fedlib.papers.fedpcl_cdr import lesson
+from fedlib.papers.fedpcl_cdr import method as P
+from fedlib.papers.fedpcl_cdr import tables as T
 from fedlib.reporting import paper_grid, read_runs, save_figure, use_style
 
 PAPER, profile, device = "fedpcl_cdr", settings.profile, default_device()

@@ -1,4 +1,4 @@
-"""FedPCL-CDR (fedlib.methods.fedpcl_cdr, its prototype math in fedpcl_prototypes): each equation on
+"""FedPCL-CDR (fedlib.papers.fedpcl_cdr.method, its prototype math in .prototypes): each equation on
 hand-made cases, the two aggregation paths, what leaves a domain, and short runs."""
 import math
 
@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods import fedpcl_cdr as P
-from fedlib.methods import fedpcl_prototypes as M
+from fedlib.methods.user_clusters import cluster_users
+from fedlib.papers.fedpcl_cdr import method as P
+from fedlib.papers.fedpcl_cdr import prototypes as M
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -221,11 +222,11 @@ def test_domain_model_shapes_for_both_layer_combinations_and_reviews():
 
 def test_kmeans_clusters_every_user_and_rejects_too_few_points():
     vectors = torch.cat([torch.randn(30, 3) * 0.01 + c for c in (0.0, 5.0, -5.0)])
-    centroids, assignment = M.cluster_users(vectors, 3, seed=0)
+    centroids, assignment = cluster_users(vectors, 3, seed=0)
     assert centroids.shape == (3, 3) and assignment.shape == (90,)
     assert len(set(assignment[:30].tolist())) == 1 and len(set(assignment.tolist())) == 3
     with pytest.raises(ValueError, match="distinct"):
-        M.cluster_users(torch.zeros(20, 2), 3)
+        cluster_users(torch.zeros(20, 2), 3)
 
 
 def test_config_and_variant_errors_are_explicit():

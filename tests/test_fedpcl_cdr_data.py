@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 import torch
 
-import fedlib.experiments.fedpcl_cdr as X
-import fedlib.experiments.fedpcl_cdr_tables as T
+import fedlib.papers.fedpcl_cdr.experiment as X
+import fedlib.papers.fedpcl_cdr.tables as T
 from fedlib.data.errors import MalformedDataError, MissingDataError
 from fedlib.data.protocols import fedpcl_cdr as protocol
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE

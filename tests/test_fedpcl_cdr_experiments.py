@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import fedlib.experiments.fedpcl_cdr as X
+import fedlib.papers.fedpcl_cdr.experiment as X
 from fedlib.reporting import append_run, read_runs
 from fedlib.reporting.results import config_hash
 

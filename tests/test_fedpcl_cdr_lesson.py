@@ -1,9 +1,9 @@
-"""The lesson-04 steps (fedlib.experiments.fedpcl_cdr_lesson) on the synthetic smoke task."""
+"""The lesson-04 steps (fedlib.papers.fedpcl_cdr.lesson) on the synthetic smoke task."""
 import pandas as pd
 import pytest
 
-from fedlib.experiments import fedpcl_cdr as X
-from fedlib.experiments import fedpcl_cdr_lesson as lesson
+from fedlib.papers.fedpcl_cdr import experiment as X
+from fedlib.papers.fedpcl_cdr import lesson
 
 
 @pytest.fixture(scope="module")

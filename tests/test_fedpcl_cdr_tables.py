@@ -4,8 +4,8 @@ import shutil
 import numpy as np
 import pytest
 
-import fedlib.experiments.fedpcl_cdr as X
-import fedlib.experiments.fedpcl_cdr_tables as T
+import fedlib.papers.fedpcl_cdr.experiment as X
+import fedlib.papers.fedpcl_cdr.tables as T
 from fedlib.paths import project_root
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, read_runs
 from fedlib.reporting.consistency import check_results_dir

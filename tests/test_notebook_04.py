@@ -6,10 +6,10 @@ import math
 import pandas as pd
 import pytest
 
-from fedlib.experiments import fedpcl_cdr as X
-from fedlib.experiments import fedpcl_cdr_lesson as lesson
-from fedlib.methods import fedpcl_cdr as P
 from fedlib.notebook.records import record_frame as frame
+from fedlib.papers.fedpcl_cdr import experiment as X
+from fedlib.papers.fedpcl_cdr import lesson
+from fedlib.papers.fedpcl_cdr import method as P
 
 STEM = "04_fedpcl_cdr"
 

@@ -52,7 +52,7 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit
 from fedlib.methods.cdr_common import CDRResult, check_training_loop
-from fedlib.methods.fedpcl_prototypes import cluster_users
+from fedlib.methods.user_clusters import cluster_users
 from fedlib.methods.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    mean_logs, normal_table, train_dual_target, training_batches)
 

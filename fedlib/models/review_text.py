@@ -3,7 +3,7 @@ r"""Review-text side information for FedPCL-CDR: Doc2Vec user and item documents
 FedPCL-CDR (Sec. 3.3.1; code ``doc2vec_amazon.py``) concatenates, per domain, every review a
 user wrote into one *user document* and every review an item received into one *item
 document*, trains Doc2Vec (vector 64, window 5, min_count 1, 50 epochs) and feeds the frozen
-vectors to LightGCN's review branch (:class:`fedlib.methods.fedpcl_cdr.DomainModel`).
+vectors to LightGCN's review branch (:class:`fedlib.papers.fedpcl_cdr.method.DomainModel`).
 
 **The leak.** The code builds the documents from *all* reviews, before the train/test split.
 The review of a held-out test interaction is then inside both the user's and the test item's

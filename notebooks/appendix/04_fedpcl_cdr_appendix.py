@@ -15,7 +15,7 @@
 # arXiv:2409.03294, https://arxiv.org/abs/2409.03294; code https://github.com/Lili1013/FedPCL_CDR).
 # It trains nothing: every number is read from the recorded paper-profile grid
 # (`results/fedpcl_cdr/runs.jsonl` and the tables built from it), which
-# `python -m fedlib.experiments.fedpcl_cdr <parts>` writes.
+# `python -m fedlib grid fedpcl_cdr <parts>` writes.
 #
 # Contents: A. the ten baselines and their learning-rate search; B. the NDCG@10 halves of
 # Tables 2–4; C. Figures 4–6 and the learning curves; D. the choices the paper leaves open;
@@ -39,9 +39,9 @@ settings = fnb.use_profile(PROFILE)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from fedlib.experiments import fedpcl_cdr as X
-from fedlib.experiments import fedpcl_cdr_lesson as lesson
-from fedlib.experiments import fedpcl_cdr_tables as T
+from fedlib.papers.fedpcl_cdr import experiment as X
+from fedlib.papers.fedpcl_cdr import lesson
+from fedlib.papers.fedpcl_cdr import tables as T
 from fedlib.reporting import paper_grid, read_runs, use_style
 
 PAPER = "fedpcl_cdr"

@@ -3,7 +3,7 @@
 Lesson 04 trains FedPCL-CDR in visible steps instead of one opaque grid call. Each function
 here is one step a student can re-run with other parameters (the exercises do):
 
-* :func:`train_live` trains one cell of :mod:`fedlib.experiments.fedpcl_cdr` with a progress
+* :func:`train_live` trains one cell of :mod:`fedlib.papers.fedpcl_cdr.experiment` with a progress
   bar, records it at the notebook's profile and returns the whole
   :class:`~fedlib.methods.cdr_common.CDRResult` (models, messages, cluster labels);
 * :func:`prototype_signal` compares what a domain sent (Eq. 5) with the clipped clean
@@ -23,16 +23,16 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlib.experiments import fedpcl_cdr as X
-from fedlib.methods import fedpcl_cdr as P
 from fedlib.methods.cdr_common import CDRResult
+from fedlib.papers.fedpcl_cdr import experiment as X
+from fedlib.papers.fedpcl_cdr import method as P
 
 __all__ = ["train_live", "prototype_signal", "resampled_signal", "server_view", "prototype_alignment", "live_table", "live_curves",
            "figure_live"]
 
 
 def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: bool = True) -> CDRResult:
-    """Train one FedPCL-CDR cell (:func:`fedlib.experiments.fedpcl_cdr.cell`) with a progress bar.
+    """Train one FedPCL-CDR cell (:func:`fedlib.papers.fedpcl_cdr.experiment.cell`) with a progress bar.
 
     Args:
         config: a FedPCL-CDR cell: task, variant, rounds, ε, α, K, overlap ratio, seed.
@@ -214,7 +214,7 @@ def resampled_signal(result: CDRResult, domain_index: int = 0, *, clip_norm: flo
     Clips the domain's ``(K, D)`` cluster means to ``clip_norm``, adds fresh Laplace noise of
     scale ``laplace_scale`` and returns ``{"signal_norm", "noise_norm", "cosine",
     "paper_epsilon", "mechanism_epsilon"}``: the mean norms, the mean cosine between noisy and
-    clean prototypes, and the two privacy budgets of :func:`~fedlib.methods.fedpcl_cdr.privacy_budget`.
+    clean prototypes, and the two privacy budgets of :func:`~fedlib.papers.fedpcl_cdr.method.privacy_budget`.
     """
     domain = list(result.models)[domain_index]
     clean = _clean_clipped_centroids(result, domain, clip_norm)

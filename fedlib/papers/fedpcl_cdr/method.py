@@ -63,9 +63,10 @@ round, all candidates of all users scored in one pass). The server aggregation i
 vectorised over clusters (:func:`aggregate_prototypes`); :func:`aggregate_prototypes_reference`
 is the plain per-cluster loop of the code, and tests check both agree.
 
-Files: the prototype and privacy math of Eqs. 3–9 (messages, server, losses) is in
-:mod:`fedlib.methods.fedpcl_prototypes` and re-exported here; this module holds the config,
-the domain model, Algorithm 1 as the trainer's :class:`FedPCLAlgorithm` and
+Files: the prototype and privacy math of Eqs. 4–9 (messages, server, losses) is in
+:mod:`fedlib.papers.fedpcl_cdr.prototypes` and the k-means of Eq. 3 in
+:mod:`fedlib.methods.user_clusters` (P²DTR shares it), both re-exported here; this module
+holds the config, the domain model, Algorithm 1 as the trainer's :class:`FedPCLAlgorithm` and
 :func:`train_fedpcl_cdr`.
 """
 from __future__ import annotations
@@ -85,16 +86,17 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.methods.cdr_common import CDRResult, CrossDomainAlgorithm, checkpoint_config_of, train_cross_domain
-# The prototype and privacy math; re-exported, so that this module stays the method's one entry point.
-from fedlib.methods.fedpcl_prototypes import (DomainPrototypes, DomainUpload, ServerPrototypes, aggregate_prototypes,
-                                              aggregate_prototypes_reference, clip_to_norm, cluster_users,
-                                              complete_prototypes, differential_prototypes, global_prototype_loss,
-                                              local_prototype_loss, local_prototype_loss_reference, privacy_budget)
+from fedlib.methods.user_clusters import cluster_users  # Eq. 3; re-exported with the prototype math below
 from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
+# The prototype and privacy math; re-exported, so that this module stays the method's one entry point.
+from fedlib.papers.fedpcl_cdr.prototypes import (DomainPrototypes, DomainUpload, ServerPrototypes, aggregate_prototypes,
+                                                 aggregate_prototypes_reference, clip_to_norm, complete_prototypes,
+                                                 differential_prototypes, global_prototype_loss, local_prototype_loss,
+                                                 local_prototype_loss_reference, privacy_budget)
 
 __all__ = [
     "FedPCLConfig", "VARIANTS", "variant_config", "DomainModel", "FedPCLState", "FedPCLAlgorithm", "train_fedpcl_cdr",
-    # from fedpcl_prototypes
+    # from prototypes.py (cluster_users from fedlib.methods.user_clusters)
     "DomainUpload", "ServerPrototypes", "DomainPrototypes", "cluster_users", "clip_to_norm", "differential_prototypes",
     "privacy_budget", "aggregate_prototypes", "complete_prototypes", "aggregate_prototypes_reference",
     "global_prototype_loss", "local_prototype_loss", "local_prototype_loss_reference",

@@ -1,13 +1,13 @@
 """FedPCL-CDR: from recorded runs to the paper's Tables 1–5 (paper vs ours) and Figures 3–6.
 
 Every number is read from ``runs.jsonl`` records written by
-:func:`fedlib.experiments.fedpcl_cdr.run_grid` or :func:`~fedlib.experiments.fedpcl_cdr.run_cells`,
-matched to table cells by the configuration hash of :func:`fedlib.experiments.fedpcl_cdr.cell`
+:func:`fedlib.papers.fedpcl_cdr.experiment.run_grid` or :func:`~fedlib.papers.fedpcl_cdr.experiment.run_cells`,
+matched to table cells by the configuration hash of :func:`fedlib.papers.fedpcl_cdr.experiment.cell`
 (seed means; ``std_ours`` the sample standard deviation over seeds).
 
 **Substitute tasks.** Our three substitute tasks have two domains each and no review text;
 each row of ours is compared with the paper row of the same domain in the paper task it
-stands in for (:data:`~fedlib.experiments.fedpcl_cdr.TASKS`), and its note says it is a
+stands in for (:data:`~fedlib.papers.fedpcl_cdr.experiment.TASKS`), and its note says it is a
 substitute:
 
 * Phone-Sport → Task 1 (Phone, Sport);
@@ -18,7 +18,7 @@ substitute:
 Once Douban Movie (or FedPCL-CDR's original files) are under the data root, the tasks built
 from them (Movie-Music, Book-Movie-Music, "<task> (original)") are available and take the
 paper task's rows over from the substitute (:func:`comparison_tasks`); the "needs download"
-notes follow the files present (:func:`~fedlib.experiments.fedpcl_cdr.needs_download`).
+notes follow the files present (:func:`~fedlib.papers.fedpcl_cdr.experiment.needs_download`).
 
 Scores are the **test** HR@10 / NDCG@10 at the round with the best mean validation HR@10
 (fractions, as the paper). Table 2's ``Imp (vs best baseline)`` rows are derived like the
@@ -38,9 +38,10 @@ import pandas as pd
 
 from fedlib.data.protocols.fedpcl_cdr import PAPER_DOMAIN_NAMES, statistics
 from fedlib.experiments import grid
-from fedlib.experiments.fedpcl_cdr import (ALPHAS, BASELINES, CLUSTER_COUNTS, EPSILONS, KIND_RANK, LIST_LENGTHS,
-                                           METHODS, OVERLAP_RATIOS, PAPER, PAPER_TASKS, TABLE4_METHODS, TASKS,
-                                           available_tasks, cell, load_split, method_cell, needs_download)
+from fedlib.papers.fedpcl_cdr.experiment import (ALPHAS, BASELINES, CLUSTER_COUNTS, EPSILONS, KIND_RANK,
+                                                 LIST_LENGTHS, METHODS, OVERLAP_RATIOS, PAPER, PAPER_TASKS,
+                                                 TABLE4_METHODS, TASKS, available_tasks, cell, load_split, method_cell,
+                                                 needs_download)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
@@ -63,7 +64,7 @@ SUBSTITUTE_NOTES = {
              "reviews only)" for task, spec in TASKS.items() if spec["kind"] == "original"},
     "synthetic": "synthetic smoke data (not a paper task)",
 }
-"""The note each row of a task carries (every task of :data:`~fedlib.experiments.fedpcl_cdr.TASKS` has one)."""
+"""The note each row of a task carries (every task of :data:`~fedlib.papers.fedpcl_cdr.experiment.TASKS` has one)."""
 DOMAINS = {**{k: v for k, v in PAPER_DOMAIN_NAMES.items()}, "a": "A", "b": "B"}
 """Our domain keys (as in the metric names) -> the paper's domain names."""
 SCORES = ("HR@10", "NDCG@10")
@@ -78,7 +79,7 @@ def _paper_task(task: str) -> str:
 def comparison_tasks(tasks: Optional[Sequence[str]] = None) -> tuple:
     """The tasks whose rows fill the tables: of several tasks standing for one paper task, the
     best kind only (original, then Douban ratings with Movie, then substitute), so a paper row
-    is never matched twice. ``None`` = :func:`~fedlib.experiments.fedpcl_cdr.available_tasks`."""
+    is never matched twice. ``None`` = :func:`~fedlib.papers.fedpcl_cdr.experiment.available_tasks`."""
     tasks = list(available_tasks() if tasks is None else tasks)
     best: Dict[str, int] = {}
     for task in tasks:
@@ -293,7 +294,7 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
     """Every paper table (keyed by its ``paper_tables`` file stem) -> its paper-vs-ours frame.
 
     ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
-    on top (:func:`~fedlib.experiments.fedpcl_cdr.method_cell`). ``tasks``: default the
+    on top (:func:`~fedlib.papers.fedpcl_cdr.experiment.method_cell`). ``tasks``: default the
     available ones; see :func:`comparison_tasks`.
     """
     tasks = comparison_tasks(tasks)
@@ -372,7 +373,7 @@ def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] =
 
 def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Learning curves (every evaluation) of the given cells: one row per (cell, round, column)."""
-    from fedlib.experiments.fedpcl_cdr import method_label
+    from fedlib.papers.fedpcl_cdr.experiment import method_label
 
     rows = []
     for config in configs:
@@ -402,7 +403,7 @@ def selection_gap_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.Dat
     from the same cell selected on validation (same seed; both runs train identically until
     the validation one stops), NaN when that run is not recorded.
     """
-    from fedlib.experiments.fedpcl_cdr import method_label
+    from fedlib.papers.fedpcl_cdr.experiment import method_label
 
     rows = []
     for config in configs:

@@ -64,7 +64,7 @@ from fedlib.data.protocols import fedpcl_cdr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
-from fedlib.methods.fedpcl_cdr import SELECTIONS, VARIANTS, FedPCLConfig, train_fedpcl_cdr, variant_config
+from fedlib.papers.fedpcl_cdr.method import SELECTIONS, VARIANTS, FedPCLConfig, train_fedpcl_cdr, variant_config
 from fedlib.metrics.reconstruction import reconstruction_attack
 from fedlib.reporting.results import config_hash
 
@@ -195,7 +195,7 @@ def cell(task: str, method: str = "FedPCL-CDR", *, variant: str = "FedPCL-CDR", 
     Args:
         task: a key of :data:`TASKS`, or ``"synthetic"`` (smoke profile).
         method: one of :data:`METHODS`.
-        variant: a key of :data:`~fedlib.methods.fedpcl_cdr.VARIANTS` (FedPCL-CDR only).
+        variant: a key of :data:`~fedlib.papers.fedpcl_cdr.method.VARIANTS` (FedPCL-CDR only).
         overlap_ratio: share of the overlapping users kept (Table 4); ``None`` = all.
         epsilon: the paper's privacy budget ``2β/η`` (β = 0.2), FedPCL-CDR only.
         alpha, num_clusters: Eq. 11's α and K (FedPCL-CDR only).
@@ -283,7 +283,7 @@ def load_split(task: str, overlap_ratio: Optional[float] = None, num_negatives: 
 
 
 def fedpcl_config(config: Mapping[str, Any]) -> FedPCLConfig:
-    """The :class:`~fedlib.methods.fedpcl_cdr.FedPCLConfig` of a FedPCL-CDR cell."""
+    """The :class:`~fedlib.papers.fedpcl_cdr.method.FedPCLConfig` of a FedPCL-CDR cell."""
     base = FedPCLConfig(dim=config["dim"], num_clusters=config["num_clusters"], alpha=config["alpha"],
                         clip_norm=CLIP_NORM, laplace_scale=2 * CLIP_NORM / config["epsilon"],
                         rounds=config["rounds"], patience=config["patience"],
@@ -546,10 +546,7 @@ def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m fedlib.experiments.fedpcl_cdr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
+    """``python -m fedlib grid fedpcl_cdr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
     grid.grid_main(argv, paper=PAPER, title="FedPCL-CDR", parts=PARTS, grid_cells=grid_cells, label=method_label,
                    run_grid=run_grid, filters={"--tasks": grid.CellFilter("task", list(TASKS))})
 
-
-if __name__ == "__main__":
-    main()

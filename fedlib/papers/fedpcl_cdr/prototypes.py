@@ -1,12 +1,13 @@
 r"""FedPCL-CDR's prototype and privacy math (Eqs. 3–9): what a domain sends, what the server returns, the losses.
 
-The equations are those of :mod:`fedlib.methods.fedpcl_cdr` (its docstring has the notation,
-the paper and the readings we chose); :class:`~fedlib.methods.fedpcl_cdr.FedPCLAlgorithm` calls
-these functions once per round and domain. Here:
+The equations are those of :mod:`fedlib.papers.fedpcl_cdr.method` (its docstring has the notation,
+the paper and the readings we chose); :class:`~fedlib.papers.fedpcl_cdr.method.FedPCLAlgorithm`
+calls these functions once per round and domain. Here:
 
-* Eqs. 3–6, the differential prototypes: :func:`cluster_users` (k-means over all users of a
-  domain), :func:`clip_to_norm` and :func:`differential_prototypes` (clip to β, add Laplace
-  noise of scale η), :func:`privacy_budget` (the paper's ε and the mechanism's);
+* Eqs. 4–6, the differential prototypes: :func:`clip_to_norm` and :func:`differential_prototypes`
+  (clip to β, add Laplace noise of scale η), :func:`privacy_budget` (the paper's ε and the
+  mechanism's). Eq. 3, the k-means over all users of a domain, is
+  :func:`fedlib.methods.user_clusters.cluster_users` (P²DTR clusters with it too);
 * the messages: :class:`DomainUpload` (the representative prototypes and the overlapping
   users' labels, Eq. 4), :class:`ServerPrototypes` (Eqs. 13–14, what the server sends a
   domain) and :class:`DomainPrototypes` (what a domain trains with);
@@ -22,17 +23,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fedlib.engine.privacy import add_laplace, l1_sensitivity_of_l2_clip, laplace_epsilon
 
 __all__ = [
-    "cluster_users", "clip_to_norm", "differential_prototypes", "privacy_budget", "DomainUpload", "ServerPrototypes",
-    "DomainPrototypes", "aggregate_prototypes", "complete_prototypes", "aggregate_prototypes_reference",
+    "clip_to_norm", "differential_prototypes", "privacy_budget", "DomainUpload", "ServerPrototypes", "DomainPrototypes",
+    "aggregate_prototypes", "complete_prototypes", "aggregate_prototypes_reference",
     "global_prototype_loss", "local_prototype_loss", "local_prototype_loss_reference",
 ]
 
@@ -40,28 +40,6 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Differential prototypes (Eqs. 3–6)
 # --------------------------------------------------------------------------------------
-def cluster_users(user_vectors: torch.Tensor, num_clusters: int, seed: int = 0,
-                  restarts: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Eq. 3: k-means (scikit-learn) over **all** users of a domain.
-
-    Args:
-        user_vectors: ``(U, D)`` representations.
-    Returns:
-        ``(centroids (K, D), assignment (U,) int64)``. Fewer distinct users than ``K`` is an error.
-    """
-    from sklearn.cluster import KMeans
-
-    data = user_vectors.detach().to("cpu", torch.float64).numpy()
-    distinct = np.unique(np.round(data, 12), axis=0).shape[0]
-    if distinct < num_clusters:
-        raise ValueError(f"k-means with K={num_clusters} needs at least {num_clusters} distinct user vectors, "
-                         f"got {distinct}; lower num_clusters")
-    kmeans = KMeans(n_clusters=num_clusters, n_init=restarts, random_state=int(seed)).fit(data)
-    centroids = torch.as_tensor(kmeans.cluster_centers_, dtype=user_vectors.dtype, device=user_vectors.device)
-    assignment = torch.as_tensor(kmeans.labels_.astype(np.int64), device=user_vectors.device)
-    return centroids, assignment
-
-
 def clip_to_norm(vectors: torch.Tensor, max_norm: float) -> torch.Tensor:
     """``c / max(1, ‖c‖₂ / β)`` per row of ``(K, D)``: every row ends with norm ≤ β."""
     norms = vectors.norm(dim=-1, keepdim=True)
