@@ -96,9 +96,10 @@ from IPython.display import display
 from fedlib import reporting
 from fedlib.data import dataset_status
 from fedlib.device import default_device
-from fedlib.experiments import f3crec as f3crec_experiments
-from fedlib.experiments import f3crec_figures, f3crec_tables
-from fedlib.methods import f3crec
+from fedlib.papers.f3crec import experiment as f3crec_experiments
+from fedlib.papers.f3crec import figures as f3crec_figures
+from fedlib.papers.f3crec import method as f3crec
+from fedlib.papers.f3crec import tables as f3crec_tables
 
 profile, device = settings.profile, default_device()
 reporting.use_style()
@@ -488,7 +489,7 @@ fnb.record("memory_consumed_share", consumed)
 # ### Exercises
 #
 # Each exercise changes one argument of `live_cell(...)` (the parameters of
-# `fedlib.experiments.f3crec.cell`) and trains one run with `run_live` (about a minute at quick).
+# `fedlib.papers.f3crec.experiment.cell`) and trains one run with `run_live` (about a minute at quick).
 #
 # 1. **No replay.** Set `params={"eps": 1.0}` for F3CRec: δ = exp(−Δ) is about 0 for every user
 #    who moved at all, so almost nothing is replayed. *Expected:* D0's curve stays close to

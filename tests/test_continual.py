@@ -11,7 +11,7 @@ from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
 from fedlib.methods.continual import (BlockContext, FineTuning, PreviousBlock, block_seed, fedmf_backbone,
                                       fedncf_backbone, grow_state, initial_block_state, pfedrec_backbone,
                                       run_continual)
-from fedlib.methods.f3crec import F3CRec, ParameterRegularisation, kd_baseline
+from fedlib.papers.f3crec.method import F3CRec, ParameterRegularisation, kd_baseline
 
 CONFIG = FederatedConfig(rounds=6, seed=0, batch_size=64, patience=3)
 BACKBONE = fedmf_backbone(dim=8, lr=4.0)

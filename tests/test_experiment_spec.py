@@ -133,7 +133,7 @@ def test_table_rows_and_metric_patterns(spec):
 
 
 def test_the_f3crec_spec_reproduces_its_settings():
-    from fedlib.experiments import f3crec
+    from fedlib.papers.f3crec import experiment as f3crec
 
     assert f3crec.SPEC.version == f3crec.VERSION == 1
     sweep = f3crec.SPEC.labelled_cells("sensitivity", f3crec.cell, {"datasets": ["Lastfm-2K"]})
@@ -190,6 +190,12 @@ def test_a_block_key_the_builder_does_not_take_is_refused_at_expansion(tmp_path)
 def test_a_missing_spec_file_is_named(tmp_path):
     with pytest.raises(SpecError, match=r"absent\.toml: no such specification"):
         load_spec(tmp_path / "absent.toml")
+
+
+def test_a_paper_without_a_spec_is_named_with_the_papers_that_have_one():
+    with pytest.raises(SpecError, match=r"nope: no such specification \(papers with one: \[.*'f3crec'.*\]\)"):
+        load_spec("nope")
+    assert load_spec("f3crec").path.parent.name == "f3crec"  # fedlib/papers/f3crec/spec.toml
 
 
 def test_a_table_hook_the_paper_lacks_is_named(spec):

@@ -17,16 +17,16 @@ from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, bce_client_loss, fedmf_method,
                            init_train_state, make_round_plan, round_generator, run_federated)
 from fedlib.engine.method import LocalBatch
-from fedlib.methods import f3crec
-from fedlib.methods.continual import (BlockContext, PlanAugmentingExecutor, PreviousBlock, fedmf_backbone,
-                                      fedncf_backbone, initial_block_state, pfedrec_backbone)
-from fedlib.methods.f3crec import (CONTEXT_LABEL, F3CRec, ParameterRegularisation, ParameterRegularisationLoss,
-                                   adaptive_replay_memory, augment_plan_with_replay, consistency_sampling_rate,
-                                   count_higher_scores, decode_replay_label, item_knowledge_shift,
-                                   item_temporal_mean_mix, kd_loss, pre_aggregation, preference_shift,
-                                   replay_memory_size, replay_priorities, student_ranks, temporal_mean,
-                                   temporal_mean_weights, top_n_memory, total_client_loss)
+from fedlib.methods.continual import (BlockContext, PlanAugmentingExecutor, PreviousBlock, count_higher_scores,
+                                      fedmf_backbone, fedncf_backbone, initial_block_state, pfedrec_backbone,
+                                      student_ranks)
 from fedlib.models import FedMF
+from fedlib.papers.f3crec import method as f3crec
+from fedlib.papers.f3crec.method import (CONTEXT_LABEL, F3CRec, ParameterRegularisation, ParameterRegularisationLoss,
+                                         adaptive_replay_memory, augment_plan_with_replay, consistency_sampling_rate,
+                                         decode_replay_label, item_knowledge_shift, item_temporal_mean_mix, kd_loss,
+                                         pre_aggregation, preference_shift, replay_memory_size, replay_priorities,
+                                         temporal_mean, temporal_mean_weights, top_n_memory, total_client_loss)
 
 
 # -- Eq. 1 ---------------------------------------------------------------------------------

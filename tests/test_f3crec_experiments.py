@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from fedlib.experiments import f3crec as X
-from fedlib.experiments import f3crec_tables as T
+from fedlib.papers.f3crec import experiment as X
+from fedlib.papers.f3crec import tables as T
 from fedlib.methods.continual import FineTuning
 from fedlib.reporting import read_runs
 from fedlib.reporting.consistency import check_results_table

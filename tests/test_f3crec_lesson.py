@@ -8,8 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
-from fedlib.experiments import f3crec as f3crec_experiments
-from fedlib.experiments import f3crec_figures, f3crec_tables
+from fedlib.papers.f3crec import experiment as f3crec_experiments
+from fedlib.papers.f3crec import figures as f3crec_figures
+from fedlib.papers.f3crec import tables as f3crec_tables
 
 
 def _legend_titles(fig):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fedlib.experiments.f3crec import OFFLINE_DATASETS
+from fedlib.papers.f3crec.experiment import OFFLINE_DATASETS
 from fedlib.paths import project_root
 from fedlib.reporting.results import NEEDS_DOWNLOAD_NOTE
 from fedlib.reporting.results_tables import read_results_table
@@ -52,8 +52,8 @@ def test_figures_are_regenerated(name):
 
 
 def test_figure4_sweeps_are_complete_on_every_offline_dataset():
-    from fedlib.experiments.f3crec import SENSITIVITY_GRID
-    from fedlib.experiments.f3crec_tables import sensitivity_frame
+    from fedlib.papers.f3crec.experiment import SENSITIVITY_GRID
+    from fedlib.papers.f3crec.tables import sensitivity_frame
     from fedlib.reporting import read_runs
 
     frame = sensitivity_frame(read_runs("f3crec", "paper"), OFFLINE_DATASETS, {"rounds": None, "patience": 30, "seed": 0})

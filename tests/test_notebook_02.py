@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedlib.experiments import f3crec as f3crec_experiments
-from fedlib.experiments import f3crec_tables
+from fedlib.papers.f3crec import experiment as f3crec_experiments
+from fedlib.papers.f3crec import tables as f3crec_tables
 from fedlib.notebook.records import read_records, record_frame as frame
 from fedlib.paths import project_root
 

@@ -1,6 +1,6 @@
 """Experiments as data: a paper's grid and its tables' layouts, read by one grid runner and one table builder.
 
-Each paper declares, in ``fedlib/experiments/specs/<paper>.toml``, what its cells are and how
+Each paper declares, in ``fedlib/papers/<paper>/spec.toml``, what its cells are and how
 its tables are laid out; this module expands them. The paper's Python keeps only what is
 logic (its cell builder's derived values, training a cell, derived table rows).
 
@@ -50,7 +50,8 @@ import pandas as pd
 
 __all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "compare", "build_table"]
 
-SPEC_DIR = Path(__file__).resolve().parent / "specs"
+#: The papers' folders; paper ``<slug>`` keeps its specification in ``<slug>/spec.toml`` (read as a file, not imported).
+PAPERS_DIR = Path(__file__).resolve().parents[1] / "papers"
 SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
 BLOCK_DIRECTIVES = {"only", "sweep", "part"}
 TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish"}
@@ -300,11 +301,18 @@ def _keywords(builder: Callable, cell: Mapping[str, Any]) -> set:
 # Loading and checking a spec
 # ======================================================================================
 def load_spec(paper_or_path: str | Path) -> Spec:
-    """Read ``specs/<paper>.toml`` (or a path) and check it; :class:`SpecError` names the file, section and key."""
-    path = Path(paper_or_path) if str(paper_or_path).endswith(".toml") else SPEC_DIR / f"{paper_or_path}.toml"
+    """Read ``fedlib/papers/<paper>/spec.toml`` (or a path) and check it.
+
+    :class:`SpecError` names the file, section and key of what is wrong.
+    """
+    is_path = str(paper_or_path).endswith(".toml")
+    path = Path(paper_or_path) if is_path else PAPERS_DIR / str(paper_or_path) / "spec.toml"
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
+        if not is_path:
+            raise SpecError(f"{paper_or_path}: no such specification (papers with one: "
+                            f"{sorted(p.parent.name for p in PAPERS_DIR.glob('*/spec.toml'))})") from None
         raise SpecError(f"{path.name}: no such specification ({path.parent.name}/ holds "
                         f"{sorted(p.name for p in path.parent.glob('*.toml'))})") from None
     except tomllib.TOMLDecodeError as error:

@@ -42,7 +42,8 @@ Methods plug in through :class:`ContinualMethod`: ``make_method`` turns the back
 :class:`~fedlib.engine.FederatedMethod` into the method of block ``t`` (a different client
 loss, a ``server_mix`` hook) and ``after_block`` stores what the next block needs. Fine-tuning
 (FT) is the base class itself; F3CRec, its ablations and the KD/Reg baselines live in
-:mod:`fedlib.methods.f3crec`.
+:mod:`fedlib.papers.f3crec.method`. The ranks of a few items among all items
+(:func:`student_ranks`), which F3CRec's Eq. 2 and SPP's ranking discrepancy both read, are here.
 
 A client loss that needs extra rows in every local batch (F3CRec's replay items, which are
 not among the batch's positives/negatives) declares a
@@ -73,7 +74,7 @@ __all__ = [
     "Backbone", "fedmf_backbone", "fedncf_backbone", "pfedrec_backbone",
     "PreviousBlock", "BlockContext", "ContinualMethod", "FineTuning", "PlanAugmentingExecutor",
     "block_seed", "grow_state", "initial_block_state",
-    "BlockResult", "ContinualResult", "run_continual",
+    "BlockResult", "ContinualResult", "run_continual", "count_higher_scores", "student_ranks",
 ]
 
 #: SeedSequence stream tags, so block seeds and growth initialisers never share numbers.
@@ -479,3 +480,41 @@ def run_continual(
 
     return ContinualResult(method=getattr(method, "name", type(method).__name__), backbone=backbone.name,
                            blocks=results, accuracy=accuracy)
+
+
+# ======================================================================================
+# Ranks of a few items among all items (F3CRec's Eq. 2, SPP's ranking discrepancy)
+# ======================================================================================
+def count_higher_scores(scores: torch.Tensor, query: torch.Tensor, strategy: str = "compare",
+                        budget: int = 1 << 24) -> torch.Tensor:
+    """``out[c, k] = #{j : scores[c, j] > query[c, k]}``: the ranks of a few items, no argsort.
+
+    Args:
+        scores: ``(C, I)`` every item's score for each client.
+        query: ``(C, N)`` the scores whose rank is wanted.
+        strategy: ``"compare"``: one ``(C, N, I)`` comparison, ``O(C·N·I)`` work, processed in
+            client chunks of at most ``budget`` booleans; ``"sort"``: sort each row once
+            (``O(C·I log I)``) and binary-search the ``N`` queries (``O(C·N log I)``), cheaper
+            when ``N`` exceeds ``log I`` by a lot. Both give identical counts.
+
+    Returns:
+        ``(C, N) int64``. Ties count as not higher (a tied item is ranked after the query).
+    """
+    if strategy == "sort":
+        ascending = torch.sort(scores, dim=1).values
+        return scores.shape[1] - torch.searchsorted(ascending, query.contiguous(), right=True)
+    if strategy != "compare":
+        raise ValueError(f"strategy must be 'compare' or 'sort', got {strategy!r}")
+    num_clients, num_items = scores.shape
+    per_client = max(1, query.shape[1] * num_items)
+    chunk = max(1, budget // per_client)
+    parts = []
+    for start in range(0, num_clients, chunk):
+        s, q = scores[start:start + chunk], query[start:start + chunk]
+        parts.append((s[:, None, :] > q[:, :, None]).sum(-1))  # (c, N, I) -> (c, N)
+    return torch.cat(parts, 0) if parts else query.new_zeros(query.shape, dtype=torch.int64)
+
+
+def student_ranks(scores: torch.Tensor, query: torch.Tensor, strategy: str = "compare") -> torch.Tensor:
+    """1-based ranks ``r_u^{t,r}(i_k)`` of the queried items (F3CRec's memory) among all items: ``(C, N) int64``."""
+    return 1 + count_higher_scores(scores, query, strategy)

@@ -128,8 +128,7 @@ import torch.nn.functional as F
 from fedlib.engine import BatchedExecutor, FederatedMethod, LocalBatch, RankingEvaluator, bce_client_loss, run_federated
 from fedlib.engine.aggregation import ServerMixFn
 from fedlib.engine.plan import RoundPlan, round_generator
-from fedlib.methods.continual import BlockContext, ContinualMethod, initial_block_state
-from fedlib.methods.f3crec import student_ranks
+from fedlib.methods.continual import BlockContext, ContinualMethod, initial_block_state, student_ranks
 from fedlib.models.base import FederatedModel
 
 __all__ = [
@@ -389,7 +388,7 @@ class SPPReplayLoss:
         eps, num_replay, lambda_replay, a_t, reduction: see :class:`SPP`.
         seed: seeds the draws (``round_generator(seed, round, SPP_STREAM)``).
         base_loss: the backbone's loss (default BCE with logits, mean).
-        rank_strategy: see :func:`fedlib.methods.f3crec.count_higher_scores`.
+        rank_strategy: see :func:`fedlib.methods.continual.count_higher_scores`.
         record: keep, per round, the clients, their number of replayed items, and per proxy
             the quantiles (5/25/50/75/95 %) of the rank gaps ``r_u − r^X_u`` of the valid
             candidates and the mean perplexity of ``P^X_u`` (in :attr:`records`).
@@ -556,7 +555,7 @@ class SPP(ContinualMethod):
         plasticity_rounds: rounds of the plasticity proxy's run (None = the block's rounds).
         growth_seed: seed of the proxy run's new rows (None = the block seed; assumption 2).
         executor: executor of the proxy run (default :class:`~fedlib.engine.BatchedExecutor`).
-        rank_strategy: see :func:`fedlib.methods.f3crec.count_higher_scores`.
+        rank_strategy: see :func:`fedlib.methods.continual.count_higher_scores`.
         record: keep per-round replay counts (``self.losses[block].records``).
         name: label in results.
 

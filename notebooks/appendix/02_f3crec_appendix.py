@@ -42,8 +42,9 @@ import torch
 from IPython.display import display
 
 from fedlib import reporting
-from fedlib.experiments import f3crec as f3crec_experiments
-from fedlib.experiments import f3crec_figures, f3crec_tables
+from fedlib.papers.f3crec import experiment as f3crec_experiments
+from fedlib.papers.f3crec import figures as f3crec_figures
+from fedlib.papers.f3crec import tables as f3crec_tables
 
 reporting.use_style()
 recorded_kwargs = {"rounds": None, "patience": 30, "seed": 0}  # the paper-profile cells
@@ -180,7 +181,7 @@ print("max − min of N@20 across each sweep:\n" + spread.round(4).unstack("para
 # %%
 tuned = pd.DataFrame([{"dataset": d, "method": m, **v} for d, by_method in f3crec_experiments.SELECTED.items()
                       for m, v in by_method.items()])
-print("Values chosen on validation (fedlib.experiments.f3crec.SELECTED):")
+print("Values chosen on validation (fedlib.papers.f3crec.experiment.SELECTED):")
 print(tuned.to_string(index=False, na_rep=""))
 
 # %% [markdown]

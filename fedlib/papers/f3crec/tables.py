@@ -1,9 +1,9 @@
 """F3CRec: from recorded runs to the paper's Tables 1–8 (paper vs ours) and Figures 3–4.
 
 Every number here is read from ``runs.jsonl`` records written by
-:func:`fedlib.experiments.f3crec.run_grid` (or by the notebook), matched to table cells by the
-configuration hash of :func:`fedlib.experiments.f3crec.cell`. Tables 1, 2, 3, 6 and 8 are laid
-out as data (``[tables]`` of ``specs/f3crec.toml``) and built by
+:func:`fedlib.papers.f3crec.experiment.run_grid` (or by the notebook), matched to table cells by the
+configuration hash of :func:`fedlib.papers.f3crec.experiment.cell`. Tables 1, 2, 3, 6 and 8 are laid
+out as data (``[tables]`` of ``spec.toml``) and built by
 :func:`fedlib.experiments.spec.build_table`; this module holds what is table-specific: the
 derived rows (``Improv``, the ablations' relative decrease), the paper's ``*`` test, and the
 per-group analyses of Tables 4, 5 and 7, which read a run's ``extra``. Derived cells carry the
@@ -17,11 +17,11 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.f3crec import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
-                                       SENSITIVITY_GRID, SPEC, cell, eps_scale)
 from fedlib.experiments.spec import TableContext, build_table, compare, derived_row
 from fedlib.metrics import paired_ttest
 from fedlib.reporting import append_run
+from fedlib.papers.f3crec.experiment import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
+                                             SENSITIVITY_GRID, SPEC, cell, eps_scale)
 from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",

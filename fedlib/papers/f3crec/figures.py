@@ -26,7 +26,7 @@ def plot_forgetting(frame: pd.DataFrame, test_blocks: Sequence[str] = ("D0", "D1
     """One panel per test block: ``metric`` on that block's test users after each later block.
 
     Args:
-        frame: :func:`fedlib.experiments.f3crec.forgetting_frame` (``run``, ``test block``,
+        frame: :func:`fedlib.papers.f3crec.experiment.forgetting_frame` (``run``, ``test block``,
             ``after training``, ``t`` and ``metric``).
         test_blocks: the blocks whose test users are followed (one panel each).
         metric: the column to plot (``"N@20"``: NDCG at 20, a fraction in [0, 1]).
@@ -55,7 +55,7 @@ def plot_improvement(frame: pd.DataFrame, title: str = "Figure 3: F3CRec over th
     """Figure 3 as grouped horizontal bars: one group per (dataset, backbone), one bar per source.
 
     Args:
-        frame: rows of :func:`fedlib.experiments.f3crec_tables.improvement_over_second_best`
+        frame: rows of :func:`fedlib.papers.f3crec.tables.improvement_over_second_best`
             with a ``source`` column (e.g. ``"paper"``, ``"ours"``); ``improvement_percent`` in %.
 
     Horizontal bars keep the nine "dataset · backbone" labels readable (vertical ones overlap).
@@ -86,7 +86,7 @@ def plot_sensitivity(frame: pd.DataFrame, parameters: Sequence[str] = ("ε", "λ
     """Figure 4: one panel per hyperparameter, one line per dataset, one shared legend.
 
     Args:
-        frame: :func:`fedlib.experiments.f3crec_tables.sensitivity_frame` (``dataset``,
+        frame: :func:`fedlib.papers.f3crec.tables.sensitivity_frame` (``dataset``,
             ``parameter``, ``value``, ``N@20``).
 
     ε and λ_KD are swept over orders of magnitude (log x axis); each panel keeps its own y range

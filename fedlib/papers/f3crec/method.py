@@ -62,12 +62,12 @@ import torch.nn.functional as F
 from fedlib.engine import FederatedMethod, LocalBatch, bce_client_loss
 from fedlib.engine.aggregation import ServerMixFn
 from fedlib.engine.plan import RoundPlan, round_generator
-from fedlib.methods.continual import BlockContext, ContinualMethod
+from fedlib.methods.continual import BlockContext, ContinualMethod, student_ranks
 from fedlib.models.base import FederatedModel
 
 __all__ = [
     # client side, one function per equation
-    "top_n_memory", "count_higher_scores", "student_ranks", "preference_shift", "consistency_sampling_rate",
+    "top_n_memory", "preference_shift", "consistency_sampling_rate",
     "replay_memory_size", "replay_priorities", "adaptive_replay_memory", "kd_loss", "total_client_loss",
     # server side
     "pre_aggregation", "item_knowledge_shift", "temporal_mean_weights", "temporal_mean", "item_temporal_mean_mix",
@@ -107,47 +107,13 @@ def top_n_memory(teacher_scores: torch.Tensor, n: int) -> Tuple[torch.Tensor, to
     return items, logits
 
 
-def count_higher_scores(scores: torch.Tensor, query: torch.Tensor, strategy: str = "compare",
-                        budget: int = 1 << 24) -> torch.Tensor:
-    """``out[c, k] = #{j : scores[c, j] > query[c, k]}``: the ranks of a few items, no argsort.
-
-    Args:
-        scores: ``(C, I)`` every item's score for each client.
-        query: ``(C, N)`` the scores whose rank is wanted.
-        strategy: ``"compare"``: one ``(C, N, I)`` comparison, ``O(C·N·I)`` work, processed in
-            client chunks of at most ``budget`` booleans; ``"sort"``: sort each row once
-            (``O(C·I log I)``) and binary-search the ``N`` queries (``O(C·N log I)``), cheaper
-            when ``N`` exceeds ``log I`` by a lot. Both give identical counts.
-
-    Returns:
-        ``(C, N) int64``. Ties count as not higher (a tied item is ranked after the query).
-    """
-    if strategy == "sort":
-        ascending = torch.sort(scores, dim=1).values
-        return scores.shape[1] - torch.searchsorted(ascending, query.contiguous(), right=True)
-    if strategy != "compare":
-        raise ValueError(f"strategy must be 'compare' or 'sort', got {strategy!r}")
-    num_clients, num_items = scores.shape
-    per_client = max(1, query.shape[1] * num_items)
-    chunk = max(1, budget // per_client)
-    parts = []
-    for start in range(0, num_clients, chunk):
-        s, q = scores[start:start + chunk], query[start:start + chunk]
-        parts.append((s[:, None, :] > q[:, :, None]).sum(-1))  # (c, N, I) -> (c, N)
-    return torch.cat(parts, 0) if parts else query.new_zeros(query.shape, dtype=torch.int64)
-
-
-def student_ranks(scores: torch.Tensor, query: torch.Tensor, strategy: str = "compare") -> torch.Tensor:
-    """1-based ranks ``r_u^{t,r}(i_k)`` of the memory items among all items: ``(C, N) int64``."""
-    return 1 + count_higher_scores(scores, query, strategy)
-
-
 def preference_shift(ranks: torch.Tensor) -> torch.Tensor:
     """Eq. 2: ``Δ_u = Σ_{k=1..N} |r_u^{t,r}(i_{t_k}) − k|``.
 
     Args:
-        ranks: ``(C, N)`` the student's 1-based rank of the teacher's ``k``-th item in column
-            ``k − 1`` (the teacher's own rank of that item is ``k`` by construction of ``S_u``).
+        ranks: ``(C, N)`` the student's 1-based rank (:func:`~fedlib.methods.continual.student_ranks`)
+            of the teacher's ``k``-th item in column ``k − 1`` (the teacher's own rank of that
+            item is ``k`` by construction of ``S_u``).
 
     Returns:
         ``(C,)`` float64 (sums of integers; float so Eq. 3 can follow directly).
@@ -467,7 +433,7 @@ class ReplayDistillationLoss:
         seed: seeds the replay sampling (per round: ``round_generator(seed, round, REPLAY_STREAM)``).
         base_loss: the backbone's loss on its own examples (default BCE with logits, mean).
         kd_reduction: ``"mean"`` (public code) or ``"sum"`` (paper's Eq. 5).
-        rank_strategy: see :func:`count_higher_scores`.
+        rank_strategy: see :func:`~fedlib.methods.continual.count_higher_scores`.
         record: keep ``(round, users, Δ, δ, |M|)`` of every call in :attr:`records`
             (to find static and dynamic users, paper Tables 4–5).
     """
@@ -617,7 +583,7 @@ class F3CRec(ContinualMethod):
             public code's behaviour: only users who trained in the block get a new list; the
             others keep their older list, with teacher logits recomputed from the newest model.
         kd_reduction: ``"mean"`` (code) or ``"sum"`` (paper's Eq. 5).
-        rank_strategy: see :func:`count_higher_scores`.
+        rank_strategy: see :func:`~fedlib.methods.continual.count_higher_scores`.
         record_shifts: keep Δ/δ/|M| per call (``self.losses[block].records``).
         name: label in results.
     """

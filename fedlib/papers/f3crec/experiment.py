@@ -20,7 +20,7 @@ upload noise, split rule, rounds, seed. :func:`run_cell` trains it block by bloc
 Block 0 is plain training for every method (F3CRec starts at ``t = 1``), so it is trained
 once per ``(dataset, backbone, seed, split, ...)`` and cached on disk (:func:`base_block`).
 
-The grid itself is data: ``fedlib/experiments/specs/f3crec.toml`` declares each part (datasets ×
+The grid itself is data: ``spec.toml`` (next to this module) declares each part (datasets ×
 backbones × methods × sweeps), every default once with its justification (the split, rounds,
 ε, learning rates, the validation choices :data:`SELECTED`), and the tables' layouts;
 :func:`cell` and :func:`grid_cells` read it through :mod:`fedlib.experiments.spec`. Reg's λ is
@@ -45,7 +45,7 @@ from fedlib.engine import FederatedConfig, RankingEvaluator, UploadNoise
 from fedlib.methods.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
                                       pfedrec_backbone, run_continual)
 from fedlib.experiments.spec import load_spec
-from fedlib.methods.f3crec import F3CRec, ParameterRegularisation, kd_baseline
+from fedlib.papers.f3crec.method import F3CRec, ParameterRegularisation, kd_baseline
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -57,7 +57,7 @@ __all__ = [
 
 PAPER = "f3crec"
 #: The grid's parts, defaults and named lists, and the tables' layouts, as data.
-SPEC = load_spec(PAPER)
+SPEC = load_spec(PAPER)  # spec.toml, next to this module
 #: Bumped (in the spec) when a change alters what a cell computes (old cache files then stop matching).
 VERSION = SPEC.version
 PARTS = SPEC.parts
@@ -497,7 +497,7 @@ def memory_consumed_share(config: Mapping[str, Any], base: BlockResult, stream, 
     user's own training items highest, so this share says how much of the "replay" re-teaches
     consumed items rather than the predicted next ones.
     """
-    from fedlib.methods.f3crec import top_n_memory
+    from fedlib.papers.f3crec.method import top_n_memory
 
     model = make_backbone(config).make_model(stream[0].num_users, stream[0].num_items)
     device = next(iter(base.global_state.values())).device if device is None else device
@@ -523,6 +523,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                                                          help="keep only cells of these methods")},
                    cache_dir=".cache/f3crec/paper")
 
-
-if __name__ == "__main__":
-    main()
