@@ -7,14 +7,14 @@ the largest platform, with the frozen global model for MCL, at the paper profile
 * ``full graph``: the graph layer propagates the whole item table through the platform's
   transition graph every step (then indexes the batch's rows), as a direct implementation of
   Eq. 1 does; every use of an item table or a prediction head indexes the parameter anew;
-* ``rows, separate reads``: :func:`fedlib.methods.fedcsr.propagate_rows` mixes only the rows the
+* ``rows, separate reads``: :func:`fedlib.methods.sequences.propagate_rows` mixes only the rows the
   batch asks for, but still indexes the table four times per forward and each head twice per
   term of Eq. 17;
 * ``rows, one read``: the model's default. Each item table and each head is gathered once per
-  forward (:func:`~fedlib.methods.fedcsr.propagate_rows`, :func:`~fedlib.methods.fedcsr.sampled_head_losses`):
+  forward (:func:`~fedlib.methods.sequences.propagate_rows`, :func:`~fedlib.methods.sequences.sampled_head_losses`):
   every index into a parameter costs its backward a zero-filled gradient of the whole table;
 * the sequence encoders' layout: ``packed`` (the model's default: per-token layers on the real
-  tokens only, :class:`~fedlib.methods.fedcsr.CausalSelfAttention`), ``padded`` (every layer on
+  tokens only, :class:`~fedlib.methods.sequences.CausalSelfAttention`), ``padded`` (every layer on
   all B·L positions, ``nn.MultiheadAttention``: ``forward_reference``) and ``padded, torch
   dropout`` (also ``nn.Dropout``'s ``bernoulli_`` masks instead of :mod:`fedlib.models.dropout`);
 * each with ``torch.optim.Adam`` as it comes or the fused Adam the trainer uses
@@ -46,9 +46,10 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.engine.optim import adam
-from fedlib.experiments import fedcsr as experiments
-from fedlib.methods import fedcsr as model_module
-from fedlib.methods.fedcsr_train import platform_graphs
+from fedlib.methods import sequences
+from fedlib.methods.sequence_training import platform_graphs
+from fedlib.papers.fedcsr import experiment as experiments
+from fedlib.papers.fedcsr import model as model_module
 
 #: graph-layer variant -> does it propagate the whole table?, does it read each parameter once?
 GRAPH_LAYERS = {"full graph": (True, False), "rows, separate reads": (False, False), "rows, one read": (False, True)}
@@ -57,7 +58,7 @@ GRAPH_LAYERS = {"full graph": (True, False), "rows, separate reads": (False, Fal
 def _full_graph_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False
                      ) -> torch.Tensor:
     """The direct form: propagate every item, then index the batch's rows (and add them)."""
-    mixed = model_module.propagate(graph, table)[ids]
+    mixed = sequences.propagate(graph, table)[ids]
     return mixed + table[ids] if residual else mixed
 
 
@@ -104,33 +105,33 @@ ENCODERS = {"packed": (False, False), "padded": (True, False), "padded, torch dr
 def _encoder(name: str):
     """Build and run the model with the encoder layout ``name`` (restored on exit)."""
     padded, torch_dropout = ENCODERS[name]
-    encoder_class = model_module.CausalSelfAttention
-    saved = encoder_class.forward, model_module.Dropout
+    encoder_class = sequences.CausalSelfAttention
+    saved = encoder_class.forward, sequences.Dropout
     if padded:
         encoder_class.forward = encoder_class.forward_reference
     if torch_dropout:
-        model_module.Dropout = torch.nn.Dropout
+        sequences.Dropout = torch.nn.Dropout
     try:
         yield
     finally:
-        encoder_class.forward, model_module.Dropout = saved
+        encoder_class.forward, sequences.Dropout = saved
 
 
 @contextlib.contextmanager
 def _graph_layer(name: str):
     """Swap the model module's row functions for the variant ``name`` (restored on exit)."""
     full_graph, one_read = GRAPH_LAYERS[name]
-    saved = model_module.propagate_rows, model_module.sampled_head_losses
+    saved = sequences.propagate_rows, sequences.sampled_head_losses
     if full_graph:
-        model_module.propagate_rows = _full_graph_rows
+        sequences.propagate_rows = _full_graph_rows
     elif not one_read:
-        model_module.propagate_rows = _rows_separate_reads
+        sequences.propagate_rows = _rows_separate_reads
     if not one_read:
-        model_module.sampled_head_losses = _heads_separate_reads
+        sequences.sampled_head_losses = _heads_separate_reads
     try:
         yield
     finally:
-        model_module.propagate_rows, model_module.sampled_head_losses = saved
+        sequences.propagate_rows, sequences.sampled_head_losses = saved
 
 
 def time_steps(split, graphs, *, dim: int, negatives: Optional[int], graph_layer: str = "rows, one read",
@@ -151,7 +152,7 @@ def time_steps(split, graphs, *, dim: int, negatives: Optional[int], graph_layer
         seconds, loss = [], float("nan")
         for step in range(steps + 1):                           # step 0 warms up
             chosen = order[(step * batch_size) % max(rows.size - batch_size, 1):][:batch_size]
-            batch = model_module.make_batch(split.train, na, nb, model.config.maxlen, rows=chosen)
+            batch = sequences.make_batch(split.train, na, nb, model.config.maxlen, rows=chosen)
             started = time.perf_counter()
             value, _ = model_module.fedcsr_loss(model, batch, global_model=target, rng=rng)
             optimizer.zero_grad(set_to_none=True)

@@ -95,10 +95,10 @@ import pandas as pd
 import torch
 
 from fedlib.data.protocols import fedcsr as protocol
-from fedlib.experiments import fedcsr as experiments
-from fedlib.experiments import fedcsr_tables as tables
-from fedlib.methods import fedcsr as method
-from fedlib.methods import fedcsr_train as training
+from fedlib.methods import sequence_training, sequences
+from fedlib.papers.fedcsr import experiment as experiments
+from fedlib.papers.fedcsr import figures, tables
+from fedlib.papers.fedcsr import model as method
 from fedlib.reporting import deviations, paper_grid, read_runs, recorded_or_none, use_style
 
 PAPER = "fedcsr"
@@ -166,7 +166,7 @@ paper_grid(table1, rows="statistic", columns="dataset", decimals=1,
 # $$E' = \tfrac{1}{2}\,(E + A E), \qquad \text{encoder input} = (E'[s] + E[s])\sqrt{n} + P \tag{1}$$
 
 # %%
-fnb.show_source(method.propagate)
+fnb.show_source(sequences.propagate)
 
 # %% [markdown]
 # A toy with 3 A items (0-2) and 2 B items (3, 4): item 0 is followed by 3 twice and by 4 once,
@@ -174,9 +174,9 @@ fnb.show_source(method.propagate)
 
 # %%
 NA, NB = 3, 2
-toy_graphs = method.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB)
+toy_graphs = sequences.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB)
 embeddings = torch.arange(6.0).view(6, 1)                     # (5 items + 1 padding row, n = 1)
-propagated = method.propagate(toy_graphs.cross, embeddings)
+propagated = sequences.propagate(toy_graphs.cross, embeddings)
 by_hand = 0.5 * (embeddings[0] + 0.5 * embeddings[3] + 0.5 * embeddings[4])
 print("row 0 of A*:", toy_graphs.cross.to_dense()[0].tolist())
 print(f"E'[0] = {float(propagated[0]):.3f}, by hand (E[0] + (E[3] + E[4])/2)/2 = {float(by_hand):.3f}")
@@ -193,8 +193,8 @@ def edge_count(graph):
     return int(graph.coalesce().indices().shape[1])
 
 
-central_edges = edge_count(training.platform_graphs(food_kitchen, central=True)[0].cross)
-own_edges = [edge_count(g.cross) for g in training.platform_graphs(food_kitchen)]
+central_edges = edge_count(sequence_training.platform_graphs(food_kitchen, central=True)[0].cross)
+own_edges = [edge_count(g.cross) for g in sequence_training.platform_graphs(food_kitchen)]
 unseen = pd.DataFrame({"platform": range(1, 11), "own edges": own_edges,
                        "central edges it never saw (%)": [round(100 * (1 - e / central_edges), 1) for e in own_edges]})
 print(f"central cross-domain graph: {central_edges} edges")
@@ -288,14 +288,14 @@ fnb.record("stop_gradient", stop_gradient)
 fnb.show_source(method.fedcsr_loss, start="lam_pre, lam_mcl, lam_scl", end="return total, parts")
 
 # %%
-fnb.show_source(training.fedavg)
+fnb.show_source(sequence_training.fedavg)
 
 # %% [markdown]
 # Check Eq. 19: a platform with 3 users at weight 1 and one with 1 user at weight 0 average to
 # 0.75. Change the user counts:
 
 # %%
-averaged = training.fedavg([{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([0.0, 1.0])}], [3, 1])["w"]
+averaged = sequence_training.fedavg([{"w": torch.tensor([1.0, 0.0])}, {"w": torch.tensor([0.0, 1.0])}], [3, 1])["w"]
 print("FedAvg of [1, 0] (3 users) and [0, 1] (1 user):", averaged.tolist())
 fnb.record("fedavg_toy", averaged.tolist())
 
@@ -350,8 +350,8 @@ fnb.show(plain_curve, "w/o SCL & MCL, live", decimals=4)
 # test MRR.
 
 # %%
-curves = tables.curve_frame(read_runs(PAPER, profile), list(live_cells.values()))
-fig = tables.figure_curves(curves, "fig3_convergence_live", profile=profile, random_level=random_mrr,
+curves = figures.curve_frame(read_runs(PAPER, profile), list(live_cells.values()))
+fig = figures.figure_curves(curves, "fig3_convergence_live", profile=profile, random_level=random_mrr,
                            title=f"Live run: validation MRR per round ({len(live_split.platforms)} platforms, n = {settings.dim})")
 plt.show()
 domains = fedcsr_result["extra"]["domains"]
@@ -443,11 +443,11 @@ fnb.show(paper_grid(table5, rows="setting", columns=["domain", "metric"], captio
 
 # %%
 paper_runs = read_runs(PAPER, "paper")
-recorded_curves = tables.curve_frame(paper_runs, tables.figure3_configs())
+recorded_curves = figures.curve_frame(paper_runs, figures.figure3_configs())
 family = recorded_curves["method"].isin(["FedCSR", "w/o MCL", "w/o SCL & MCL"])
 baselines = ~family | ((recorded_curves["method"] == "FedCSR") & (recorded_curves["dim"] == 64))
 for name, rows in (("fig3_convergence_paper_profile_fedcsr", family), ("fig3_convergence_paper_profile_baselines", baselines)):
-    fig = tables.figure_curves(recorded_curves[rows], name, profile=profile, random_level=experiments.random_ranking_mrr(1000),
+    fig = figures.figure_curves(recorded_curves[rows], name, profile=profile, random_level=experiments.random_ranking_mrr(1000),
                                title="Figure 3 (recorded): " + ("FedCSR and ablations" if "fedcsr" in name else "baselines"))
     plt.show()
 

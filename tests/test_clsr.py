@@ -7,7 +7,7 @@ import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods.clsr import CLSR, CLSRConfig, bpr_contrast, contrastive_loss, interest_proxies
-from fedlib.methods.fedcsr import make_batch
+from fedlib.methods.sequences import make_batch
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

@@ -7,7 +7,8 @@ import torch
 
 from fedlib.data.splits import Sequences
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import fedcsr as M
+from fedlib.methods import sequences as S
+from fedlib.papers.fedcsr import model as M
 
 torch.set_num_threads(1)
 
@@ -19,7 +20,7 @@ def _tiny(dim=8, dropout=0.0, **flags):
     cfg = M.FedCSRConfig(dim=dim, maxlen=6, dropout=dropout, **flags)
     seqs = [[0, 3, 1, 4, 2], [3, 4, 0, 1], [1, 2, 3, 0, 4, 3]]
     torch.manual_seed(0)
-    model = M.FedCSRModel(NA, NB, cfg, M.transition_graphs(seqs, NA, NB))
+    model = M.FedCSRModel(NA, NB, cfg, S.transition_graphs(seqs, NA, NB))
     return cfg, seqs, model
 
 
@@ -43,7 +44,7 @@ def test_config_defaults_follow_the_paper():
 
 # ----------------------------------------------------------------------------- batching and index spaces
 def test_batch_of_a_toy_sequence_matches_hand_computation():
-    b = M.make_batch([[0, 3, 1, 4, 2]], NA, NB, maxlen=5)
+    b = S.make_batch([[0, 3, 1, 4, 2]], NA, NB, maxlen=5)
     x = b.inputs
     assert x.cross.tolist() == [[PAD, 0, 3, 1, 4]]
     assert x.single_a.tolist() == [[PAD, 0, PAD, 1, PAD]]
@@ -64,15 +65,15 @@ def test_batch_of_a_toy_sequence_matches_hand_computation():
 
 def test_batch_keeps_the_latest_maxlen_inputs():
     seq = Sequences.from_lists([0], [[0, 3, 1, 4, 2]])
-    b = M.make_batch(seq, NA, NB, maxlen=3)
+    b = S.make_batch(seq, NA, NB, maxlen=3)
     assert b.inputs.cross.tolist() == [[3, 1, 4]]
     assert b.unified_a[b.unified_a_mask].tolist() == [1, 2]
 
 
 def test_first_b_item_is_b_in_every_index_space():
-    is_b, idx = M.domain_index(torch.tensor([NA - 1, NA, NA + NB - 1]), NA)
+    is_b, idx = S.domain_index(torch.tensor([NA - 1, NA, NA + NB - 1]), NA)
     assert is_b.tolist() == [False, True, True] and idx.tolist() == [NA - 1, 0, NB - 1]
-    b = M.make_batch([[0, NA]], NA, NB, maxlen=3)                     # the target is the first B item
+    b = S.make_batch([[0, NA]], NA, NB, maxlen=3)                     # the target is the first B item
     assert b.unified_b_mask.any() and not b.unified_a_mask.any()
     assert b.unified_b[b.unified_b_mask].tolist() == [0]
     # The B head's column 0 is that item: making it certain drives the unified-B CE to ~0.
@@ -81,7 +82,7 @@ def test_first_b_item_is_b_in_every_index_space():
     with torch.no_grad():
         model.head_b.weight.zero_()
         model.head_b.bias.copy_(torch.tensor([50.0, -50.0]))
-        terms = M.prediction_loss((model.head_a, model.head_b), *model.represent(b.inputs)[:3], b)
+        terms = S.prediction_loss((model.head_a, model.head_b), *model.represent(b.inputs)[:3], b)
     assert terms["unified_b"].item() < 1e-6
     assert model.head_a.out_features == NA and model.head_b.out_features == NB
 
@@ -89,12 +90,12 @@ def test_first_b_item_is_b_in_every_index_space():
 def test_prediction_loss_on_gathered_rows_equals_the_full_logit_cross_entropy():
     """Eq. 17 computed only at target positions equals CE over Eq. 16's full (B, L, |V|) logits."""
     _, seqs, model = _tiny()
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     model.eval()
     with torch.no_grad():
         h_cross, h_a, h_b = model.represent(batch.inputs)[:3]
         full = model.logits(h_cross, h_a, h_b)
-        terms = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch)
+        terms = S.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch)
     targets = {"single": ("next_a", "next_b"), "cross": ("next_a", "next_b"), "unified": ("unified_a", "unified_b")}
     assert set(terms) == {f"{k}_{d}" for k in targets for d in "ab"}
     for kind, (ta, tb) in targets.items():
@@ -103,22 +104,22 @@ def test_prediction_loss_on_gathered_rows_equals_the_full_logit_cross_entropy():
             assert mask.any()
             expected = torch.nn.functional.cross_entropy(full[f"{kind}_{d}"][mask], getattr(batch, t)[mask])
             torch.testing.assert_close(terms[f"{kind}_{d}"], expected)
-    empty = M.head_cross_entropy(model.head_a, h_a, batch.next_a, torch.zeros_like(batch.next_a_mask))
+    empty = S.head_cross_entropy(model.head_a, h_a, batch.next_a, torch.zeros_like(batch.next_a_mask))
     assert empty.item() == 0.0
 
 
 def test_sampled_softmax_over_every_item_equals_the_full_softmax_and_needs_an_rng():
     _, seqs, model = _tiny()
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     h = torch.randn(*batch.next_a.shape, 8)
-    full = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask)
-    every = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.arange(NA))
+    full = S.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask)
+    every = S.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.arange(NA))
     torch.testing.assert_close(every, full)                  # the target's own column is masked out of the negatives
-    few = M.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.tensor([0]))
+    few = S.head_cross_entropy(model.head_a, h, batch.next_a, batch.next_a_mask, torch.tensor([0]))
     assert few.item() < full.item()                          # fewer competitors → smaller loss
-    negs = M.draw_negatives(NA, NB, 2, np.random.default_rng(0), "cpu")
+    negs = S.draw_negatives(NA, NB, 2, np.random.default_rng(0), "cpu")
     assert negs[0].max() < NA and negs[1].max() < NB and len(negs[0]) == 2
-    assert M.draw_negatives(NA, NB, None, np.random.default_rng(0), "cpu") is None
+    assert S.draw_negatives(NA, NB, None, np.random.default_rng(0), "cpu") is None
     cfg = M.FedCSRConfig(dim=8, maxlen=6, sampled_negatives=2, use_mcl=False, use_scl=False)
     with pytest.raises(ValueError, match="rng"):
         M.fedcsr_loss(model, batch, config=cfg)
@@ -128,7 +129,7 @@ def test_sampled_softmax_over_every_item_equals_the_full_softmax_and_needs_an_rn
 
 # ----------------------------------------------------------------------------- graphs
 def test_transition_graph_of_a_toy_sequence_equals_the_hand_matrix():
-    g = M.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB)
+    g = S.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB)
     cross = torch.zeros(5, 5)
     cross[0, 3] = cross[0, 4] = 0.5      # 0→3 (twice: binary), 0→4
     cross[3, 1] = 1.0
@@ -138,14 +139,14 @@ def test_transition_graph_of_a_toy_sequence_equals_the_hand_matrix():
     a[0, 1] = a[1, 0] = 1.0              # s^A = [0, 1, 0] and [0]
     assert torch.allclose(g.a.to_dense(), a)
     assert torch.allclose(g.b.to_dense(), torch.tensor([[0.0, 1.0], [0.0, 0.0]]))  # s^B = [3, 4] → local 0→1
-    counted = M.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB, binary=False).cross.to_dense()
+    counted = S.transition_graphs([[0, 3, 1, 0, 4], [0, 3]], NA, NB, binary=False).cross.to_dense()
     assert torch.allclose(counted[0], torch.tensor([0.0, 0.0, 0.0, 2 / 3, 1 / 3]))
 
 
 def test_propagation_is_the_mean_of_input_and_neighbours():
-    g = M.transition_graphs([[0, 1], [0, 2]], NA, NB).a               # row 0: ½·e1 + ½·e2
+    g = S.transition_graphs([[0, 1], [0, 2]], NA, NB).a               # row 0: ½·e1 + ½·e2
     table = torch.arange(8, dtype=torch.float32).reshape(4, 2)        # 3 items + pad row
-    out = M.propagate(g, table)
+    out = S.propagate(g, table)
     assert torch.allclose(out[0], 0.5 * (table[0] + 0.5 * (table[1] + table[2])))
     assert torch.allclose(out[1], 0.5 * table[1]) and torch.equal(out[3], table[3])
 
@@ -155,19 +156,19 @@ def test_row_propagation_equals_indexing_the_full_propagation_with_its_gradient(
     rng = np.random.default_rng(0)
     n = 40
     sequences = [list(rng.integers(0, n, size=rng.integers(2, 10))) for _ in range(30)]
-    graph = M.transition_graphs(sequences, n, 5).a.double()           # domain A graph over n items
+    graph = S.transition_graphs(sequences, n, 5).a.double()           # domain A graph over n items
     table = torch.randn(n + 1, 6, dtype=torch.float64, requires_grad=True)
     ids = torch.tensor([[3, 3, 7, n, n], [39, 0, 1, 2, n]])           # repeats and padding
-    full, rows = M.propagate(graph, table)[ids], M.propagate_rows(graph, table, ids)
+    full, rows = S.propagate(graph, table)[ids], S.propagate_rows(graph, table, ids)
     assert rows.shape == (2, 5, 6)
     assert torch.allclose(full, rows, atol=1e-12)
     weights = torch.randn_like(full)
     grad_full, = torch.autograd.grad((full * weights).sum(), table)
     grad_rows, = torch.autograd.grad((rows * weights).sum(), table)
     assert torch.allclose(grad_full, grad_rows, atol=1e-12)
-    toy = M.transition_graphs([[0, 1], [0, 2]], NA, NB).a             # items 1, 2 have no successor
+    toy = S.transition_graphs([[0, 1], [0, 2]], NA, NB).a             # items 1, 2 have no successor
     small = torch.arange(8, dtype=torch.float32).reshape(4, 2)
-    out = M.propagate_rows(toy, small, torch.tensor([2, 0, PAD - NB]))
+    out = S.propagate_rows(toy, small, torch.tensor([2, 0, PAD - NB]))
     assert torch.allclose(out, torch.stack([0.5 * small[2], 0.5 * (small[0] + 0.5 * (small[1] + small[2])), small[3]]))
 
 def _reads_of(output: torch.Tensor, parameter: torch.Tensor) -> int:
@@ -192,11 +193,11 @@ def test_residual_row_propagation_reads_the_table_once_with_the_same_values_and_
     rng = np.random.default_rng(1)
     n = 30
     sequences = [list(rng.integers(0, n, size=rng.integers(2, 9))) for _ in range(25)]
-    graph = M.transition_graphs(sequences, n, 4).a.double()
+    graph = S.transition_graphs(sequences, n, 4).a.double()
     table = torch.nn.Parameter(torch.randn(n + 1, 5, dtype=torch.float64))
     ids = torch.tensor([[4, 4, 9, n], [29, 0, 1, n]])
-    expected = M.propagate(graph, table)[ids] + table[ids]                 # Eq. 1's E + propagate(E), direct form
-    got = M.propagate_rows(graph, table, ids, residual=True)
+    expected = S.propagate(graph, table)[ids] + table[ids]                 # Eq. 1's E + propagate(E), direct form
+    got = S.propagate_rows(graph, table, ids, residual=True)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     weights = torch.randn_like(got)
     grad_expected, = torch.autograd.grad((expected * weights).sum(), table)
@@ -212,10 +213,10 @@ def test_one_domain_head_is_read_once_for_all_its_sampled_softmax_terms():
     and gradient."""
     _, seqs, model = _tiny()
     model.double()
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     h_cross, h_a, h_b = (h.detach().requires_grad_() for h in model.represent(batch.inputs)[:3])
     negatives = (torch.tensor([0, 2, 2, 1]), torch.tensor([1, 0]))
-    terms = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives)
+    terms = S.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives)
 
     def direct(head, hidden, target, mask, neg):
         rows, tgt = hidden[mask], target[mask]
@@ -239,7 +240,7 @@ def test_one_domain_head_is_read_once_for_all_its_sampled_softmax_terms():
         torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     assert _reads_of(total, model.head_a.weight) == 1 and _reads_of(total, model.head_b.bias) == 1
     assert _reads_of(total_ref, model.head_a.weight) == 6
-    none = M.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives,
+    none = S.prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch, negatives=negatives,
                              use_single=False, use_unified=False)
     assert list(none) == ["cross_a", "cross_b"]
     torch.testing.assert_close(none["cross_a"], reference["cross_a"], rtol=0, atol=1e-12)
@@ -247,7 +248,7 @@ def test_one_domain_head_is_read_once_for_all_its_sampled_softmax_terms():
 
 def test_encoder_reads_each_item_table_once_per_forward():
     _, seqs, model = _tiny()
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     h_cross, h_a, h_b = model.encoder(batch.inputs)
     for table, out in ((model.encoder.emb_cross, h_cross), (model.encoder.emb_a, h_a), (model.encoder.emb_b, h_b)):
         assert _reads_of(out.sum(), table.weight) == 1
@@ -257,8 +258,8 @@ def test_encoder_reads_each_item_table_once_per_forward():
 def test_causal_encoder_does_not_look_ahead():
     _, _, model = _tiny()
     model.eval()
-    x1 = M.make_batch([[0, 3, 1, 4, 2, 0]], NA, NB, maxlen=6).inputs
-    x2 = M.make_batch([[0, 3, 1, 2, 3, 0]], NA, NB, maxlen=6).inputs  # differs from position 3 on
+    x1 = S.make_batch([[0, 3, 1, 4, 2, 0]], NA, NB, maxlen=6).inputs
+    x2 = S.make_batch([[0, 3, 1, 2, 3, 0]], NA, NB, maxlen=6).inputs  # differs from position 3 on
     with torch.no_grad():
         h1, h2 = model.encoder(x1), model.encoder(x2)
     for a, b in zip(h1, h2):
@@ -271,7 +272,7 @@ def test_packed_encoder_equals_the_padded_reference(heads):
     """forward (real tokens only) = forward_reference (nn.MultiheadAttention on every position):
     values and every gradient, in float64 with dropout off; rows with no real token included."""
     torch.manual_seed(0)
-    enc = M.CausalSelfAttention(8, 6, 2, heads, 0.3).double().eval()
+    enc = S.CausalSelfAttention(8, 6, 2, heads, 0.3).double().eval()
     positions = torch.tensor([[0, 0, 1, 2, 3, 4], [0, 0, 0, 0, 0, 0], [1, 2, 3, 4, 5, 6],
                               [0, 1, 0, 2, 0, 3], [0, 0, 0, 0, 0, 1]])
     x = torch.randn(5, 6, 8, dtype=torch.float64, requires_grad=True)
@@ -293,8 +294,8 @@ def test_packed_encoder_equals_the_padded_reference(heads):
 def test_aligned_single_domain_encoding_equals_the_compacted_sequence():
     _, _, model = _tiny()
     model.eval()
-    mixed = M.inputs_from_cross(np.array([[0, 3, 1, 4]]), NA, NB)
-    only_a = M.inputs_from_cross(np.array([[PAD, PAD, 0, 1]]), NA, NB)
+    mixed = S.inputs_from_cross(np.array([[0, 3, 1, 4]]), NA, NB)
+    only_a = S.inputs_from_cross(np.array([[PAD, PAD, 0, 1]]), NA, NB)
     with torch.no_grad():
         h_mixed, h_only = model.encoder(mixed)[1], model.encoder(only_a)[1]
     assert torch.allclose(h_mixed[0, [0, 2]], h_only[0, [2, 3]], atol=1e-5)
@@ -304,7 +305,7 @@ def test_aligned_single_domain_encoding_equals_the_compacted_sequence():
 def test_encoder_without_graphs_raises():
     model = M.FedCSRModel(NA, NB, M.FedCSRConfig(dim=4, maxlen=4))
     with pytest.raises(ValueError, match="set_graphs"):
-        model.represent(M.make_batch([[0, 3]], NA, NB, maxlen=4).inputs)
+        model.represent(S.make_batch([[0, 3]], NA, NB, maxlen=4).inputs)
 
 
 # ----------------------------------------------------------------------------- augmentation
@@ -331,7 +332,7 @@ def test_augmentation_replaces_and_reorders_the_stated_parts():
 def test_augmented_single_domain_rows_are_derived_from_the_augmented_cross_row():
     split = cross_domain_sequences(num_users=40, items_a=20, items_b=16, topics=4, num_negatives=5, seed=1)
     na, nb = split.num_items_a, split.num_items_b
-    x = M.make_batch(split.train, na, nb, maxlen=15).inputs
+    x = S.make_batch(split.train, na, nb, maxlen=15).inputs
     aug = M.augment_inputs(x, na, nb, 0.5, np.random.default_rng(0))
     pad = na + nb
     assert not torch.equal(aug.cross, x.cross)
@@ -386,9 +387,9 @@ def test_forward_backward_on_a_synthetic_batch_trains_every_parameter():
     na, nb = split.num_items_a, split.num_items_b
     cfg = M.FedCSRConfig(dim=16, dropout=0.1)
     torch.manual_seed(0)
-    model = M.FedCSRModel(na, nb, cfg, M.transition_graphs(split.train, na, nb))
+    model = M.FedCSRModel(na, nb, cfg, S.transition_graphs(split.train, na, nb))
     global_model = M.frozen_copy(model)
-    batch = M.make_batch(split.train, na, nb, cfg.maxlen, rows=np.arange(16))
+    batch = S.make_batch(split.train, na, nb, cfg.maxlen, rows=np.arange(16))
     loss, parts = M.fedcsr_loss(model, batch, global_model=global_model, rng=np.random.default_rng(0))
     loss.backward()
     assert torch.isfinite(loss) and {"pre", "mcl", "scl"} <= parts.keys()
@@ -402,7 +403,7 @@ def test_forward_backward_on_a_synthetic_batch_trains_every_parameter():
 def test_total_loss_weights_and_ablation_flags():
     cfg, seqs, model = _tiny()
     model.eval()                                                       # deterministic passes
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     aug = M.augment_inputs(batch.inputs, NA, NB, 0.5, np.random.default_rng(0))
     glob = M.frozen_copy(model)
     total, parts = M.fedcsr_loss(model, batch, augmented=aug, global_model=glob)
@@ -428,7 +429,7 @@ def test_total_loss_weights_and_ablation_flags():
 def test_mcl_pulls_the_local_model_towards_the_global_one():
     """A few steps on MCL alone raise the local/global agreement of the same domain."""
     cfg, seqs, model = _tiny(dim=8)
-    batch = M.make_batch(seqs, NA, NB, maxlen=6)
+    batch = S.make_batch(seqs, NA, NB, maxlen=6)
     glob = M.frozen_copy(model)
     with torch.no_grad():                                              # start away from the global model
         for p in model.encoder.parameters():

@@ -14,8 +14,8 @@ from fedlib.methods.c2dsr import C2DSRConfig
 from fedlib.methods.ccdr import CCDRConfig
 from fedlib.methods.clsr import CLSRConfig
 from fedlib.methods.conet import CoNetConfig
-from fedlib.methods.fedcsr import make_batch
-from fedlib.methods.fedcsr_train import platform_graphs, rank_metrics
+from fedlib.methods.sequences import make_batch
+from fedlib.methods.sequence_training import platform_graphs, rank_metrics
 from fedlib.methods.mifn import MIFNConfig
 from fedlib.methods.pinet import PiNetConfig
 from fedlib.methods.psjnet import PSJNetConfig

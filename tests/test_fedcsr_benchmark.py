@@ -14,12 +14,12 @@ def test_fedcsr_step_benchmark_json(capsys):
     spec = importlib.util.spec_from_file_location("fedcsr_step", BENCHMARK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from fedlib.methods import fedcsr as model_module
-    originals = (model_module.propagate_rows, model_module.sampled_head_losses, model_module.Dropout,
-                 model_module.CausalSelfAttention.forward)
+    from fedlib.methods import sequences
+    originals = (sequences.propagate_rows, sequences.sampled_head_losses, sequences.Dropout,
+                 sequences.CausalSelfAttention.forward)
     module.main(["--dataset", "synthetic", "--dim", "16", "--steps", "2", "--negatives", "10", "--json-only"])
-    assert (model_module.propagate_rows, model_module.sampled_head_losses, model_module.Dropout,
-            model_module.CausalSelfAttention.forward) == originals                  # swaps are undone
+    assert (sequences.propagate_rows, sequences.sampled_head_losses, sequences.Dropout,
+            sequences.CausalSelfAttention.forward) == originals                  # swaps are undone
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     for layout in module.ENCODERS:        # same encoder layout: same model after the same steps
         sampled = [result[f"{key}_last_loss"] for key, *_, encoder in module.VARIANTS

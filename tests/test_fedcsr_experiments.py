@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-import fedlib.experiments.fedcsr as X
-from fedlib.methods.fedcsr import FedCSRModel
-from fedlib.methods.fedcsr_train import METRICS
+import fedlib.papers.fedcsr.experiment as X
+from fedlib.papers.fedcsr.model import FedCSRModel
+from fedlib.methods.sequence_training import METRICS
 from fedlib.reporting.results import config_hash
 
 TINY = dict(dim=8, rounds=2, patience=2, local_epochs=1, batch_size=64, maxlen=6)

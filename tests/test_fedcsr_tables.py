@@ -5,8 +5,9 @@ import shutil
 import numpy as np
 import pytest
 
-import fedlib.experiments.fedcsr as X
-import fedlib.experiments.fedcsr_tables as T
+import fedlib.papers.fedcsr.experiment as X
+import fedlib.papers.fedcsr.figures as F
+import fedlib.papers.fedcsr.tables as T
 from fedlib.paths import project_root
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, append_run, read_runs
 from fedlib.reporting.consistency import check_results_dir
@@ -152,7 +153,7 @@ def test_the_lessons_live_runs_are_recorded_at_quick():
                     patience=settings.rounds, lr=settings.lr, local_epochs=settings.local_epochs,
                     batch_size=settings.batch_size, seed=settings.seed, platforms=settings.platforms or None)
              for variant in settings.live_variants]
-    curves = T.curve_frame(records, cells)
+    curves = F.curve_frame(records, cells)
     for variant in settings.live_variants:
         rounds = curves[(curves["method"] == variant) & (curves["series"] == "valid/MRR")]["round"]
         assert sorted(rounds) == list(range(1, settings.rounds + 1)), variant
@@ -214,7 +215,7 @@ def test_table9_sets_fedcsr_beside_each_platform_when_its_run_recorded_them(root
     record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04))
     before = T.table9(read_runs("fedcsr", "quick"), "quick")
     assert not ((before["method"] == "FedCSR") & before["setting"].str.startswith("platform ")).any()
-    bars_before = len(T.figure_individual(before).axes[0].patches)
+    bars_before = len(F.figure_individual(before).axes[0].patches)
 
     record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04, platforms=True))  # a rerun that records them
     t9 = T.table9(read_runs("fedcsr", "quick"), "quick")
@@ -225,7 +226,7 @@ def test_table9_sets_fedcsr_beside_each_platform_when_its_run_recorded_them(root
     assert alone_p3["value_ours"] == pytest.approx(100 * 0.03 * 3 / 10) and alone_p3["value_paper"] == 3.76
     pooled = row(t9, domain="Food", method="FedCSR", setting="federated (all 10 platforms)", metric="MRR")
     assert pooled["value_ours"] == pytest.approx(4.0) and pooled["value_paper"] == 9.15
-    fig = T.figure_individual(t9)
+    fig = F.figure_individual(t9)
     labels = [text.get_text() for text in fig.legends[0].get_texts()]   # one legend below the panels
     assert labels == ["ours", "paper", "FedCSR on this platform (ours)"]
     assert len(fig.axes[0].patches) == bars_before // 2 * 3   # a third bar in every group
@@ -335,15 +336,15 @@ def test_figures_build_from_frames(root):
     record(X.cell("Food-Kitchen", "Individual", dim=64), scores(0.02, platforms=True))
     records = read_runs("fedcsr", "quick")
 
-    curves = T.curve_frame(records, T.figure3_configs())
+    curves = F.curve_frame(records, F.figure3_configs())
     food = curves[(curves["series"] == "Food/valid/MRR")]
     assert set(food["method"]) == {"FedCSR", "FedC2DSR"} and food["round"].max() == 5
-    fig = T.figure_curves(curves, "figure3_convergence", profile="quick")
+    fig = F.figure_curves(curves, "figure3_convergence", profile="quick")
     assert fig is not None and (root / "figures" / "fedcsr" / "figure3_convergence.png").exists()
     assert len(fig.axes) == 2  # Food, Kitchen
-    assert T.figure_curves(curves.iloc[0:0]) is None
-    assert T.figure_prediction_targets(T.figure2_table(records, "quick")) is not None
-    assert T.figure_individual(T.table9(records, "quick")) is not None
-    assert T.figure_individual(T.table9([], "quick")) is None
-    assert T.figure_hidden(T.figure6_table(records, "quick")) is not None
+    assert F.figure_curves(curves.iloc[0:0]) is None
+    assert F.figure_prediction_targets(T.figure2_table(records, "quick")) is not None
+    assert F.figure_individual(T.table9(records, "quick")) is not None
+    assert F.figure_individual(T.table9([], "quick")) is None
+    assert F.figure_hidden(T.figure6_table(records, "quick")) is not None
     plt.close("all")

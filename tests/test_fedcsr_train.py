@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import fedcsr_train as T
-from fedlib.methods.fedcsr import FedCSRConfig, FedCSRModel
+from fedlib.methods import sequence_training as ST
+from fedlib.papers.fedcsr import training as T
+from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel
 
 torch.set_num_threads(1)
 
@@ -27,21 +28,21 @@ def test_ranks_and_tie_rules_on_a_hand_made_score_matrix():
                            [2.0, 3.0, 2.0, 1.0],      # one above, one tie
                            [0.0, 1.0, 2.0, 3.0],      # worst → rank 4
                            [1.0, 1.0 + 1e-6, 0.0, 0.0]])  # within the code's 1e-5 margin
-    assert T.ranks_from_scores(scores, "optimistic").tolist() == [1, 2, 4, 2]
-    assert T.ranks_from_scores(scores, "pessimistic").tolist() == [1, 3, 4, 2]
-    assert T.ranks_from_scores(scores, "code").tolist() == [1, 2, 4, 1]
+    assert ST.ranks_from_scores(scores, "optimistic").tolist() == [1, 2, 4, 2]
+    assert ST.ranks_from_scores(scores, "pessimistic").tolist() == [1, 3, 4, 2]
+    assert ST.ranks_from_scores(scores, "code").tolist() == [1, 2, 4, 1]
     with pytest.raises(ValueError, match="tie_rule"):
-        T.ranks_from_scores(scores, "random")
+        ST.ranks_from_scores(scores, "random")
 
 
 def test_metric_values_on_hand_made_ranks():
-    m = T.rank_metrics([1, 3, 7, 20])
+    m = ST.rank_metrics([1, 3, 7, 20])
     assert m["MRR"] == pytest.approx((1 + 1 / 3 + 1 / 7 + 1 / 20) / 4)
     assert m["HR@1"] == pytest.approx(0.25) and m["HR@5"] == pytest.approx(0.5) and m["HR@10"] == pytest.approx(0.75)
     assert m["NDCG@5"] == pytest.approx((1 + 1 / math.log2(4)) / 4)
     assert m["NDCG@10"] == pytest.approx((1 + 1 / math.log2(4) + 1 / math.log2(8)) / 4)
     assert m["count"] == 4
-    assert math.isnan(T.rank_metrics([])["MRR"])
+    assert math.isnan(ST.rank_metrics([])["MRR"])
 
 
 def test_candidate_scores_use_the_gt_domain_head_and_its_index_space(split):
@@ -52,8 +53,8 @@ def test_candidate_scores_use_the_gt_domain_head_and_its_index_space(split):
         for head in (model.head_a, model.head_b):
             head.weight.zero_()
             head.bias.copy_(torch.arange(head.bias.numel(), dtype=torch.float32))
-    graphs = T.platform_graphs(split)
-    out = T.evaluate_sequences(model, split, "test", graphs, return_ranks=True)
+    graphs = ST.platform_graphs(split)
+    out = ST.evaluate_sequences(model, split, "test", graphs, return_ranks=True)
     rows = np.concatenate(split.extra["test_platforms"])
     cand = split.test_candidates[rows]
     expected = 1 + (cand[:, 1:] > cand[:, :1]).sum(1)
@@ -82,11 +83,11 @@ def test_full_ranking_equals_ranking_every_item_as_a_candidate(split, baseline):
 
     torch.manual_seed(0)
     model = (TiSASRec(split.num_items_a, split.num_items_b, TiSASRecConfig(dim=8, maxlen=8)) if baseline
-             else FedCSRModel(split.num_items_a, split.num_items_b, CFG, T.platform_graphs(split)[0]))
-    full = T.sequence_ranks(model, split, "test", full_ranking=True, batch_size=8)
+             else FedCSRModel(split.num_items_a, split.num_items_b, CFG, ST.platform_graphs(split)[0]))
+    full = ST.sequence_ranks(model, split, "test", full_ranking=True, batch_size=8)
     every = dataclasses.replace(split, test_candidates=_every_item_candidates(split, "test"))
-    assert full.tolist() == T.sequence_ranks(model, every, "test").tolist()
-    sampled = T.sequence_ranks(model, split, "test")
+    assert full.tolist() == ST.sequence_ranks(model, every, "test").tolist()
+    sampled = ST.sequence_ranks(model, split, "test")
     assert (full >= sampled).all() and (full > sampled).any()     # 20 negatives vs 29 competitors
 
 
@@ -94,11 +95,11 @@ def test_full_ranking_equals_ranking_every_item_as_a_candidate(split, baseline):
 def test_fedavg_is_the_weighted_mean_of_the_state_dicts():
     a = {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0]]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([[5.0, 6.0], [7.0, 8.0]]), "b": torch.tensor([4.0])}
-    out = T.fedavg([a, b], [1, 3])             # (1·a + 3·b) / 4
+    out = ST.fedavg([a, b], [1, 3])             # (1·a + 3·b) / 4
     assert torch.allclose(out["w"], torch.tensor([[4.0, 5.0], [6.0, 7.0]]))
     assert torch.allclose(out["b"], torch.tensor([3.0]))
     with pytest.raises(ValueError):
-        T.fedavg([a, b], [0, 0])
+        ST.fedavg([a, b], [0, 0])
 
 
 def test_fedavg_in_float32_equals_a_float64_running_sum_rounded_once():
@@ -112,7 +113,7 @@ def test_fedavg_in_float32_equals_a_float64_running_sum_rounded_once():
     running = torch.zeros(20_000, dtype=torch.float64)
     for c, s in zip(counts / counts.sum(), states):
         running += float(c) * s["w"].double()
-    out = T.fedavg(states, counts)["w"]
+    out = ST.fedavg(states, counts)["w"]
     assert out.dtype == torch.float32 and torch.equal(out, running.float())
     in_float32 = sum(float(c) * s["w"] for c, s in zip(counts / counts.sum(), states))
     assert not torch.equal(in_float32, running.float())       # the check can tell the two apart
@@ -124,7 +125,7 @@ def _edges(sparse):
 
 
 def test_each_platform_graph_holds_only_its_own_transitions(split):
-    graphs = T.platform_graphs(split)
+    graphs = ST.platform_graphs(split)
     pairs = []
     for rows in split.platforms:
         own = set()
@@ -137,7 +138,7 @@ def test_each_platform_graph_holds_only_its_own_transitions(split):
     for k, g in enumerate(graphs):
         assert _edges(g.cross) == pairs[k]
     assert not (_edges(graphs[0].cross) & only_1)
-    central = T.platform_graphs(split, central=True)
+    central = ST.platform_graphs(split, central=True)
     assert only_1 <= _edges(central[0].cross) and central[0] is central[2]
 
 
@@ -163,8 +164,8 @@ def test_two_rounds_are_finite_deterministic_and_report_bytes(split):
 def test_training_beats_a_random_model_on_validation(split):
     torch.manual_seed(0)
     random_model = FedCSRModel(split.num_items_a, split.num_items_b, CFG)
-    graphs = T.platform_graphs(split)
-    base = T.evaluate_sequences(random_model, split, "valid", graphs)
+    graphs = ST.platform_graphs(split)
+    base = ST.evaluate_sequences(random_model, split, "valid", graphs)
     base_mrr = np.mean([base[d]["MRR"] for d in ("A", "B")])
     res = T.train_fedcsr(split, FedCSRConfig(dim=16, maxlen=8, dropout=0.0, use_scl=False),
                          T.FedCSRTrainConfig(rounds=6, local_epochs=3, batch_size=32, lr=5e-3, seed=0))
@@ -212,7 +213,7 @@ def test_a_round_never_writes_into_its_input_state(split, individual, shared):
     algorithm = T.FedCSRAlgorithm(split, FedCSRConfig(dim=8, maxlen=6, dropout=0.2), tc, individual=individual)
     state = algorithm.init(3)
     for t in range(2):                      # the second round starts from stepped Adam moments
-        before = T.deep_clone(algorithm.state_dict(state))
+        before = ST.deep_clone(algorithm.state_dict(state))
         context = RoundContext(index=t, seed=3, rng=round_generator(3, t))
         new_state, _ = algorithm.run_round(state, algorithm.plan_round(state, context), context)
         after = algorithm.state_dict(state)

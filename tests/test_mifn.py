@@ -8,7 +8,7 @@ import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
 from fedlib.methods import mifn as M
-from fedlib.methods.fedcsr import make_batch, transition_graphs
+from fedlib.methods.sequences import make_batch, transition_graphs
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

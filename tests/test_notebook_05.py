@@ -59,12 +59,12 @@ def test_committed_quick_run_beats_random_by_three():
 
 # ---------------------------------------------------------------- exercises, at smoke size
 def _synthetic():
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     return experiments.load_split("synthetic", 20, 0)
 
 
 def test_exercise_1_alpha_changes_the_augmentation():
-    from fedlib.methods.fedcsr import augment_sequence
+    from fedlib.papers.fedcsr.model import augment_sequence
     split = _synthetic()
     sequence = split.train.sequence(int(np.argmax(split.train.lengths())))
     half = sequence.size // 2
@@ -76,7 +76,7 @@ def test_exercise_1_alpha_changes_the_augmentation():
 
 
 def test_exercise_2_tau_changes_mcl():
-    from fedlib.methods.fedcsr import mcl_loss
+    from fedlib.papers.fedcsr.model import mcl_loss
     generator = torch.Generator().manual_seed(0)
     z_global = [torch.randn(16, 8, generator=generator) for _ in range(2)]
     z_aligned = [z + 0.1 * torch.randn(16, 8, generator=generator) for z in z_global]
@@ -85,7 +85,7 @@ def test_exercise_2_tau_changes_mcl():
 
 
 def test_exercise_3_fewer_negatives_change_the_know_nothing_score():
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     scores = {}
     for negatives in (20, 10):
         audit = experiments.constant_score_audit(experiments.load_split("synthetic", negatives, 0))
@@ -96,7 +96,7 @@ def test_exercise_3_fewer_negatives_change_the_know_nothing_score():
 
 
 def test_exercise_4_learning_rate_changes_the_run():
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     curves = {}
     for lr in (0.02, 0.001):
         config = experiments.cell("synthetic", dim=8, rounds=2, patience=2, lr=lr, local_epochs=1, batch_size=32,
@@ -107,7 +107,7 @@ def test_exercise_4_learning_rate_changes_the_run():
 
 # ---------------------------------------------------------------- the lesson's helpers
 def test_largest_platforms_keeps_the_biggest_and_their_own_users():
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     split = _synthetic()
     kept = experiments.largest_platforms(split, 3)
     sizes = sorted((len(rows) for rows in split.platforms), reverse=True)
@@ -123,7 +123,7 @@ def test_largest_platforms_keeps_the_biggest_and_their_own_users():
 
 
 def test_series_styles_stay_distinct_beyond_ten_lines():
-    from fedlib.experiments.fedcsr_tables import series_style
+    from fedlib.papers.fedcsr.figures import series_style
     styles = [tuple(str(v) for v in series_style(i).values()) for i in range(12)]
     assert len(set(styles)) == 12
     assert series_style(0)["color"] == series_style(10)["color"]
@@ -132,7 +132,7 @@ def test_series_styles_stay_distinct_beyond_ten_lines():
 
 def test_with_flags_marks_substitute_and_one_seed():
     import pandas as pd
-    from fedlib.experiments.fedcsr_tables import with_flags
+    from fedlib.papers.fedcsr.tables import with_flags
     table = pd.DataFrame({"value_ours": [1.0, None, 2.0], "n_seeds": [1, 0, 3],
                           "note": ["SUBSTITUTE split of X", "needs download", "full data"]})
     assert list(with_flags(table)["flags"]) == ["substitute;one_seed", "", ""]
@@ -140,7 +140,7 @@ def test_with_flags_marks_substitute_and_one_seed():
 
 def test_lesson_counts_the_recorded_grid():
     """The lesson's "46 runs" (front matter and §4) is the number of cells of the paper-profile grid."""
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     from fedlib.experiments import grid
     text = " ".join((project_root() / "notebooks" / f"{STEM}.py").read_text().replace("#", " ").split())
     cells = grid.unique_cells(c for part in experiments.PARTS for c in experiments.grid_cells(part))
@@ -150,7 +150,7 @@ def test_lesson_counts_the_recorded_grid():
 
 def test_ties_never_lift_a_recorded_fedcsr_run():
     """The lesson's audit says both tie rules agree for every recorded FedCSR run (a few thousandths of a point)."""
-    from fedlib.experiments import fedcsr as experiments
+    from fedlib.papers.fedcsr import experiment as experiments
     from fedlib.reporting import read_runs
     checked = 0
     for run in read_runs("fedcsr", "paper"):

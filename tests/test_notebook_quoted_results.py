@@ -423,7 +423,7 @@ def test_food_kitchen_table2_paragraph_quotes_the_recorded_rows_and_run():
 
 
 def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
-    import fedlib.experiments.fedcsr as X
+    import fedlib.papers.fedcsr.experiment as X
     from fedlib.experiments import grid
     prose = _paragraph("appendix/05_fedcsr_appendix", "The paper-profile grid is recorded in full")
     cells = grid.unique_cells(c for part in X.PARTS for c in X.grid_cells(part))

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.fedcsr import make_batch
+from fedlib.methods.sequences import make_batch
 from fedlib.methods.pinet import PiNet, PiNetConfig, SharedAccountFilter, parallel_targets
 from fedlib.methods.psjnet import PSJNet, PSJNetConfig
 

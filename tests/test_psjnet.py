@@ -4,7 +4,7 @@ import math
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.fedcsr import make_batch
+from fedlib.methods.sequences import make_batch
 from fedlib.methods.psjnet import JoinUnit, PSJNet, PSJNetConfig, SplitUnit
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.experiments import fedcsr as X
-from fedlib.methods.fedcsr import draw_negatives_torch, make_batch
+from fedlib.papers.fedcsr import experiment as X
+from fedlib.methods.sequences import draw_negatives_torch, make_batch
 from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig, TimeIntervalAttention, relation_matrix
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps

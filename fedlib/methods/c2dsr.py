@@ -35,7 +35,7 @@ domain-``d`` feature at the last domain-``d`` position (zero if the history has 
 
 Simplifications on this machine:
 
-* The graph encoder is FedCSR's :class:`~fedlib.methods.fedcsr.GAEncoder` (one parameter-free
+* The graph encoder is FedCSR's :class:`~fedlib.methods.sequences.GAEncoder` (one parameter-free
   propagation layer ``(E + Â E)/2`` per table, Â the row-normalised transition graph of the
   platform's own training sequences: the cross graph for the mixed table, the domain graphs
   for the single-domain tables) instead of C2DSR's multi-layer GCN over the mixed item graph.
@@ -57,9 +57,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import (FedCSRConfig, GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs,
-                                   check_fields, check_sampled_negatives, cross_domain_scores, draw_negatives_torch,
-                                   prediction_loss)
+from fedlib.methods.sequences import (GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
+                                      check_sampled_negatives, cross_domain_scores, draw_negatives_torch, prediction_loss)
 
 __all__ = ["C2DSRConfig", "C2DSR", "BilinearDiscriminator", "corrupt_other_domain", "infomax_loss",
            "masked_mean"]
@@ -81,7 +80,7 @@ class C2DSRConfig:
     def __post_init__(self):
         if not isinstance(self.dim, int) or self.dim < 2 or self.dim % self.num_heads:
             raise ValueError(f"dim must be an int >= 2 divisible by num_heads={self.num_heads}, got {self.dim!r}")
-        check_fields(self, at_least={"maxlen": 2}, rates=("dropout",), non_negative=("lambda_cl",))
+        check_fields(self, at_least={"maxlen": 2, "num_blocks": 1}, rates=("dropout",), non_negative=("lambda_cl",))
         check_sampled_negatives(self.sampled_negatives)
 
 
@@ -144,11 +143,9 @@ class C2DSR(nn.Module):
         super().__init__()
         self.config = config
         self.num_items_a, self.num_items_b = num_items_a, num_items_b
-        enc_cfg = FedCSRConfig(dim=config.dim, maxlen=config.maxlen, num_blocks=config.num_blocks,
-                               num_heads=config.num_heads, dropout=config.dropout)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(config.seed)
-            self.encoder = GAEncoder(num_items_a, num_items_b, enc_cfg)
+            self.encoder = GAEncoder(num_items_a, num_items_b, config)   # reads dim, maxlen, num_blocks, num_heads, dropout
             self.head_a = nn.Linear(config.dim, num_items_a)                # W^A
             self.head_b = nn.Linear(config.dim, num_items_b)                # W^B
             self.disc_a = BilinearDiscriminator(config.dim)                 # D_A

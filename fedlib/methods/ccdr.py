@@ -35,11 +35,11 @@ Adaptation to sequences (CCDR is **not** a sequential model; these are our choic
   per-domain MLP (GraphSAGE-like aggregation of the user's item neighbours; no user ids, so
   unseen test users work). Users without a domain-``d`` item get ``MLP_d(0)``.
 * Graphs: each platform's domain item-transition graphs (``transition_graphs(...).a`` / ``.b``
-  from :mod:`fedlib.methods.fedcsr`), made undirected and unweighted, mean-aggregated per
+  from :mod:`fedlib.methods.sequences`), made undirected and unweighted, mean-aggregated per
   layer (LightGCN-style, no weights), set with :meth:`CCDR.set_graphs`. Edge dropout with rate
   ``edge_drop`` gives the two intra-CL views.
 * Matching targets: at every real position the next cross-domain item, scored by the user
-  tower of its domain (``unified_*`` targets of :func:`fedlib.methods.fedcsr.make_batch`);
+  tower of its domain (``unified_*`` targets of :func:`fedlib.methods.sequences.make_batch`);
   full softmax over the domain's items (the paper uses sampled / in-batch softmax).
 * Intra-CL runs on the items present in the batch and on the users (last position); inter-CL
   on the rows whose window has items of both domains, last position only.
@@ -61,8 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
-                                   check_sampled_negatives, draw_negatives_torch)
+from fedlib.methods.sequences import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
+                                      check_sampled_negatives, draw_negatives_torch)
 from fedlib.models.dropout import Dropout
 
 

@@ -57,7 +57,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
+from fedlib.methods.sequences import SequenceBatch, SequenceInputs, check_fields
 from fedlib.models.dropout import Dropout
 
 __all__ = ["CLSRConfig", "CLSR", "bpr_contrast", "contrastive_loss", "interest_proxies", "masked_gru"]

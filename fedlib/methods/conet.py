@@ -35,7 +35,7 @@ Adaptation to sequences (CoNet is **not** a sequential model; this is our choice
   train and test match; ``L = L_A + L_B`` sums the two domains' instances of a batch.
 * **Instances.** At every real position ``j`` of the window the user state is the history up to
   ``j`` (causal) and the positive is the next cross-domain item (``unified_*`` targets of
-  :func:`fedlib.methods.fedcsr.make_batch`), scored by the tower of its domain against
+  :func:`fedlib.methods.sequences.make_batch`), scored by the tower of its domain against
   ``num_negatives`` uniform negatives of that domain (Eq. 5).
 
 Simplifications on this machine: ``dim = 64`` embeddings, towers ``3·dim → 64 → 32 → 16``
@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import SequenceBatch, SequenceInputs, check_fields
+from fedlib.methods.sequences import SequenceBatch, SequenceInputs, check_fields
 from fedlib.models.dropout import Dropout
 
 

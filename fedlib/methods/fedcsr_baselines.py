@@ -21,7 +21,7 @@ Algorithm (K platforms, ``D_k`` platform ``k``'s training rows, ``N_k`` its numb
             E local epochs of shuffled mini-batches b ⊂ D_k:
                 h_k(w_k) = loss(b; w_k) + (μ/2) ‖w_k − w^{t-1}‖²          (FedProx local objective)
                 w_k ← optimiser step on ∇h_k  (∇ of the proximal term: μ (w_k − w^{t-1}))
-        w^t = Σ_k N_k w_k / Σ_k N_k                      (FedAvg: fedlib.methods.fedcsr_train.fedavg)
+        w^t = Σ_k N_k w_k / Σ_k N_k                      (FedAvg: fedlib.methods.sequence_training.fedavg)
         evaluate w^t on every platform's valid/test rows (its own graphs, if any)
         select on the mean over domains of the validation MRR; stop after `patience`
         rounds without improvement
@@ -29,14 +29,14 @@ Algorithm (K platforms, ``D_k`` platform ``k``'s training rows, ``N_k`` its numb
 ``μ = 0`` is FedAvg. The proximal term runs over every trainable parameter (the ``requires_grad``
 entries of ``named_parameters``); buffers are averaged but not regularised.
 
-Evaluation is that of :mod:`fedlib.methods.fedcsr_train`: each valid/test row's history (its
+Evaluation is that of :mod:`fedlib.methods.sequence_training`: each valid/test row's history (its
 latest ``maxlen`` items) is scored on its 1 + N candidates of the ground truth's domain with
 ``model.score``; ``ranks_from_scores`` (GT in column 0, optimistic ties by default) and
 ``rank_metrics`` give MRR, NDCG@5/10, HR@1/5/10 per GT domain, pooled over platforms.
 The round with the best mean **test** MRR is kept too (``test_selected``, audit only).
 
 Choices (the papers are silent): a fresh optimiser per platform and round (optimiser state is
-local and not communicated, as in :func:`fedlib.methods.fedcsr_train.train_fedcsr`); Adam by
+local and not communicated, as in :func:`fedlib.papers.fedcsr.training.train_fedcsr`); Adam by
 default (``optimizer="sgd"`` gives the FedProx paper's plain local SGD); platforms weighted
 by their number of training users (``weight_by="sequences"`` for rows).
 """
@@ -56,11 +56,11 @@ from fedlib.data.splits import SequenceSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport, clone_dataclass, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, train
-from fedlib.methods.fedcsr import make_batch, transition_graphs
-from fedlib.methods.fedcsr_train import (METRICS, TIE_RULES, PlatformPlan, clone_tensors, curve_row, domain_blocks,
-                                         fedavg, flat_evaluation, generator_states, generators_of, platform_graphs,
-                                         platform_rows, platform_schedule, rank_metrics, round_callback,
-                                         sequence_ranks, state_bytes)
+from fedlib.methods.sequences import make_batch, transition_graphs
+from fedlib.methods.sequence_training import (METRICS, TIE_RULES, PlatformPlan, clone_tensors, curve_row, domain_blocks,
+                                              fedavg, flat_evaluation, generator_states, generators_of, platform_graphs,
+                                              platform_rows, platform_schedule, rank_metrics, round_callback,
+                                              sequence_ranks, state_bytes)
 
 __all__ = ["FedProxConfig", "BaselineResult", "FedProxState", "FedProxAlgorithm", "proximal_term", "local_update",
            "evaluate_baseline", "gather_domain_scores", "train_federated_baseline"]
@@ -136,7 +136,7 @@ class BaselineResult:
 
         ``selected``: the selection's evaluation (valid and test numbers of that round);
         ``test_selected``: the audit's (best mean test MRR); ``history``: the trainer's records
-        as :func:`~fedlib.methods.fedcsr_train.curve_row` rows; ``model``: a copy of the selected model.
+        as :func:`~fedlib.methods.sequence_training.curve_row` rows; ``model``: a copy of the selected model.
         """
         names, best = algorithm.names, run.selection.best_metrics
         audit = run.audit.best_metrics if run.audit is not None else None

@@ -38,7 +38,7 @@ Simplifications on this machine:
 * **No knowledge graph.** The paper links items through a product knowledge graph
   (attribute relations across domains). We have none, so the relation graph ``Â`` is the
   platform's own row-normalised **item-transition graph** over both domains
-  (``fedlib.methods.fedcsr.transition_graphs(...).cross``, set with :meth:`MIFN.set_graphs`).
+  (``fedlib.methods.sequences.transition_graphs(...).cross``, set with :meth:`MIFN.set_graphs`).
   It is data of the platform, not a parameter (not in ``state_dict``).
 * The behaviour and knowledge transfer units are one GRU over the mixed sequence and one
   GRU over the per-step relation-graph neighbourhood, fused by a gate; the paper's
@@ -66,8 +66,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
-                                   check_sampled_negatives, draw_negatives_torch)
+from fedlib.methods.sequences import (SequenceBatch, SequenceInputs, TransitionGraphs, check_fields,
+                                      check_sampled_negatives, draw_negatives_torch)
 from fedlib.models.dropout import Dropout
 
 __all__ = ["MIFNConfig", "MIFN", "RelationGraph"]

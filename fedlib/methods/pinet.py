@@ -36,7 +36,7 @@ Eq. 3 only the source domain, as in the paper.
 Readings chosen:
 
 * **Time-aligned encoders.** The two GRUs run over the time-aligned single-domain views of
-  ``s*`` (:func:`fedlib.methods.fedcsr.make_batch`): a domain's state only moves at that
+  ``s*`` (:func:`fedlib.methods.sequences.make_batch`): a domain's state only moves at that
   domain's items, so ``h^B_t`` at an A step is the B state of the latest earlier B item — the
   paper's "h_{B_j}, the last B step before A_i" (the public code gathers it by position).
 * **Gate orientation** (Eq. 4): ``f`` lets the new member candidate in and ``1 − f`` keeps the
@@ -55,7 +55,7 @@ full softmax over the domain's items by default.
 * ``sampled_negatives``: None (default) = the full softmax of Eqs. 7–8; an int ``S`` trains
   Eq. 9 as a sampled softmax over the target and ``S`` uniform same-domain negatives shared by
   the mini-batch (dropout on the features, then
-  :func:`~fedlib.methods.fedcsr.head_cross_entropy` on ``W_A`` / ``W_B``), the grid's stated CPU
+  :func:`~fedlib.methods.sequences.head_cross_entropy` on ``W_A`` / ``W_B``), the grid's stated CPU
   reduction (1000 on real data, as FedCSR); ``score`` stays exact (full logits).
 """
 from __future__ import annotations
@@ -66,8 +66,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
-                                   head_cross_entropy)
+from fedlib.methods.sequences import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
+                                      head_cross_entropy)
 from fedlib.models.dropout import Dropout
 
 __all__ = ["PiNetConfig", "PiNet", "ParallelSequenceModel", "SharedAccountFilter", "masked_gru", "parallel_targets",

@@ -48,7 +48,7 @@ softmax over the domain's items by default.
 
 * ``sampled_negatives``: None (default) = the full softmax of Eq. 8; an int ``S`` trains Eq. 9
   as a sampled softmax over the target and ``S`` uniform same-domain negatives shared by the
-  mini-batch (dropout on the features, then :func:`~fedlib.methods.fedcsr.head_cross_entropy`
+  mini-batch (dropout on the features, then :func:`~fedlib.methods.sequences.head_cross_entropy`
   on ``W_A`` / ``W_B``), the grid's stated CPU reduction (1000 on real data, as FedCSR);
   ``score`` stays exact (full logits).
 """
@@ -60,7 +60,7 @@ from typing import Optional
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import check_fields, check_sampled_negatives
+from fedlib.methods.sequences import check_fields, check_sampled_negatives
 from fedlib.methods.pinet import ParallelSequenceModel, masked_gru
 
 __all__ = ["PSJNetConfig", "PSJNet", "SplitUnit", "JoinUnit"]

@@ -26,13 +26,13 @@ the feature size, ``k`` the interval clip (``time_span``)::
 The attention query is the layer-normalised block input ``q_i`` (pre-LN as the authors' code);
 keys and values use the un-normalised input. Training: next-item cross-entropy; the final
 position ``h_i`` predicts ``s*_{i+1}`` with the head of that item's domain (the "unified"
-targets of :func:`fedlib.methods.fedcsr.make_batch`), each domain's CE a mean over its
+targets of :func:`fedlib.methods.sequences.make_batch`), each domain's CE a mean over its
 positions, the two summed. ``score``: the head of the ground truth's domain on ``h_L``.
 
 Simplifications on this machine:
 
 * **Intervals from positions.** :class:`fedlib.data.splits.Sequences` keeps time stamps, but
-  the batches of the shared interface (:class:`fedlib.methods.fedcsr.SequenceInputs`) carry
+  the batches of the shared interface (:class:`fedlib.methods.sequences.SequenceInputs`) carry
   none, so the model derives ``t_i`` from the 1-based position in the cross sequence
   (``pos_cross``): ``r_min = 1`` and ``r_ij = min(|i − j|, k)``, a relative-position (not a
   time) signal. :meth:`TiSASRec.hidden` accepts real stamps (``times``) when a caller has them,
@@ -43,7 +43,7 @@ Simplifications on this machine:
 * Absolute positions count the real items (1..len, padding 0) rather than window columns.
 * ``sampled_negatives``: None (default) trains each domain's CE with the full softmax above; an
   int ``S`` uses a sampled softmax over the target and ``S`` uniform same-domain negatives shared
-  by the mini-batch (:func:`~fedlib.methods.fedcsr.head_cross_entropy`), the grid's stated CPU
+  by the mini-batch (:func:`~fedlib.methods.sequences.head_cross_entropy`), the grid's stated CPU
   reduction (1000 on real data, as FedCSR); ``score`` stays exact (full logits).
 """
 from __future__ import annotations
@@ -55,8 +55,8 @@ from typing import Optional, Tuple
 import torch
 from torch import nn
 
-from fedlib.methods.fedcsr import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
-                                   head_cross_entropy)
+from fedlib.methods.sequences import (SequenceBatch, SequenceInputs, check_fields, check_sampled_negatives, draw_negatives_torch,
+                                      head_cross_entropy)
 from fedlib.methods.fedcsr_baselines import gather_domain_scores
 from fedlib.models.dropout import Dropout
 

@@ -40,8 +40,8 @@ settings = fnb.use_profile(PROFILE)
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from fedlib.experiments import fedcsr as experiments
-from fedlib.experiments import fedcsr_tables as tables
+from fedlib.papers.fedcsr import experiment as experiments
+from fedlib.papers.fedcsr import figures, tables
 from fedlib.reporting import paper_grid, read_runs, recorded_or_none, use_style
 
 PAPER = "fedcsr"
@@ -155,7 +155,7 @@ fnb.show(ties[visible].reset_index(drop=True).round(3), "Runs where ties changed
 figure2 = recorded["figure2"]
 fnb.show(paper_grid(figure2[figure2["metric"].isin(["MRR", "HR@10"])], rows="method", columns=["dataset", "domain", "metric"],
                     caption="Figure 2: without the unified or the single-domain predictions (n = 64)"))
-fig = tables.figure_prediction_targets(figure2, "fig2_prediction_targets_paper_profile", profile=profile)
+fig = figures.figure_prediction_targets(figure2, "fig2_prediction_targets_paper_profile", profile=profile)
 plt.show()
 
 # %% [markdown]
@@ -188,7 +188,7 @@ fnb.show(paper_grid(recorded["table5"], rows="setting", columns=["domain", "metr
 # %%
 figure6 = recorded["figure6"]
 fnb.show(paper_grid(figure6, rows="setting", columns=["domain", "metric"], caption="Figure 6, Food-Kitchen (n = 64)"))
-fig = tables.figure_hidden(figure6, "fig6_scl_hidden_paper_profile", profile=profile)
+fig = figures.figure_hidden(figure6, "fig6_scl_hidden_paper_profile", profile=profile)
 plt.show()
 
 # %% [markdown]
@@ -218,7 +218,7 @@ plt.show()
 table9 = recorded["table9"]
 mrr9 = table9[table9["metric"] == "MRR"]
 fnb.show(paper_grid(mrr9, rows="setting", columns=["method", "domain"], caption="Table 9, test MRR, Food-Kitchen (n = 64)"))
-fig = tables.figure_individual(table9, "fig4_individual_paper_profile", profile=profile)
+fig = figures.figure_individual(table9, "fig4_individual_paper_profile", profile=profile)
 plt.show()
 
 # %% [markdown]
@@ -310,7 +310,7 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # The paper-profile grid is recorded in full, all 46 cells: FedCSR at n = 256 and 64, the eight
 # baselines and the SCL/MCL ablation and Figure 2 variants on both scenarios; and on Food-Kitchen
 # the α sweep, the SCL hidden size, individual and centralized training and the audit. The lesson and this appendix show
-# every cell beside the paper; `python -m fedlib.experiments.fedcsr <part> --pending` lists what
+# every cell beside the paper; `python -m fedlib grid fedcsr <part> --pending` lists what
 # a part still lacks, and the README's status table counts it.
 
 # %%

@@ -1,9 +1,9 @@
 """FedCSR: from recorded runs to the paper's Tables 1–9 and App. A.5 (paper vs ours) and Figures 2, 3, 4, 6.
 
 Every number is read from ``runs.jsonl`` records written by
-:func:`fedlib.experiments.fedcsr.run_grid` or :func:`~fedlib.experiments.fedcsr.run_cells`,
+:func:`fedlib.papers.fedcsr.experiment.run_grid` or :func:`~fedlib.papers.fedcsr.experiment.run_cells`,
 matched to table cells by the configuration hash of the cells of
-:func:`fedlib.experiments.fedcsr.method_cell` (the same cells as the grid's parts; seed
+:func:`fedlib.papers.fedcsr.experiment.method_cell` (the same cells as the grid's parts; seed
 means, ``std_ours`` the sample standard deviation over seeds, ``n_seeds`` the seeds found).
 
 **Scores and units.** Ours are the **test** MRR / NDCG@5 / NDCG@10 / HR@1 / HR@5 / HR@10 of
@@ -21,12 +21,12 @@ files: its rows keep the paper value, an empty ``value_ours`` and
 :data:`~fedlib.reporting.NEEDS_DOWNLOAD_NOTE`.
 
 **Sizes.** The paper runs every method at n = 256. FedCSR is recorded at 256 and at 64 (the
-baselines' size, :data:`~fedlib.experiments.fedcsr.SMALL_DIM`); Tables 2, 6–8 and App. A.5
+baselines' size, :data:`~fedlib.papers.fedcsr.experiment.SMALL_DIM`); Tables 2, 6–8 and App. A.5
 carry a key column ``dim`` (our n) so that both FedCSR rows sit next to the paper's one
 FedCSR value (the n = 64 row has ``repeats_paper_value`` true, so the README status counts
 the paper cell once). Baselines (n = 64, FedProx μ = 0.01), ablations, α, Table 9 and the
 audit run at n = 64; their notes say so. Rounds: at most 20 with the paper's patience 20 (paper: 100 rounds).
-These are the grid's sizes (:func:`fedlib.experiments.fedcsr.table2_cells` and the other
+These are the grid's sizes (:func:`fedlib.papers.fedcsr.experiment.table2_cells` and the other
 parts). A ``dim`` in the profile's keywords (``cell_kwargs``, or a method's ``method_kwargs``)
 replaces them: every row of that method is then read at that one size (quick and smoke
 profiles train every cell at one small n). Pass the grid's keywords, without ``dim``, at the
@@ -62,9 +62,7 @@ The tables (``results/fedcsr[/profile]/<table id>.csv``; :func:`all_tables` keys
   ``audit`` (:func:`audit_table`: validation- vs test-selected scores of the public code's
   configurations, and the gap; the test-selected side is a lower bound, see there).
 
-Figures (:func:`figure_prediction_targets`, :func:`figure_curves`, :func:`figure_individual`,
-:func:`figure_hidden`) take these frames (or :func:`curve_frame`) and return the figure,
-saved under ``figures/fedcsr/`` when given a name (:func:`fedlib.reporting.save_figure`).
+The figures are drawn from these frames in :mod:`fedlib.papers.fedcsr.figures`.
 """
 from __future__ import annotations
 
@@ -78,18 +76,15 @@ import pandas as pd
 from fedlib.data.protocols.fedcsr import DATASETS as PROTOCOL_DATASETS
 from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
 from fedlib.experiments import grid
-from fedlib.experiments.fedcsr import (ALPHAS, AUDIT_VARIANTS, BASELINES, DATASETS, FEDPROX_MU,
-                                       HIDDEN_FACTORS, MAIN_DIM, PAPER, SMALL_DIM, cell, load_split, method_cell,
-                                       method_label)
+from fedlib.papers.fedcsr.experiment import (ALPHAS, AUDIT_VARIANTS, BASELINES, DATASETS, FEDPROX_MU,
+                                             HIDDEN_FACTORS, MAIN_DIM, PAPER, SMALL_DIM, cell, load_split, method_cell)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
 __all__ = ["PAPER_LABELS", "ABLATION_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES",
            "statistics_records", "table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8",
            "table9", "appendix_a5", "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table",
-           "audit_table", "all_tables", "write_tables",
-           "figure3_configs", "curve_frame", "figure_prediction_targets", "figure_curves", "figure_individual",
-           "figure_hidden"]
+           "audit_table", "all_tables", "write_tables", "with_flags"]
 
 METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
 """Every score a run records per domain (Tables 6–8)."""
@@ -157,7 +152,7 @@ def _dim(method: str, cell_kwargs: Mapping, method_kwargs: Mapping, default: int
 
 def _sized(dataset: str, method: str, cell_kwargs: Mapping, method_kwargs: Mapping, default: int = SMALL_DIM,
            **extra) -> tuple:
-    """``(n, cell)``: :func:`~fedlib.experiments.fedcsr.method_cell` at the row's size (:func:`_dim`)."""
+    """``(n, cell)``: :func:`~fedlib.papers.fedcsr.experiment.method_cell` at the row's size (:func:`_dim`)."""
     dim = _dim(method, cell_kwargs, method_kwargs, default)
     return dim, method_cell(dataset, method, cell_kwargs, method_kwargs, dim=dim, **extra)
 
@@ -425,7 +420,7 @@ def full_ranking_table(records, profile: str, datasets: Sequence[str] = tuple(DA
     Each run scores its selected model (best mean validation MRR) once more on the test rows,
     ranking the ground truth against **every item of its domain** (~29k Food / ~35k Kitchen
     items on Food-Kitchen; the user's own items are not removed, ties count for the ground
-    truth), and records ``"full/<domain>/test/<M>"`` (:func:`fedlib.experiments.fedcsr.run_cell`).
+    truth), and records ``"full/<domain>/test/<M>"`` (:func:`fedlib.papers.fedcsr.experiment.run_cell`).
     This table reads those values for every metric of :data:`METRICS` (percent, seed means):
     keys ``dataset, domain, method, dim, metric, protocol``, ``protocol`` =
     :data:`FULL_RANKING_PROTOCOL` and an empty ``value_paper`` on every row. The paper (and
@@ -504,7 +499,7 @@ def table4(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapp
 
 def table5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
            dataset: str = "Food-Kitchen") -> pd.DataFrame:
-    """Table 5: FedCSR (n = 64) at each α of :data:`~fedlib.experiments.fedcsr.ALPHAS`, percent;
+    """Table 5: FedCSR (n = 64) at each α of :data:`~fedlib.papers.fedcsr.experiment.ALPHAS`, percent;
     ``setting = "alpha=0.1"``; the α the paper does not print are rows of ours only."""
     dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
     pairs = [({"dataset": dataset, "method": "FedCSR", "setting": f"alpha={a:g}", "note": f"FedCSR at {_size(dim)}"},
@@ -647,7 +642,7 @@ def _hidden_setting(factor: float) -> str:
 def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
                   dataset: str = "Food-Kitchen") -> pd.DataFrame:
     """Figure 6's numbers (ours only, table id ``figure6``): FedCSR (n = 64) with the hidden size
-    of SCL's ``t`` at f·n for f in :data:`~fedlib.experiments.fedcsr.HIDDEN_FACTORS`, percent."""
+    of SCL's ``t`` at f·n for f in :data:`~fedlib.papers.fedcsr.experiment.HIDDEN_FACTORS`, percent."""
     dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
     pairs = [({"dataset": dataset, "method": "FedCSR", "setting": _hidden_setting(f),
                "note": f"FedCSR at n={dim}" + (" (the paper's choice, 2·n)" if f == 2.0 else "")},
@@ -674,7 +669,7 @@ def _lower_bound_note(rounds: int, patience: int) -> str:
 def audit_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
                 dataset: str = "Food-Kitchen", metrics: Sequence[str] = ("MRR", "HR@10")) -> pd.DataFrame:
     """The audit (ours only, table id ``audit``): for each configuration of
-    :data:`~fedlib.experiments.fedcsr.AUDIT_VARIANTS` (n = 64), the test scores (percent) at the
+    :data:`~fedlib.papers.fedcsr.experiment.AUDIT_VARIANTS` (n = 64), the test scores (percent) at the
     round of the best mean validation MRR (``valid-selected``, ours) and of the best mean test
     MRR (``test-selected``, the public code's rule), and their gap in percentage points;
     ``metric = "round"`` gives the two selected rounds.
@@ -730,7 +725,7 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
     Table 8, then ``figure2``, ``figure6``, ``audit``) -> its paper-vs-ours frame.
 
     ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
-    on top (:func:`~fedlib.experiments.fedcsr.method_cell`); sizes are the grid's. The
+    on top (:func:`~fedlib.papers.fedcsr.experiment.method_cell`); sizes are the grid's. The
     one-scenario parts (Tables 3, 5, 9, Figure 6, the audit) use Food-Kitchen, or the
     synthetic task when only it is asked for.
     """
@@ -765,49 +760,6 @@ def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping
     return tables
 
 
-# ======================================================================================
-# Figures
-# ======================================================================================
-def _save(fig, name: Optional[str], profile: str):
-    if name:
-        from fedlib.reporting import save_figure
-        save_figure(fig, PAPER, name, profile)
-    return fig
-
-
-def figure3_configs(dataset: str = "Food-Kitchen", cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-                    baselines: Sequence[str] = BASELINES) -> List[Dict[str, Any]]:
-    """The cells of Figure 3's curves: FedCSR w/o SCL & MCL, w/o MCL and full at n = 64, FedCSR at
-    n = 256 and ``baselines`` at n = 64."""
-    small = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    configs = [method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=small)
-               for v in FIGURE3_VARIANTS]
-    configs += [method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, dim=d)
-                for d in _fedcsr_dims(cell_kwargs, method_kwargs) if d != small]
-    configs += [_sized(dataset, m, cell_kwargs, method_kwargs)[1] for m in baselines]
-    return grid.unique_cells(configs)
-
-
-def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Learning curves of the given cells: one row per (run, round, numeric curve column).
-
-    Columns ``dataset, method, dim, seed, round, series, value``; ``method`` is the paper's label
-    (``FedPi-Net``; FedCSR variants by name), ``series`` the history key (``"valid/MRR"``: mean over
-    domains, ``"Food/valid/MRR"``, ``"loss"``, ...), ``value`` as recorded (scores are fractions).
-    """
-    rows = []
-    for config in configs:
-        label = method_label(config)
-        label = PAPER_LABELS.get(label, label) if config["method"] != "FedCSR" else label
-        for run in runs_of_config(records, config):
-            for point in (run.extra or {}).get("curve", []):
-                for key, value in point.items():
-                    if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                        rows.append({"dataset": config["dataset"], "method": label, "dim": config["dim"],
-                                     "seed": run.seed, "round": point["round"], "series": key, "value": float(value)})
-    return pd.DataFrame(rows, columns=["dataset", "method", "dim", "seed", "round", "series", "value"])
-
-
 def with_flags(frame: pd.DataFrame) -> pd.DataFrame:
     """``frame`` with a ``flags`` column for :func:`fedlib.reporting.paper_grid`: ``substitute``
     where our value comes from the substitute split (its note says SUBSTITUTE), ``one_seed`` where
@@ -818,179 +770,3 @@ def with_flags(frame: pd.DataFrame) -> pd.DataFrame:
     flags = [";".join(f for f, on in (("substitute", "SUBSTITUTE" in note), ("one_seed", n == 1)) if on) if value else ""
              for note, n, value in zip(notes, seeds, has_value)]
     return frame.assign(flags=flags)
-
-
-LINE_STYLES = ("-", "--", "-.", ":")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
-
-
-def series_style(index: int) -> Dict[str, Any]:
-    """Colour, line style and marker of the ``index``-th line of a figure.
-
-    Colours cycle through the 10 of ``tab10``; the line style changes with every cycle and the
-    marker with every line, so the 11th line differs from the 1st in two ways, never zero
-    (Figure 3 has 12 lines).
-    """
-    import matplotlib.pyplot as plt
-
-    colours = plt.get_cmap("tab10").colors
-    return {"color": colours[index % len(colours)], "linestyle": LINE_STYLES[(index // len(colours)) % len(LINE_STYLES)],
-            "marker": MARKERS[index % len(MARKERS)]}
-
-
-def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper", metric: str = "MRR",
-                  role: str = "valid", random_level: Optional[float] = None, title: Optional[str] = None):
-    """Figure 3 from :func:`curve_frame`: ``role`` ``metric`` (percent, seed mean) per round, one
-    panel per domain (``"<domain>/<role>/<metric>"``; the mean over domains when no domain series
-    exists), one line per (method, n), each with its own colour/line-style/marker combination
-    (:func:`series_style`) and one legend beside the panels. ``random_level`` (a fraction, e.g.
-    the MRR of a random ranking) draws a grey reference line. Returns ``None`` without points."""
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    if frame.empty:
-        return None
-    suffix = f"/{role}/{metric}"
-    domains = sorted({s[:-len(suffix)] for s in frame["series"] if s.endswith(suffix) and s.count("/") == 2})
-    panels = [(d, f"{d}{suffix}") for d in domains] or [("mean over domains", f"{role}/{metric}")]
-    if not frame["series"].isin([s for _, s in panels]).any():
-        return None
-    lines = list(dict.fromkeys(zip(frame["method"], frame["dim"])))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 2.6, 3.6), squeeze=False)
-    for ax, (panel_title, series) in zip(axes[0], panels):
-        part = frame[frame["series"] == series]
-        for index, (method, dim) in enumerate(lines):
-            line = part[(part["method"] == method) & (part["dim"] == dim)]
-            if line.empty:
-                continue
-            line = line.groupby("round", as_index=False)["value"].mean()
-            ax.plot(line["round"], 100.0 * line["value"], markersize=4, label=f"{method} (n={dim})",
-                    **series_style(index))
-        if random_level is not None:
-            ax.axhline(100.0 * random_level, color="0.5", linestyle=":", linewidth=1.2, label="random ranking")
-        ax.set_title(panel_title)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("communication round")
-        ax.set_ylabel(f"{role} {metric} (%)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(title or f"FedCSR · Figure 3: {role} {metric} over communication rounds")
-    fig.tight_layout()
-    return _save(fig, name, profile)
-
-
-def _grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]],
-                  errors: Optional[Mapping[str, Sequence[float]]] = None) -> None:
-    width = 0.8 / max(len(series), 1)
-    x = np.arange(len(groups))
-    for i, (label, values) in enumerate(series.items()):
-        yerr = None if errors is None else np.asarray(errors[label], dtype=float)
-        yerr = None if yerr is None or np.isnan(yerr).all() else np.nan_to_num(yerr)
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, yerr=yerr, capsize=2, label=label)
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups, fontsize=8, rotation=45 if len(groups) > 8 else 0)
-
-
-def figure_prediction_targets(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
-                              metrics: Sequence[str] = ("MRR", "HR@10")):
-    """Figure 2 from :func:`figure2_table`: bars of FedCSR, w/o unified and w/o single per domain
-    (percent, error bars = std over seeds), one panel per metric. Returns ``None`` without values."""
-    import matplotlib.pyplot as plt
-
-    part = frame[frame["value_ours"].notna() & frame["metric"].isin(metrics)] if len(frame) else frame
-    if part.empty:
-        return None
-    groups = list(dict.fromkeys(f"{d}\n({s})" for d, s in zip(part["domain"], part["dataset"])))
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.6 * len(metrics), 3.5), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        rows = part[part["metric"] == metric]
-        lookup = {(f"{r['domain']}\n({r['dataset']})", r["method"]): r for _, r in rows.iterrows()}
-        variants = [v for v in FIGURE2_VARIANTS if v in set(rows["method"])]
-        values = {v: [lookup[(g, v)]["value_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
-        errors = {v: [lookup[(g, v)]["std_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
-        _grouped_bars(ax, groups, values, errors)
-        ax.set_ylabel(f"test {metric} (%)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle("FedCSR · Figure 2: single- and unified-domain prediction targets")
-    fig.tight_layout()
-    return _save(fig, name, profile)
-
-
-def _table9_order(setting: str) -> tuple:
-    if setting.startswith("platform "):
-        return (0, int(setting.split()[1]))
-    return (1, [TABLE9_FEDERATED, TABLE9_CENTRALIZED[1], TABLE9_ALL_PLATFORMS].index(setting)
-            if setting in (TABLE9_FEDERATED, TABLE9_CENTRALIZED[1], TABLE9_ALL_PLATFORMS) else 9)
-
-
-def _table9_label(setting: str) -> str:
-    if setting.startswith("platform "):
-        return f"p{setting.split()[1]}"
-    return {TABLE9_FEDERATED: "FedCSR", TABLE9_CENTRALIZED[1]: "central.", TABLE9_ALL_PLATFORMS: "indiv.\n(all)"
-            }.get(setting, setting)
-
-
-def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
-                      metric: str = "MRR"):
-    """Figure 4 from :func:`table9`: ``metric`` (percent) of each platform trained alone (p1–p10)
-    and of FedCSR, ours beside the paper's, one panel per domain; where the FedCSR run recorded
-    per-platform scores, a third bar per platform shows the federated model on that platform's
-    own test rows. Returns ``None`` without ours."""
-    import matplotlib.pyplot as plt
-
-    part = frame[frame["metric"] == metric] if len(frame) else frame
-    if part.empty or part["value_ours"].isna().all():
-        return None
-    # FedCSR's per-platform rows (when recorded) are a third bar beside each platform's own model
-    federated_on_platform = (part["method"] == "FedCSR") & part["setting"].str.startswith("platform ")
-    fedcsr_by_platform = part[federated_on_platform]
-    part = part[~federated_on_platform]
-    domains = list(dict.fromkeys(part["domain"]))
-    fig, axes = plt.subplots(1, len(domains), figsize=(5.5 * len(domains), 3.5), squeeze=False)
-    for ax, domain in zip(axes[0], domains):
-        rows = part[part["domain"] == domain]
-        rows = rows.iloc[sorted(range(len(rows)), key=lambda i: _table9_order(str(rows["setting"].iloc[i])))]
-        groups = [_table9_label(s) for s in rows["setting"]]
-        series = {"ours": rows["value_ours"].tolist(), "paper": rows["value_paper"].tolist()}
-        errors = {"ours": rows["std_ours"].tolist(), "paper": [math.nan] * len(rows)}
-        federated = fedcsr_by_platform[fedcsr_by_platform["domain"] == domain].set_index("setting")
-        if len(federated):
-            def per_group(column: str) -> List[float]:  # NaN where the group is not a platform
-                return [federated[column].get(s, math.nan) if s.startswith("platform ") else math.nan
-                        for s in rows["setting"]]
-            series["FedCSR on this platform (ours)"] = per_group("value_ours")
-            errors["FedCSR on this platform (ours)"] = per_group("std_ours")
-        _grouped_bars(ax, groups, series, errors)
-        ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
-        ax.set_ylabel(f"test {metric} (%)")
-    handles, labels = axes[0][0].get_legend_handles_labels()      # below the panels: no bar is hidden
-    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(labels), fontsize=8,
-               frameon=False)
-    fig.suptitle("FedCSR · Figure 4: individual training (p#) vs FedCSR")
-    fig.tight_layout()
-    return _save(fig, name, profile)
-
-
-def figure_hidden(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
-                  metrics: Sequence[str] = SCORES):
-    """Figure 6 from :func:`figure6_table`: each metric (percent) against the hidden size factor
-    f of SCL's ``t`` (log2 x axis), one line per domain. Returns ``None`` without values."""
-    import matplotlib.pyplot as plt
-
-    part = frame[frame["value_ours"].notna()] if len(frame) else frame
-    if part.empty:
-        return None
-    part = part.assign(factor=[float(s.split("=")[1].split("·")[0]) for s in part["setting"]])
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3.8 * len(metrics), 3.3), squeeze=False)
-    for ax, metric in zip(axes[0], metrics):
-        for domain, line in part[part["metric"] == metric].groupby("domain", sort=False):
-            line = line.sort_values("factor")
-            ax.errorbar(line["factor"], line["value_ours"], yerr=line["std_ours"].fillna(0.0), marker="o", capsize=3,
-                        label=domain)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("hidden size of t / n")
-        ax.set_ylabel(f"test {metric} (%)")
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle("FedCSR · Figure 6: hidden size of the SCL transformation")
-    fig.tight_layout()
-    return _save(fig, name, profile)

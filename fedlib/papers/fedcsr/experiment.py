@@ -33,10 +33,10 @@ files, split 80/10/10), recorded in ``extra["substitute_split"]`` and in the row
 (:func:`fedlib.data.synthetic.cross_domain_sequences`, 20 negatives).
 
 Methods (each an Algorithm trained by :func:`fedlib.engine.train`): ``"FedCSR"``
-(:func:`~fedlib.methods.fedcsr_train.train_fedcsr`), its variants
+(:func:`~fedlib.papers.fedcsr.training.train_fedcsr`), its variants
 (:data:`VARIANTS`: the ablations of Tables 3-4 and Figure 2 and the audit of the public
 code, all flags of the one implementation), ``"Individual"`` (each platform alone,
-:func:`~fedlib.methods.fedcsr_train.train_individual`), ``"Centralized"`` (Table 9's third
+:func:`~fedlib.papers.fedcsr.training.train_individual`), ``"Centralized"`` (Table 9's third
 row: the FedCSR model trained on all platforms' data as one platform) and the eight
 baselines of :data:`BASELINES`, each federated with FedProx
 (:func:`~fedlib.methods.fedcsr_baselines.train_federated_baseline`, μ = 0.01).
@@ -60,7 +60,7 @@ of FedCSR at n = 64 on Food-Kitchen is 171 training steps of ~0.3 s each on one 
 Softmax. Eqs. 16-17 are softmaxes over ~30k items per domain; every model whose loss is such
 a softmax (FedCSR, TiSASRec, π-Net, PSJNet, MIFN, C2DSR) trains on real data with a
 **sampled softmax** over the target and :data:`SAMPLED_NEGATIVES` = 1000 uniform same-domain
-items shared by the mini-batch (:func:`fedlib.methods.fedcsr.head_cross_entropy`), ~6x faster
+items shared by the mini-batch (:func:`fedlib.methods.sequences.head_cross_entropy`), ~6x faster
 per step. Evaluation is unchanged (1 + 999 candidates); each run also records the full ranking of
 its selected model against every item of the GT's domain. The synthetic smoke task keeps the
 full softmax. Learning rate 1e-3
@@ -86,9 +86,10 @@ from fedlib.data.protocols import fedcsr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
-from fedlib.methods.fedcsr import FedCSRConfig
 from fedlib.methods.fedcsr_baselines import FedProxConfig, evaluate_baseline, train_federated_baseline
-from fedlib.methods.fedcsr_train import FedCSRTrainConfig, evaluate_sequences, train_fedcsr
+from fedlib.methods.sequence_training import evaluate_sequences, platform_graphs
+from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel
+from fedlib.papers.fedcsr.training import FedCSRTrainConfig, train_fedcsr
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -305,9 +306,6 @@ def constant_score_audit(split, tie_rules: Sequence[str] = ("optimistic", "code"
     code's rule (``s_neg > s_gt + 1e-5``, ``"code"``) and ``"optimistic"`` rank it first; ``"pessimistic"``
     last. Returns one row per tie rule: ``tie rule``, ``<domain> MRR`` (fractions), ``candidates``.
     """
-    from fedlib.methods.fedcsr import FedCSRModel
-    from fedlib.methods.fedcsr_train import platform_graphs
-
     torch.manual_seed(0)
     model = FedCSRModel(split.num_items_a, split.num_items_b, FedCSRConfig(dim=8, dropout=0.0))
     with torch.no_grad():
@@ -527,10 +525,6 @@ def _train(config: Mapping[str, Any], progress=None, checkpointer=None) -> Dict[
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """``python -m fedlib.experiments.fedcsr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
+    """``python -m fedlib grid fedcsr <parts> [--methods ..] [--seeds ..] ...`` (:func:`fedlib.experiments.grid.grid_main`)."""
     grid.grid_main(argv, paper=PAPER, title="FedCSR", parts=PARTS, grid_cells=grid_cells, label=method_label,
                    run_grid=run_grid, filters={"--datasets": grid.CellFilter("dataset", list(DATASETS)), "--dims": grid.CellFilter("dim", type=int)})
-
-
-if __name__ == "__main__":
-    main()
