@@ -146,11 +146,9 @@ TABLES_NEED_DATA = ("fedrkg",)
 # ======================================================================================
 # Cells of a command line
 # ======================================================================================
-#: each paper's experiment and tables modules: its folder (``fedlib/papers/<slug>/``), else the
-#: ``fedlib.experiments`` modules it had before it moved there
+#: each paper's experiment and tables modules, in its folder (``fedlib/papers/<slug>/``)
 PAPER_MODULES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
-    paper: ((f"fedlib.papers.{paper}.experiment", f"fedlib.experiments.{paper}"),
-            (f"fedlib.papers.{paper}.tables", f"fedlib.experiments.{paper}_tables"))
+    paper: ((f"fedlib.papers.{paper}.experiment",), (f"fedlib.papers.{paper}.tables",))
     for paper in ("f3crec", "fedrkg", "fedkdrec", "fedpcl_cdr", "fedcsr")
 }
 

@@ -24,10 +24,7 @@ def test_an_unknown_paper_is_refused_with_the_known_ones(capsys):
 def test_pending_lists_what_is_left_and_trains_nothing(capsys, paper, part):
     from importlib import import_module
 
-    try:  # the paper's folder, else the module it had before it moved there
-        module = import_module(f"fedlib.papers.{paper}.experiment")
-    except ModuleNotFoundError:
-        module = import_module(f"fedlib.experiments.{paper}")
+    module = import_module(f"fedlib.papers.{paper}.experiment")
     expected = pending_cells(paper, "paper", module.grid_cells(part))
     assert cli_main(["grid", paper, part, "--pending"]) == 0
     printed = capsys.readouterr().out

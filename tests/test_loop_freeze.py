@@ -74,9 +74,9 @@ FROZEN_FILE = TESTS / "frozen" / "loop_metrics.json"
 TOLERANCE = 1e-6
 
 #: where each paper's cell builders and ``run_cell`` live: the first importable module of each
-#: tuple (the paper's folder, ``fedlib/papers/<slug>/experiment.py``, then the module it had
-#: before it moved there)
-PAPER_MODULES = {paper: (f"fedlib.papers.{paper}.experiment", f"fedlib.experiments.{paper}")
+#: tuple (the paper's folder, ``fedlib/papers/<slug>/experiment.py``; list a second place here
+#: if a paper ever moves again)
+PAPER_MODULES = {paper: (f"fedlib.papers.{paper}.experiment",)
                  for paper in ("f3crec", "fedrkg", "fedkdrec", "fedpcl_cdr", "fedcsr")}
 
 

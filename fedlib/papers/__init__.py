@@ -14,29 +14,40 @@ downward import).
 """
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Dict, Optional, Sequence
 
 __all__ = ["GRID_COMMANDS", "grid_command"]
 
 
-def _grid_main(paper: str) -> Callable[[Optional[Sequence[str]]], object]:
-    def command(argv):
-        # The paper's folder; papers not yet moved there keep their grid in fedlib.experiments.
-        try:
-            module = importlib.import_module(f"fedlib.papers.{paper}.experiment")
-        except ModuleNotFoundError as error:
-            if error.name not in (f"fedlib.papers.{paper}", f"fedlib.papers.{paper}.experiment"):
-                raise
-            module = importlib.import_module(f"fedlib.experiments.{paper}")
-        return module.main(argv)
-    return command
+def _fedrkg(argv):
+    from fedlib.papers.fedrkg import experiment
+    return experiment.main(argv)
+
+
+def _f3crec(argv):
+    from fedlib.papers.f3crec import experiment
+    return experiment.main(argv)
+
+
+def _fedkdrec(argv):
+    from fedlib.papers.fedkdrec import experiment
+    return experiment.main(argv)
+
+
+def _fedpcl_cdr(argv):
+    from fedlib.papers.fedpcl_cdr import experiment
+    return experiment.main(argv)
+
+
+def _fedcsr(argv):
+    from fedlib.papers.fedcsr import experiment
+    return experiment.main(argv)
 
 
 #: paper slug -> ``command(argv)``, the paper's resumable grid (:func:`fedlib.experiments.grid.grid_main`).
 #: Each imports its paper's module only when called, so listing the papers loads no model code.
 GRID_COMMANDS: Dict[str, Callable[[Optional[Sequence[str]]], object]] = {
-    paper: _grid_main(paper) for paper in ("fedrkg", "f3crec", "fedkdrec", "fedpcl_cdr", "fedcsr")
+    "fedrkg": _fedrkg, "f3crec": _f3crec, "fedkdrec": _fedkdrec, "fedpcl_cdr": _fedpcl_cdr, "fedcsr": _fedcsr,
 }
 
 
