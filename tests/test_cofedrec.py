@@ -60,7 +60,7 @@ def test_kmeans_batched_equals_reference(k, seed):
 
 
 def test_squared_distances_match_explicit_differences_and_keep_coinciding_points_at_zero():
-    from fedlib.methods.cofedrec import _squared_distances
+    from fedlib.methods.seeded_kmeans import _squared_distances
 
     gen = torch.Generator().manual_seed(5)
     points = torch.randn(50, 8, generator=gen) * 3 + 10  # float32, far from the origin: cancellation-prone

@@ -347,7 +347,8 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
                                  "drop those parameters or the ldp setting")
             executor = FedRAPCodeExecutor(**code_optimizer)
     elif name == "FedDAE":
-        from fedlib.methods.feddae import FedDAEExecutor, FedDAEModel, feddae_method
+        from fedlib.methods.feddae import FedDAEModel, feddae_method
+        from fedlib.methods.feddae_executor import FedDAEExecutor
         model = FedDAEModel(num_users, num_items, train=split.train, latent_dim=dim, hidden=tuple(p["hidden"]))
         method = feddae_method(model, lr=p["lr"], beta=p["beta"], **kwargs)
         # one local step per round: shared global parameters, the first layers at the user's items
