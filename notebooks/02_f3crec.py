@@ -96,10 +96,8 @@ from IPython.display import display
 from fedlib import reporting
 from fedlib.data import dataset_status
 from fedlib.device import default_device
-from fedlib.papers.f3crec import experiment as f3crec_experiments
-from fedlib.papers.f3crec import figures as f3crec_figures
-from fedlib.papers.f3crec import method as f3crec
-from fedlib.papers.f3crec import tables as f3crec_tables
+from fedlib.papers.f3crec import (experiment as f3crec_experiments, figures as f3crec_figures,
+                                  method as f3crec, tables as f3crec_tables)
 
 profile, device = settings.profile, default_device()
 reporting.use_style()
