@@ -142,6 +142,14 @@ def test_commit_is_short_sha_and_dirty_ignores_results(tmp_path):
     assert current_commit(tmp_path) == sha
     (tmp_path / "results" / "runs.jsonl").write_text("{}\n")  # recording runs is not a code change
     assert current_commit(tmp_path) == sha
+    for executed in ("notebooks/00_intro.ipynb", "notebooks/appendix/01_x_appendix.ipynb"):
+        (tmp_path / executed).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / executed).write_text("{}")
+        git("add", executed)
+        git("commit", "-q", "-m", f"add {executed}")
+        sha = git("rev-parse", "--short", "HEAD")
+        (tmp_path / executed).write_text('{"executed": true}')  # re-executing a notebook is not a code change
+        assert current_commit(tmp_path) == sha, executed
     (tmp_path / "code.py").write_text("x = 2\n")
     assert current_commit(tmp_path) == f"{sha}+dirty"
     assert current_commit(tmp_path / "results") == "unknown"  # not the top of the checkout

@@ -205,7 +205,8 @@ def config_hash(config: Mapping[str, Any] | Any) -> str:
 
 _GIT_TIMEOUT_S = 10
 # Outputs a run writes (results, figures, executed notebooks) do not make the code "dirty".
-_PROVENANCE_ONLY_FOLDERS = ("results", "figures", "notebooks/*.ipynb", "README.md")
+# executed notebooks at any depth (lessons and notebooks/appendix/): a glob "*" stops at "/"
+_PROVENANCE_ONLY_FOLDERS = ("results", "figures", "notebooks/**/*.ipynb", "README.md")
 
 
 def current_commit(root: str | Path | None = None) -> str:
