@@ -205,3 +205,195 @@ def test_a_table_hook_the_paper_lacks_is_named(spec):
     broken = load_spec(write(spec.path.parent, hooked, "hooked.toml"))
     with pytest.raises(SpecError, match=r"hooked\.toml: \[tables\.t1\] key 'derive': no function 'gone'"):
         build_table(broken, "t1", [], "smoke", builder=builder_of(broken))
+
+
+# ======================================================================================
+# A choice's own config keys, None defaults, attribute columns, a paper's missing-note rule
+# ======================================================================================
+OWN_KEYS = """
+paper = "toy2"
+version = 1
+
+[choices.method]
+Plain = { label = "plain", cell = { lr = 0.01 } }
+Slow = { label = "slow", cell = { lr = 0.001, rounds = 50 } }
+Mine = { label = "ours", cell = { alpha = 0.1, limit = { none = "int" } } }
+
+[cell]
+method = "@method"
+rounds = 10
+overlap = { none = "float" }
+
+[parts]
+all.blocks = [{ method = "@method" }]
+mine.blocks = [{ method = "Mine", alpha = [0.2, 0.3] }]
+
+[tables.t]
+keys = ["method", "metric"]
+metrics = { pattern = "{metric}" }
+columns = { method = "@method.label" }
+rows = [{ method = "Mine" }]
+"""
+
+
+def test_a_choice_carries_its_own_config_keys_and_none_defaults_are_typed(tmp_path):
+    spec = load_spec(write(tmp_path, OWN_KEYS, "own.toml"))
+
+    def cell(method, **settings):
+        return spec.config({"method": method}, settings)
+
+    assert cell("Plain") == {"paper": "toy2", "version": 1, "method": "Plain", "rounds": 10, "overlap": None,
+                             "lr": 0.01}
+    slow = cell("Slow")
+    assert list(slow) == ["paper", "version", "method", "rounds", "overlap", "lr"] and slow["rounds"] == 50
+    mine = cell("Mine", overlap=1, limit=3.0)
+    assert mine["overlap"] == 1.0 and type(mine["overlap"]) is float and mine["limit"] == 3
+    assert type(mine["limit"]) is int and "lr" not in mine and cell("Mine")["limit"] is None
+    with pytest.raises(TypeError, match=r"unknown cell setting\(s\) \['alpha'\]"):
+        cell("Plain", alpha=0.5)  # another choice's key
+    # a block may set a choice's own key; the builder's **settings accept it
+    assert [c["alpha"] for c in spec.cells("mine", cell)] == [0.2, 0.3]
+    assert [c["method"] for c in spec.cells("all", cell)] == ["Plain", "Slow", "Mine"]
+    assert [keys for keys, _ in spec.table_rows("t", cell, {})] == [{"method": "ours"}]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('overlap = { none = "float" }', 'overlap = { none = "real" }',
+     r"own\.toml: \[cell\] key 'overlap': a None default is written \{ none = \"<type>\" \}"),
+    ('limit = { none = "int" }', 'limit = { none = "int", default = 3 }',
+     r"own\.toml: \[choices\.method\.Mine\.cell\] key 'limit': a None default"),
+    ('Plain = { label = "plain", cell = { lr = 0.01 } }', 'Plain = { label = "plain", cell = 0.01 }',
+     r"own\.toml: \[choices\.method\] key 'Plain\.cell' must be a table of config keys"),
+    ('columns = { method = "@method.label" }', 'columns = { method = "@method.name" }',
+     r"own\.toml: \[tables\.t\] key 'columns\.method': '@method\.name': choices \['Plain', 'Slow', 'Mine'\] have no 'name'"),
+])
+def test_malformed_own_keys_none_defaults_and_columns_are_named(tmp_path, old, new, message):
+    assert old in OWN_KEYS
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, OWN_KEYS.replace(old, new, 1), "own.toml"))
+
+
+def test_a_papers_missing_note_replaces_the_default_rule(tmp_path, monkeypatch):
+    """compare()'s note of a paper row without our value can be the paper's own function of that row."""
+    import pandas as pd
+
+    import fedlib.reporting as reporting
+    from fedlib.experiments.spec import compare
+
+    spec = load_spec(write(tmp_path, OWN_KEYS, "own.toml"))
+    paper = pd.DataFrame({"table": ["t", "t"], "method": ["ours", "theirs"], "metric": ["HR", "HR"],
+                          "value": [0.5, 0.4], "unit": ["fraction"] * 2, "confidence": ["high"] * 2})
+    monkeypatch.setattr(reporting, "load_paper_table", lambda paper_name, table_id: paper)
+    ours = pd.DataFrame({"method": ["ours"], "metric": ["HR"], "value": [0.45], "commit": ["abc"], "device": ["cpu"]})
+    default = compare(spec, ours, "t", ["method", "metric"], "quick")
+    assert default.set_index("method").loc["theirs", "note"] == reporting.NEEDS_DOWNLOAD_NOTE  # no [report] available
+    own = compare(spec, ours, "t", ["method", "metric"], "quick", missing_note=lambda row: f"no {row['method']} run")
+    assert own.set_index("method").loc["theirs", "note"] == "no theirs run"
+
+
+# ======================================================================================
+# Settings that vary together (cases), a row block's own columns, the paper's rows per variant
+# ======================================================================================
+CASES = """
+paper = "toy3"
+version = 1
+
+[options]
+samplers = ["leaky", "correct"]
+
+[lists]
+strengths = [{ interval = 10, beta = 0.9 }, { interval = 1, beta = 0.5 }]
+
+[choices.dataset]
+A = {}
+
+[cell]
+dataset = "@dataset"
+method = "M"
+interval = 100
+beta = 0.99
+sampler = "correct"
+
+[parts]
+pairs.blocks = [{ dataset = "A", sampler = ["leaky", "correct"], cases = [{ method = "G", interval = 5 }, { method = "F" }] }]
+named.blocks = [{ dataset = "A", method = "G", cases = "@strengths" }]
+
+[tables.t]
+keys = ["dataset", "method", "setting", "sampler", "metric"]
+metrics = { pattern = "{metric}" }
+columns = { setting = "base" }
+repeat_paper = { sampler = "$samplers" }
+unmatched_in_paper_unit = true
+rows = [
+    { dataset = "A", sampler = "$samplers", method = ["F", "G"] },
+    { dataset = "A", sampler = "$samplers", method = "G", interval = 1, columns = { setting = "every round ({interval})" } },
+]
+"""
+
+
+def test_cases_vary_settings_together_in_the_order_of_the_axes(tmp_path):
+    spec = load_spec(write(tmp_path, CASES, "cases.toml"))
+
+    def cell(dataset, **settings):
+        return spec.config({"dataset": dataset}, settings)
+
+    got = [(c["sampler"], c["method"], c["interval"]) for c in spec.cells("pairs", cell)]
+    assert got == [("leaky", "G", 5), ("leaky", "F", 100), ("correct", "G", 5), ("correct", "F", 100)]
+    assert [(c["interval"], c["beta"]) for c in spec.cells("named", cell)] == [(10, 0.9), (1, 0.5)]
+    rows = spec.table_rows("t", cell, {"samplers": ["correct"]})
+    assert [keys for keys, _ in rows] == [
+        {"dataset": "A", "method": "F", "setting": "base", "sampler": "correct"},
+        {"dataset": "A", "method": "G", "setting": "base", "sampler": "correct"},
+        {"dataset": "A", "method": "G", "setting": "every round (1)", "sampler": "correct"}]
+    assert [config["interval"] for _, config in rows] == [100, 100, 1]
+
+
+def test_the_paper_rows_repeat_per_variant_and_unmatched_rows_take_the_paper_percent(tmp_path, monkeypatch):
+    import pandas as pd
+
+    import fedlib.reporting as reporting
+    from fedlib.experiments.spec import compare
+
+    spec = load_spec(write(tmp_path, CASES, "cases.toml"))
+    paper = pd.DataFrame({"table": ["t"], "paper": ["toy3"], "dataset": ["A"], "method": ["F"], "setting": ["base"],
+                          "metric": ["HR"], "value": [40.0], "unit": ["percent"], "confidence": ["high"]})
+    monkeypatch.setattr(reporting, "load_paper_table", lambda paper_id, table_id: paper.copy())
+    ours = pd.DataFrame({"dataset": ["A", "A", "A"], "method": ["F", "F", "G"], "setting": ["base"] * 3,
+                         "sampler": ["leaky", "correct", "correct"], "metric": ["HR"] * 3, "value": [0.5, 0.3, 0.2],
+                         "ours_unit": ["fraction"] * 3, "commit": ["abc"] * 3, "device": ["cpu"] * 3})
+    keys = ["dataset", "method", "setting", "sampler", "metric"]
+    table = compare(spec, ours, "t", keys, "quick", repeat_paper={"sampler": ["leaky", "correct"]},
+                    unmatched_in_paper_unit=True).set_index(["method", "sampler"])
+    assert table.loc[("F", "leaky"), "value_paper"] == table.loc[("F", "correct"), "value_paper"] == 40.0
+    assert table.loc[("F", "leaky"), "value_ours"] == pytest.approx(50.0)
+    assert table.loc[("G", "correct"), "value_ours"] == pytest.approx(20.0)  # no paper value: percent all the same
+    assert table.loc[("G", "correct"), "unit"] == "percent"
+    kept = compare(spec, ours, "t", keys, "quick", repeat_paper={"sampler": ["leaky", "correct"]})
+    assert kept.set_index(["method", "sampler"]).loc[("G", "correct"), "value_ours"] == pytest.approx(0.2)
+
+
+def test_derived_rows_may_carry_their_runs_provenance():
+    from types import SimpleNamespace
+
+    from fedlib.experiments.spec import derived_row
+
+    runs = [SimpleNamespace(config_hash="h1", commit="c2", device="cpu"),
+            SimpleNamespace(config_hash="h2", commit="c1", device="cpu")]
+    row = derived_row({"method": "G"}, 1.5, runs, "from two runs", "percent", provenance=True)
+    assert (row["run_ids"], row["commit"], row["device"], row["note"]) == ("h1;h2", "c1;c2", "cpu",
+                                                                         "derived: from two runs")
+    assert "commit" not in derived_row({"method": "G"}, 1.5, runs, "from two runs", "percent")
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('cases = "@strengths"', 'cases = "@samplers"', r"cases\.toml: \[parts\.named\] key 'cases': an array of inline"),
+    ('cases = "@strengths"', 'cases = ["G"]', r"cases\.toml: \[parts\.named\] key 'cases': an array of inline"),
+    ('method = "G", cases = "@strengths" }', 'method = "G", columns = { setting = "x" } }',
+     r"cases\.toml: \[parts\.named\] key 'columns': only the row blocks of a table"),
+    ('repeat_paper = { sampler = "$samplers" }', 'repeat_paper = { sampler = "$sampler" }',
+     r"cases\.toml: \[tables\.t\] key 'repeat_paper\.sampler': option '\$sampler' is not declared"),
+])
+def test_malformed_cases_columns_and_repeats_are_named(tmp_path, old, new, message):
+    assert old in CASES, old
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, CASES.replace(old, new, 1), "cases.toml"))

@@ -18,23 +18,34 @@ The file, section by section:
 * ``[lists]``: named value lists, referred to as ``"@name"``.
 * ``[choices.<key>.<name>]``: the valid values of a config key and their attributes;
   ``"@<key>"`` lists the names, ``"@<key>.<attribute>"`` is the chosen value's attribute.
+  The attribute ``cell`` (a table) holds config keys of the cells of that choice only: a key
+  of ``[cell]`` takes this default instead, a new key follows the ``[cell]`` keys (a method's
+  own hyperparameters, which the other methods' configs do not carry).
 * ``[cell]``: every other config key with its default, written once; its TOML type is the
   config's type (an override is cast to it). ``"@dataset"`` marks a required choice.
+  ``{ none = "float" }`` (or ``"int"``, ``"str"``, ``"bool"``) is a default of ``None``, which
+  TOML cannot write; a given value is cast to that type.
 * ``[parts.<part>]``: ``doc`` and ``[[parts.<part>.blocks]]``, expanded in order. A block is the
   keywords of the paper's cell builder: a scalar or inline table is fixed, an array (or an
   ``"@list"`` / ``"$option"``) is an axis; axes nest in file order, the first outermost.
   ``only = {dataset = "@list"}`` keeps an axis's values that are in the list; ``sweep = [...]``
   is an axis of one-at-a-time sweeps, each entry ``{param, values, times?, label?, ...}``
-  giving ``params = {param: value × times}`` plus its other keys; ``part = "<other>"`` makes
-  the block another part's cells.
+  giving ``params = {param: value × times}`` plus its other keys; ``cases = [{...}, ...]`` (or
+  an ``"@list"`` of inline tables) is an axis whose values are sets of keywords, for settings
+  that vary together (``{ method = "FedRKG", guidance = "fixed" }``, ``{ method = "FedRAP" }``);
+  ``part = "<other>"`` makes the block another part's cells.
 * ``[report]``: ``available``, the datasets that can be run offline (a row of another
   dataset without our value is noted "needs download", see :func:`compare`).
 * ``[tables.<id>]``: ``keys`` (the paper table's key columns), ``metrics`` (a pattern such as
   ``"{metric}/{block}"`` over the recorded metric names, each field's allowed values as a list
   or as a mapping recorded -> shown), ``[[tables.<id>.rows]]`` (blocks as above: one table row
-  group per cell), ``columns`` (constant or formatted key columns, ``"noise lambda={upload_noise:g}"``),
-  and the names of the paper's ``derive`` (rows computed before the comparison) and ``finish``
-  (after it) functions.
+  group per cell), ``columns`` (constant or formatted key columns, ``"noise lambda={upload_noise:g}"``,
+  or ``"@task.paper_task"``: an attribute of the row's choice; a row block's own ``columns``
+  override the table's for its rows), the names of the paper's ``derive`` (rows computed before
+  the comparison) and ``finish`` (after it) functions, and two options of :func:`compare`:
+  ``repeat_paper = { sampler = "$samplers" }`` (the paper's rows once per value of a key column
+  the paper lacks, e.g. our two negative samplers beside one paper value) and
+  ``unmatched_in_paper_unit = true`` (our rows without a paper value shown in the paper's percent).
 """
 from __future__ import annotations
 
@@ -44,7 +55,7 @@ import itertools
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
@@ -53,8 +64,13 @@ __all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DER
 #: The papers' folders; paper ``<slug>`` keeps its specification in ``<slug>/spec.toml`` (read as a file, not imported).
 PAPERS_DIR = Path(__file__).resolve().parents[1] / "papers"
 SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
-BLOCK_DIRECTIVES = {"only", "sweep", "part"}
-TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish"}
+BLOCK_DIRECTIVES = {"only", "sweep", "part", "cases", "columns"}
+TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish", "repeat_paper",
+              "unmatched_in_paper_unit"}
+#: Where a table row block's own ``columns`` travel with its keywords (never handed to the builder).
+ROW_COLUMNS = "__columns"
+#: ``{ none = "<type>" }`` in ``[cell]``: a ``None`` default; a given value is cast with this type.
+OPTIONAL_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 #: The ``note`` prefix of a table row computed from other rows (its ``run_metric`` is empty).
 DERIVED = "derived"
 
@@ -135,14 +151,11 @@ class Spec:
         a value is cast to the default's type (``rounds=100.0`` -> ``100``). An unknown
         setting is a ``TypeError`` naming the known ones.
         """
-        template = self.data["cell"]
+        template = self._template(chosen)  # raises on an unknown choice
         unknown = set(settings) - set(template)
         if unknown:
             raise TypeError(f"unknown cell setting(s) {sorted(unknown)}; the settings of a {self.paper} cell are "
                             f"{[k for k, v in template.items() if not _is_choice(v)]}")
-        for key, value in template.items():
-            if _is_choice(value):
-                self.choice(key, chosen[key])  # raises on an unknown name
         out: Dict[str, Any] = {"paper": self.paper, "version": self.version}
         for key, default in template.items():
             if _is_choice(default):
@@ -150,11 +163,26 @@ class Spec:
                 continue
             default = self.resolve(default, chosen)
             given = settings.get(key)
-            if given is None:
+            if _is_optional(default):
+                out[key] = None if given is None else OPTIONAL_TYPES[default["none"]](given)
+            elif given is None:
                 out[key] = dict(default) if isinstance(default, dict) else default
             else:
                 out[key] = dict(given) if isinstance(default, dict) else type(default)(given)
         return out
+
+    def _template(self, chosen: Mapping[str, Any]) -> Dict[str, Any]:
+        """``[cell]`` with the chosen choices' own ``cell`` keys (a new default keeps its place, a new key follows)."""
+        template = dict(self.data["cell"])
+        for key, value in self.data["cell"].items():
+            if _is_choice(value):
+                template.update(self.choice(key, chosen[key]).get("cell", {}))
+        return template
+
+    def cell_keys(self) -> set:
+        """Every config key a cell may set: ``[cell]``'s and those of every choice's ``cell`` table."""
+        own = {k for choices in self.data.get("choices", {}).values() for c in choices.values() for k in c.get("cell", {})}
+        return set(self.data["cell"]) | own
 
     # ----------------------------------------------------------------------------------
     # Blocks: parts and table rows
@@ -169,10 +197,16 @@ class Spec:
             axes: List[List[Dict[str, Any]]] = []
             only = block.get("only", {})
             for key, value in block.items():
-                if key in BLOCK_DIRECTIVES - {"sweep"}:
+                if key in ("only", "part"):
                     continue
                 if key == "sweep":
                     axes.append(list(self._sweep_values(value)))
+                    continue
+                if key == "cases":
+                    axes.append([dict(case) for case in self.resolve(value, {}, options)])
+                    continue
+                if key == "columns":
+                    axes.append([{ROW_COLUMNS: value}])
                     continue
                 resolved = self.resolve(value, {}, options) if isinstance(value, str) else value
                 if isinstance(resolved, list):
@@ -222,10 +256,10 @@ class Spec:
 
     def _build(self, blocks, builder, options, where, fixed) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
         options = {**self._default_options(), **{k: v for k, v in options.items() if v is not None}}
-        accepted = _keywords(builder, self.data["cell"])
+        accepted = _keywords(builder, self.cell_keys())
         out = []
         for keywords in self.expand(blocks, options, where):
-            arguments = {k: v for k, v in keywords.items() if k != "sweep"}
+            arguments = {k: v for k, v in keywords.items() if k not in ("sweep", ROW_COLUMNS)}
             unknown = sorted(set(arguments) - accepted)
             if unknown:
                 raise _fail(self.path, where, f"key {unknown[0]!r} is not a keyword of "
@@ -252,8 +286,8 @@ class Spec:
         names = [k for k in layout["keys"] if k not in _pattern_fields(layout["metrics"]["pattern"])]
         pairs = []
         for keywords, config in self._build(layout["rows"], builder, options, f"tables.{table_id}", fixed):
-            columns = {k: v.format(**keywords) if isinstance(v, str) else v
-                       for k, v in layout.get("columns", {}).items()}
+            columns = {k: (self.resolve(v, keywords) if v[:1] == "@" else v.format(**keywords)) if isinstance(v, str)
+                       else v for k, v in {**layout.get("columns", {}), **keywords.get(ROW_COLUMNS, {})}.items()}
             pairs.append(({k: columns[k] if k in columns else keywords[k] for k in names}, config))
         return pairs
 
@@ -285,11 +319,15 @@ def _is_choice(value: Any) -> bool:
     return isinstance(value, str) and value.startswith("@") and "." not in value
 
 
+def _is_optional(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"none"}
+
+
 def _pattern_fields(pattern: str) -> List[str]:
     return re.findall(r"\{(\w+)\}", pattern)
 
 
-def _keywords(builder: Callable, cell: Mapping[str, Any]) -> set:
+def _keywords(builder: Callable, cell: Iterable[str]) -> set:
     """The keyword names ``builder`` accepts; its ``**settings`` are the spec's ``[cell]`` keys
     (a builder with ``**settings`` hands them to :meth:`Spec.config`)."""
     parameters = inspect.signature(builder).parameters.values()
@@ -356,12 +394,25 @@ def _check(spec: Spec) -> None:
                 missing = [n for n, c in data["choices"][name].items() if attribute not in c]
                 raise _fail(path, where, f"key {key!r}: {value!r}: choices {missing} have no {attribute!r}")
 
-    for key, value in data["cell"].items():
-        check_reference(value, "cell", key)
+    def check_defaults(table: Mapping[str, Any], where: str) -> None:
+        for key, value in table.items():
+            check_reference(value, where, key)
+            if isinstance(value, dict) and "none" in value and (
+                    set(value) != {"none"} or value["none"] not in OPTIONAL_TYPES):
+                raise _fail(path, where, f"key {key!r}: a None default is written {{ none = \"<type>\" }} with a "
+                                         f"type among {sorted(OPTIONAL_TYPES)}, got {value!r}")
+
+    check_defaults(data["cell"], "cell")
+    for key, choices in data.get("choices", {}).items():
+        for name, attributes in choices.items():
+            if "cell" in attributes and not isinstance(attributes["cell"], dict):
+                raise _fail(path, f"choices.{key}", f"key '{name}.cell' must be a table of config keys, "
+                                                    f"got {attributes['cell']!r}")
+            check_defaults(attributes.get("cell", {}), f"choices.{key}.{name}.cell")
     for key, value in data.get("options", {}).items():
         check_reference(value, "options", key)
 
-    def check_blocks(blocks: Any, where: str) -> None:
+    def check_blocks(blocks: Any, where: str, rows: bool = False) -> None:
         if not isinstance(blocks, list) or not blocks:
             raise _fail(path, where, "needs at least one block ([[...blocks]] or [[...rows]])")
         for block in blocks:
@@ -381,6 +432,14 @@ def _check(spec: Spec) -> None:
                             raise _fail(path, where, f"key 'only.{axis}': the block has no axis {axis!r} (only "
                                                      "filters a key whose value is a list, '@list' or '$option')")
                         check_reference(allowed, where, f"only.{axis}")
+                elif key == "cases":
+                    cases = data.get("lists", {}).get(value[1:], value) if isinstance(value, str) else value
+                    if not isinstance(cases, list) or not all(isinstance(case, dict) for case in cases):
+                        raise _fail(path, where, "key 'cases': an array of inline tables of keywords (or an "
+                                                 f"'@list' of them), got {value!r}")
+                    check_reference(value, where, "cases")
+                elif key == "columns" and not rows:
+                    raise _fail(path, where, "key 'columns': only the row blocks of a table name key columns")
                 elif key != "part":
                     check_reference(value, where, key)
 
@@ -399,7 +458,11 @@ def _check(spec: Spec) -> None:
         stray = [f for f in _pattern_fields(layout["metrics"]["pattern"]) if f not in layout["keys"]]
         if stray:
             raise _fail(path, where, f"key 'metrics.pattern': field {stray[0]!r} is not one of keys {layout['keys']}")
-        check_blocks(layout["rows"], where)
+        check_blocks(layout["rows"], where, rows=True)
+        for key, value in layout.get("repeat_paper", {}).items():
+            check_reference(value, where, f"repeat_paper.{key}")
+        for key, value in layout.get("columns", {}).items():
+            check_reference(value, where, f"columns.{key}")
 
 
 # ======================================================================================
@@ -428,13 +491,24 @@ class TableContext:
         return sorted(found, key=lambda r: r.seed)
 
 
-def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note: str, unit: str) -> Dict[str, Any]:
-    """A table row computed from other rows' runs: their ids, an empty ``run_metric`` and a ``derived:`` note."""
-    return {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
-            "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
+def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note: str, unit: str,
+                provenance: bool = False) -> Dict[str, Any]:
+    """A table row computed from other rows' runs: their ids, an empty ``run_metric`` and a ``derived:`` note.
+
+    ``provenance``: also the runs' distinct commits and devices (``;``-joined), so that the row is a
+    function of the records (without, the comparison stamps the commit of the checkout writing it).
+    """
+    row = {**keys, "value": float(value), "n_seeds": len(runs), "run_ids": ";".join(r.config_hash for r in runs),
+           "run_metric": "", "ours_unit": unit, "note": f"{DERIVED}: {note}"}
+    if provenance:
+        row.update({column: ";".join(sorted({str(getattr(r, column)) for r in runs if getattr(r, column)}))
+                    for column in ("commit", "device")})
+    return row
 
 
-def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, **kwargs) -> pd.DataFrame:
+def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, *,
+            repeat_paper: Mapping[str, Sequence[Any]] = {}, unmatched_in_paper_unit: bool = False,
+            **kwargs) -> pd.DataFrame:
     """:func:`~fedlib.reporting.compare_with_paper` of ``ours`` against ``paper_tables/<paper>/<table_id>``.
 
     An empty ``ours`` is fine; a dataset unknown to ``[choices.dataset]`` is a bug of the
@@ -442,6 +516,12 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
     ours are noted "needs download" outside ``[report] available``, else "not run at this
     profile". Our rows without a paper value are kept (``unmatched="keep"``): smoke cells
     have no paper counterpart, and transcribed tables lack the cells illegible in the paper.
+
+    ``repeat_paper = {key: values}``: the paper table lacks the key column ``key`` (a protocol
+    variant of ours, such as the negative sampler); its rows are repeated once per value, in
+    order, so that every variant is compared with the same paper value. ``unmatched_in_paper_unit``:
+    when every paper row is in percent, our rows without a paper value are converted from
+    fractions to percent too (else they would stay in fractions beside percent rows).
     """
     from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, compare_with_paper, load_paper_table
 
@@ -458,18 +538,29 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
         return "not run at this profile" if str(row.get("dataset", "")) in available else NEEDS_DOWNLOAD_NOTE
 
     kwargs.setdefault("unmatched", "keep")
-    return compare_with_paper(ours, load_paper_table(spec.paper, table_id), list(keys), profile=profile,
-                              missing_note=missing_note, **kwargs)
+    kwargs.setdefault("missing_note", missing_note)  # a paper's own rule replaces this one
+    paper = load_paper_table(spec.paper, table_id)
+    for key, values in repeat_paper.items():
+        paper = pd.concat([paper.assign(**{key: value}) for value in values], ignore_index=True)
+    out = compare_with_paper(ours, paper, list(keys), profile=profile, **kwargs)
+    if unmatched_in_paper_unit and set(paper["unit"].dropna().astype(str)) == {"percent"}:
+        unmatched = out["value_paper"].isna() & out["value_ours"].notna() & (out["unit"] == "fraction")
+        for column in ("value_ours", "std_ours"):
+            out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
+        out.loc[unmatched, "unit"] = "percent"
+    return out
 
 
 def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Callable[..., Dict[str, Any]],
                 hooks: Mapping[str, Callable] = {},
-                options: Mapping[str, Any] = {}, cell_kwargs: Mapping[str, Any] = {}) -> pd.DataFrame:
+                options: Mapping[str, Any] = {}, cell_kwargs: Mapping[str, Any] = {},
+                missing_note: Optional[Callable[[pd.Series], str]] = None) -> pd.DataFrame:
     """One paper table: recorded runs of the layout's rows x metrics, compared with the paper's numbers.
 
     ``builder``: the paper's cell builder (the rows' configs), compared by :func:`compare`. ``hooks``: the
     functions the layout's ``derive`` (``(ours, context) -> ours``) and ``finish``
-    (``(table, context) -> table``) name.
+    (``(table, context) -> table``) name. ``missing_note``: the note of a paper row without a value of
+    ours (a function of that row), replacing :func:`compare`'s rule.
     """
     from fedlib.reporting import aggregate_runs
     from fedlib.reporting.results import cell_index
@@ -485,5 +576,9 @@ def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Ca
                                                         f"among the paper's table hooks {sorted(hooks)}")
     if "derive" in layout:
         ours = hooks[layout["derive"]](ours, context)
-    table = compare(spec, ours, table_id, list(layout["keys"]), profile)
+    repeat = {key: spec.resolve(values, {}, {**spec._default_options(), **options})
+              for key, values in layout.get("repeat_paper", {}).items()}
+    table = compare(spec, ours, table_id, list(layout["keys"]), profile, repeat_paper=repeat,
+                    unmatched_in_paper_unit=layout.get("unmatched_in_paper_unit", False),
+                    **({"missing_note": missing_note} if missing_note is not None else {}))
     return hooks[layout["finish"]](table, context) if "finish" in layout else table
