@@ -6,7 +6,7 @@ import torch
 
 import fedlib.papers.fedcsr.experiment as X
 from fedlib.papers.fedcsr.model import FedCSRModel
-from fedlib.methods.sequence_training import METRICS
+from fedlib.baselines.sequential.sequence_training import METRICS
 from fedlib.reporting.results import config_hash
 
 TINY = dict(dim=8, rounds=2, patience=2, local_epochs=1, batch_size=64, maxlen=6)
@@ -26,7 +26,7 @@ def test_cells_validate_their_arguments():
         X.cell("Phone-Sport")
     with pytest.raises(ValueError, match="unknown method"):
         X.cell("Food-Kitchen", "SASRec")
-    with pytest.raises(ValueError, match="unknown FedCSR variant"):
+    with pytest.raises(ValueError, match="unknown variant"):
         X.cell("Food-Kitchen", variant="w/o everything")
     with pytest.raises(ValueError, match="applies to method 'FedCSR' only"):
         X.cell("Food-Kitchen", "C2DSR", variant="w/o SCL")
@@ -42,8 +42,8 @@ def test_cells_validate_their_arguments():
 
 def test_cell_defaults_follow_the_paper_and_the_stated_sizes():
     main = X.cell("Food-Kitchen")
-    assert main["dim"] == X.MAIN_DIM == 256 and main["rounds"] == X.ROUNDS == 20 and main["patience"] == X.PATIENCE == 20
-    assert main["sampled_negatives"] == X.SAMPLED_NEGATIVES and X.cell("synthetic")["sampled_negatives"] is None
+    assert main["dim"] == 256 and main["rounds"] == 20 and main["patience"] == 20
+    assert main["sampled_negatives"] == 1000 and X.cell("synthetic")["sampled_negatives"] is None
     assert X.cell("Food-Kitchen", sampled_negatives=None)["sampled_negatives"] is None
     with pytest.raises(ValueError, match="sampled_negatives"):
         X.cell("Food-Kitchen", sampled_negatives=0)
@@ -51,7 +51,9 @@ def test_cell_defaults_follow_the_paper_and_the_stated_sizes():
     base = X.cell("Movie-Book", "C2DSR")
     assert base["dim"] == X.SMALL_DIM == 64 and "variant" not in base and "alpha" not in base
     assert X.cell("Food-Kitchen", "Individual")["dim"] == X.SMALL_DIM
-    assert X.cell("synthetic")["num_negatives"] == X.SYNTHETIC_NEGATIVES
+    assert X.cell("synthetic")["num_negatives"] == 20
+    with pytest.raises(TypeError, match="unknown cell setting"):
+        X.cell("Food-Kitchen", rounds_per_epoch=3)
     assert config_hash(X.cell("Food-Kitchen", dim=256)) != config_hash(X.cell("Food-Kitchen", dim=64))
     assert X.method_label(X.cell("Food-Kitchen", variant="w/o MCL")) == "w/o MCL"
     assert X.method_label(X.cell("Food-Kitchen", "PiNet")) == "PiNet"
@@ -88,7 +90,7 @@ def test_parts_have_their_sizes_and_share_cells():
     assert sorted(c["alpha"] for c in X.grid_cells("alpha")) == list(X.ALPHAS)
     hidden = X.grid_cells("hidden")
     assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
-    assert {c["dim"] for c in hidden} == {X.SMALL_DIM}
+    assert {c["dim"] for c in hidden} == {X.SMALL_DIM} and "scl_hidden_factor" not in hidden[3]  # 2.0: the default
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
     assert len(X.unique_cells(every)) == 46  # FedCSR@64 / @256 rows are shared between parts
     with pytest.raises(ValueError, match="unknown part"):
@@ -147,7 +149,7 @@ def test_ties_against_the_ground_truth_expose_a_model_that_scores_everything_ali
     metrics = X.run_cell(X.cell("synthetic", "FedCSR", **TINY))["metrics"]
     for d in ("A", "B"):
         assert metrics[f"{d}/test/MRR"] == 1.0 and metrics[f"{d}/test/HR@1"] == 1.0
-        assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/MRR"] == pytest.approx(1 / (1 + X.SYNTHETIC_NEGATIVES))
+        assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/MRR"] == pytest.approx(1 / (1 + 20))
         assert metrics[f"{X.TIES_AGAINST_PREFIX}{d}/test/HR@10"] == 0.0
 
 
@@ -207,7 +209,6 @@ def test_a_killed_cell_resumes_to_the_uninterrupted_result(tmp_path, method):
     from fedlib.engine import Checkpointer
 
     config = X.cell("synthetic", method, **{**TINY, "rounds": 4, "patience": 4})
-    assert X.checkpointable(config)
     full = X.run_cell(config)
 
     def kill_in_round_3(round_number):
@@ -227,10 +228,6 @@ def test_a_killed_cell_resumes_to_the_uninterrupted_result(tmp_path, method):
         return json.loads(json.dumps({"metrics": metrics, "extra": {**result["extra"], "curve": curve}}))
 
     assert comparable(resumed) == comparable(full)
-
-
-def test_every_method_is_checkpointable():
-    assert all(X.checkpointable(X.cell("synthetic", m, **TINY)) for m in X.METHODS)
 
 
 def test_the_paper_grid_checkpoints_its_cells(monkeypatch):

@@ -76,8 +76,8 @@ import pandas as pd
 from fedlib.data.protocols.fedcsr import DATASETS as PROTOCOL_DATASETS
 from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
 from fedlib.experiments import grid
-from fedlib.papers.fedcsr.experiment import (ALPHAS, AUDIT_VARIANTS, BASELINES, DATASETS, FEDPROX_MU,
-                                             HIDDEN_FACTORS, MAIN_DIM, PAPER, SMALL_DIM, cell, load_split, method_cell)
+from fedlib.papers.fedcsr.experiment import (ALPHAS, BASELINES, DATASETS, FEDPROX_MU, PAPER, SMALL_DIM, SPEC, cell,
+                                             load_split, method_cell)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
@@ -85,6 +85,10 @@ __all__ = ["PAPER_LABELS", "ABLATION_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOA
            "statistics_records", "table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8",
            "table9", "appendix_a5", "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table",
            "audit_table", "all_tables", "write_tables", "with_flags"]
+
+AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
+HIDDEN_FACTORS = tuple(SPEC.list("hidden_factors"))
+MAIN_DIM = SPEC.choice("method", "FedCSR")["dim"]
 
 METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
 """Every score a run records per domain (Tables 6–8)."""
