@@ -7,14 +7,14 @@ the largest platform, with the frozen global model for MCL, at the paper profile
 * ``full graph``: the graph layer propagates the whole item table through the platform's
   transition graph every step (then indexes the batch's rows), as a direct implementation of
   Eq. 1 does; every use of an item table or a prediction head indexes the parameter anew;
-* ``rows, separate reads``: :func:`fedlib.methods.sequences.propagate_rows` mixes only the rows the
+* ``rows, separate reads``: :func:`fedlib.baselines.sequential.sequences.propagate_rows` mixes only the rows the
   batch asks for, but still indexes the table four times per forward and each head twice per
   term of Eq. 17;
 * ``rows, one read``: the model's default. Each item table and each head is gathered once per
-  forward (:func:`~fedlib.methods.sequences.propagate_rows`, :func:`~fedlib.methods.sequences.sampled_head_losses`):
+  forward (:func:`~fedlib.baselines.sequential.sequences.propagate_rows`, :func:`~fedlib.baselines.sequential.sequences.sampled_head_losses`):
   every index into a parameter costs its backward a zero-filled gradient of the whole table;
 * the sequence encoders' layout: ``packed`` (the model's default: per-token layers on the real
-  tokens only, :class:`~fedlib.methods.sequences.CausalSelfAttention`), ``padded`` (every layer on
+  tokens only, :class:`~fedlib.baselines.sequential.sequences.CausalSelfAttention`), ``padded`` (every layer on
   all B·L positions, ``nn.MultiheadAttention``: ``forward_reference``) and ``padded, torch
   dropout`` (also ``nn.Dropout``'s ``bernoulli_`` masks instead of :mod:`fedlib.models.dropout`);
 * each with ``torch.optim.Adam`` as it comes or the fused Adam the trainer uses
@@ -46,8 +46,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.engine.optim import adam
-from fedlib.methods import sequences
-from fedlib.methods.sequence_training import platform_graphs
+from fedlib.baselines.sequential import sequences
+from fedlib.baselines.sequential.sequence_training import platform_graphs
 from fedlib.papers.fedcsr import experiment as experiments
 from fedlib.papers.fedcsr import model as model_module
 

@@ -104,7 +104,7 @@ from fedlib.engine import (BatchedExecutor, ClientRowUpdates, FederatedConfig, F
                            round_generator, run_federated, union_pairs)
 from fedlib.engine.communication import CommunicationLedger, analytic_model_bytes, format_bytes
 from fedlib.experiments.intro import attack_one_round, train_centralised_selected
-from fedlib.methods.inference_attack import sign_attack
+from fedlib.audits.inference_attack import sign_attack
 from fedlib.models import MF, FedMF, ItemPopularity, PersonalItemTableModel
 
 # %% [markdown]
@@ -343,7 +343,7 @@ assert abs(float(client_noises.std()) / (np.sqrt(2) * noise_scale_check) - 1) < 
 # all changed rows lie on one line, positives on one side. The server knows neither $p_u$ nor
 # which side is which, but it can find the line (the top singular vector of the client's
 # changes), split the rows by the sign of their projection, and guess the **smaller** side
-# (one positive per $k$ negatives): the **sign attack** of `fedlib.methods.inference_attack`
+# (one positive per $k$ negatives): the **sign attack** of `fedlib.audits.inference_attack`
 # (our own illustration of Eq. 5, not an attack from the papers).
 
 # %%

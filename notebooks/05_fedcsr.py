@@ -95,7 +95,7 @@ import pandas as pd
 import torch
 
 from fedlib.data.protocols import fedcsr as protocol
-from fedlib.methods import sequence_training, sequences
+from fedlib.baselines.sequential import sequence_training, sequences
 from fedlib.papers.fedcsr import experiment as experiments
 from fedlib.papers.fedcsr import figures, tables
 from fedlib.papers.fedcsr import model as method

@@ -63,8 +63,8 @@ import torch
 
 from fedlib import reporting
 from fedlib.data.stats import stats_table
-from fedlib.experiments.fedxyz import run_cell  # import the names you use, never a short alias
-from fedlib.methods.fedxyz import equation_one, equation_three, equation_two
+from fedlib.papers.fedxyz.experiment import run_cell  # import the names you use, never a short alias
+from fedlib.papers.fedxyz.method import equation_one, equation_three, equation_two
 
 PAPER = "fedxyz"  # the paper's slug: results/fedxyz/, figures/fedxyz/, tests/test_fedxyz_*.py
 torch.manual_seed(settings.seed)

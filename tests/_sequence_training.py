@@ -4,8 +4,8 @@ from typing import List, Sequence
 import numpy as np
 import torch
 
-from fedlib.methods.sequences import make_batch
-from fedlib.methods.sequence_training import sequence_ranks
+from fedlib.baselines.sequential.sequences import make_batch
+from fedlib.baselines.sequential.sequence_training import sequence_ranks
 
 
 def train_steps(model, split, *, steps: int, lr: float, batch_size: int = 32) -> List[float]:

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import c2dsr as C
-from fedlib.methods.sequences import make_batch, transition_graphs
+from fedlib.baselines.sequential import c2dsr as C
+from fedlib.baselines.sequential.sequences import make_batch, transition_graphs
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.ccdr import CCDR, CCDRConfig, info_nce, propagate_mean, undirected_edges
-from fedlib.methods.sequences import make_batch, transition_graphs
+from fedlib.baselines.sequential.ccdr import CCDR, CCDRConfig, info_nce, propagate_mean, undirected_edges
+from fedlib.baselines.sequential.sequences import make_batch, transition_graphs
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

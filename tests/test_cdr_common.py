@@ -12,8 +12,8 @@ import torch
 
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine.algorithm import RoundReport
-from fedlib.methods import cdr_single_domain as S
-from fedlib.methods.cdr_common import (CDRResult, CrossDomainAlgorithm, check_training_loop, evaluate_both,
+from fedlib.baselines.cross_domain import cdr_single_domain as S
+from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, check_training_loop, evaluate_both,
                                        evaluate_scorer, train_cross_domain)
 
 DOMAINS = ("A", "B")

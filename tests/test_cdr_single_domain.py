@@ -11,7 +11,7 @@ from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine import Checkpointer
 from fedlib.engine.plan import make_round_plan, round_generator
-from fedlib.methods import cdr_single_domain as S
+from fedlib.baselines.cross_domain import cdr_single_domain as S
 from fedlib.models.ncf import FedNCF, NeuMF
 
 

@@ -7,7 +7,7 @@ import torch
 
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods import cl_dtcdr as C
+from fedlib.baselines.cross_domain import cl_dtcdr as C
 from fedlib.models.lightgcn import normalized_adjacency
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.clsr import CLSR, CLSRConfig, bpr_contrast, contrastive_loss, interest_proxies
-from fedlib.methods.sequences import make_batch
+from fedlib.baselines.sequential.clsr import CLSR, CLSRConfig, bpr_contrast, contrastive_loss, interest_proxies
+from fedlib.baselines.sequential.sequences import make_batch
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

@@ -12,11 +12,11 @@ from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            run_federated)
 from fedlib.engine.plan import round_generator
-from fedlib.methods.cofedrec import (MEMBERSHIP_KEY, SERVER_STREAM, STATS_KEY, CoClusteringServer, CoFedRecLoss, CoFedRecModel,
+from fedlib.baselines.single_domain.cofedrec import (MEMBERSHIP_KEY, SERVER_STREAM, STATS_KEY, CoClusteringServer, CoFedRecLoss, CoFedRecModel,
                                      category_similarity, co_cluster_step, co_cluster_step_reference,
                                      cofedrec_method, elbow_split, kmeans, kmeans_reference, server_uniforms,
                                      supcon_loss, supcon_loss_dense, supcon_loss_reference)
-from fedlib.methods.continual import PlanAugmentingExecutor
+from fedlib.baselines.continual.continual import PlanAugmentingExecutor
 from fedlib.models import PFedRec
 
 torch.set_num_threads(1)
@@ -60,7 +60,7 @@ def test_kmeans_batched_equals_reference(k, seed):
 
 
 def test_squared_distances_match_explicit_differences_and_keep_coinciding_points_at_zero():
-    from fedlib.methods.seeded_kmeans import _squared_distances
+    from fedlib.baselines.single_domain.seeded_kmeans import _squared_distances
 
     gen = torch.Generator().manual_seed(5)
     points = torch.randn(50, 8, generator=gen) * 3 + 10  # float32, far from the origin: cancellation-prone

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.conet import CoNet, CoNetConfig, CrossUnit
-from fedlib.methods.sequences import make_batch
+from fedlib.baselines.sequential.conet import CoNet, CoNetConfig, CrossUnit
+from fedlib.baselines.sequential.sequences import make_batch
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

@@ -8,7 +8,7 @@ import torch
 from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import FederatedConfig, union_pairs
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
-from fedlib.methods.continual import (BlockContext, FineTuning, PreviousBlock, block_seed, fedmf_backbone,
+from fedlib.baselines.continual.continual import (BlockContext, FineTuning, PreviousBlock, block_seed, fedmf_backbone,
                                       fedncf_backbone, grow_state, initial_block_state, pfedrec_backbone,
                                       run_continual)
 from fedlib.papers.f3crec.method import F3CRec, ParameterRegularisation, kd_baseline

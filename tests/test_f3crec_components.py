@@ -17,7 +17,7 @@ from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, bce_client_loss, fedmf_method,
                            init_train_state, make_round_plan, round_generator, run_federated)
 from fedlib.engine.method import LocalBatch
-from fedlib.methods.continual import (BlockContext, PlanAugmentingExecutor, PreviousBlock, count_higher_scores,
+from fedlib.baselines.continual.continual import (BlockContext, PlanAugmentingExecutor, PreviousBlock, count_higher_scores,
                                       fedmf_backbone, fedncf_backbone, initial_block_state, pfedrec_backbone,
                                       student_ranks)
 from fedlib.models import FedMF

@@ -9,7 +9,7 @@ import torch
 
 from fedlib.papers.f3crec import experiment as X
 from fedlib.papers.f3crec import tables as T
-from fedlib.methods.continual import FineTuning
+from fedlib.baselines.continual.continual import FineTuning
 from fedlib.reporting import read_runs
 from fedlib.reporting.consistency import check_results_table
 

@@ -7,7 +7,7 @@ import torch
 
 from fedlib.data.splits import Sequences
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import sequences as S
+from fedlib.baselines.sequential import sequences as S
 from fedlib.papers.fedcsr import model as M
 
 torch.set_num_threads(1)

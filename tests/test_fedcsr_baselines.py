@@ -9,17 +9,17 @@ import torch
 from torch import nn
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import fedcsr_baselines as FB
-from fedlib.methods.c2dsr import C2DSRConfig
-from fedlib.methods.ccdr import CCDRConfig
-from fedlib.methods.clsr import CLSRConfig
-from fedlib.methods.conet import CoNetConfig
-from fedlib.methods.sequences import make_batch
-from fedlib.methods.sequence_training import platform_graphs, rank_metrics
-from fedlib.methods.mifn import MIFNConfig
-from fedlib.methods.pinet import PiNetConfig
-from fedlib.methods.psjnet import PSJNetConfig
-from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig
+from fedlib.baselines.sequential import fedcsr_baselines as FB
+from fedlib.baselines.sequential.c2dsr import C2DSRConfig
+from fedlib.baselines.sequential.ccdr import CCDRConfig
+from fedlib.baselines.sequential.clsr import CLSRConfig
+from fedlib.baselines.sequential.conet import CoNetConfig
+from fedlib.baselines.sequential.sequences import make_batch
+from fedlib.baselines.sequential.sequence_training import platform_graphs, rank_metrics
+from fedlib.baselines.sequential.mifn import MIFNConfig
+from fedlib.baselines.sequential.pinet import PiNetConfig
+from fedlib.baselines.sequential.psjnet import PSJNetConfig
+from fedlib.baselines.sequential.tisasrec import TiSASRec, TiSASRecConfig
 
 torch.set_num_threads(1)
 

@@ -14,7 +14,7 @@ def test_fedcsr_step_benchmark_json(capsys):
     spec = importlib.util.spec_from_file_location("fedcsr_step", BENCHMARK)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    from fedlib.methods import sequences
+    from fedlib.baselines.sequential import sequences
     originals = (sequences.propagate_rows, sequences.sampled_head_losses, sequences.Dropout,
                  sequences.CausalSelfAttention.forward)
     module.main(["--dataset", "synthetic", "--dim", "16", "--steps", "2", "--negatives", "10", "--json-only"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import sequence_training as ST
+from fedlib.baselines.sequential import sequence_training as ST
 from fedlib.papers.fedcsr import training as T
 from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel
 
@@ -79,7 +79,7 @@ def _every_item_candidates(split, role):
 @pytest.mark.parametrize("baseline", [False, True])
 def test_full_ranking_equals_ranking_every_item_as_a_candidate(split, baseline):
     import dataclasses
-    from fedlib.methods.tisasrec import TiSASRec, TiSASRecConfig
+    from fedlib.baselines.sequential.tisasrec import TiSASRec, TiSASRecConfig
 
     torch.manual_seed(0)
     model = (TiSASRec(split.num_items_a, split.num_items_b, TiSASRecConfig(dim=8, maxlen=8)) if baseline

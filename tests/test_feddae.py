@@ -12,11 +12,11 @@ from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            make_round_plan, round_generator, run_federated)
-from fedlib.methods.continual import PlanAugmentingExecutor
-from fedlib.methods.feddae import (FedDAELoss, FedDAEModel, VAENoise, combine_posteriors, draw_noise, feddae_forward,
+from fedlib.baselines.continual.continual import PlanAugmentingExecutor
+from fedlib.baselines.single_domain.feddae import (FedDAELoss, FedDAEModel, VAENoise, combine_posteriors, draw_noise, feddae_forward,
                                    feddae_forward_reference, feddae_method, feddae_objective, gaussian_kl, kl_weight,
                                    marker_plan, multinomial_nll)
-from fedlib.methods.feddae_executor import FedDAEExecutor
+from fedlib.baselines.single_domain.feddae_executor import FedDAEExecutor
 
 torch.set_num_threads(1)
 F64 = torch.float64

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods.user_clusters import cluster_users
+from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.papers.fedpcl_cdr import method as P
 from fedlib.papers.fedpcl_cdr import prototypes as M
 

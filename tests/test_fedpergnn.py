@@ -12,7 +12,7 @@ from fedlib.data.protocols import fedkdrec
 from fedlib.data.splits import Pairs
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import round_generator, select_clients
-from fedlib.methods.fedpergnn import (GNN_NAMES, FedPerGNNConfig, ThirdParty, client_noise, client_upload, clip_rows,
+from fedlib.baselines.single_domain.fedpergnn import (GNN_NAMES, FedPerGNNConfig, ThirdParty, client_noise, client_upload, clip_rows,
                                       gat_layer, train_fedpergnn)
 from fedlib.metrics.ranking import candidate_set_metrics
 from conftest import missing_data
@@ -258,7 +258,7 @@ def test_fedpergnn_is_an_algorithm_and_a_killed_run_resumes_to_the_uninterrupted
     from fedlib.engine import Checkpointer
     from fedlib.engine.algorithm import Algorithm
     from fedlib.engine.trainer import Schedule, train
-    from fedlib.methods.fedpergnn import FedPerGNN
+    from fedlib.baselines.single_domain.fedpergnn import FedPerGNN
 
     config = FedPerGNNConfig(dim=8, rounds=5, eval_every=2, client_fraction=0.25, seed=4, pseudo_items=3,
                              laplace_scale=0.01)

@@ -10,7 +10,7 @@ import torch
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            run_federated)
-from fedlib.methods.fedrap import (FEDRAP_CODE_CONFIG, FedRAP, FedRAPLoss, curriculum_weight, fedrap_method,
+from fedlib.baselines.single_domain.fedrap import (FEDRAP_CODE_CONFIG, FedRAP, FedRAPLoss, curriculum_weight, fedrap_method,
                                    fedrap_objective, independence_term, sparsity_term)
 from fedlib.models import PFedRec
 
@@ -225,7 +225,7 @@ def test_bad_inputs_raise_with_a_fix():
 # The public code's optimiser: weight decay, per-batch learning-rate decay, early-stopped epochs
 # ---------------------------------------------------------------------------------------------
 def _code_run(executor, rounds=3, local_epochs=3, lam=0.5, lr_decay=0.97):
-    from fedlib.methods.fedrap import FedRAPCodeExecutor  # noqa: F401 (imported for the executor argument)
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor  # noqa: F401 (imported for the executor argument)
 
     model = FedRAP(NUM_USERS, NUM_ITEMS, dim=4, init_std=0.1)
     method = fedrap_method(model, lr=0.3, lr_items=1.0, lam=lam, mu=0.5, curriculum="constant", lr_decay=lr_decay)
@@ -243,7 +243,7 @@ def _assert_same_state(a, b, atol=1e-10):
 
 @pytest.mark.parametrize("tol", [0.0, 0.035])  # 0.035: 6 of the 14 clients stop early in round 0
 def test_code_executor_batched_path_equals_the_torch_optim_reference(tol):
-    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
 
     settings = dict(weight_decay=0.05, batch_lr_decay=0.9, tol=tol)
     reference = _code_run(FedRAPCodeExecutor(reference=True, **settings))
@@ -252,7 +252,7 @@ def test_code_executor_batched_path_equals_the_torch_optim_reference(tol):
 
 
 def test_code_executor_settings_each_change_the_run():
-    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
 
     base = dict(weight_decay=0.05, batch_lr_decay=0.9, tol=0.0)
     runs = {name: _code_run(FedRAPCodeExecutor(**{**base, **change})) for name, change in
@@ -274,7 +274,7 @@ def test_code_executor_settings_each_change_the_run():
 
 def test_code_executor_without_its_extras_is_the_engines_plain_sgd():
     """wd = 0, γ = 1, tol = 0: the code's optimiser is the engine's SGD step; both executors agree."""
-    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
 
     plain = _code_run(BatchedExecutor())
     code = _code_run(FedRAPCodeExecutor(weight_decay=0.0, batch_lr_decay=1.0, tol=0.0))
@@ -287,7 +287,7 @@ def test_code_executor_without_its_extras_is_the_engines_plain_sgd():
 
 
 def test_code_executor_refuses_what_it_does_not_run():
-    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
 
     for kwargs, words in (({"weight_decay": -1.0}, "weight_decay"), ({"batch_lr_decay": 0.0}, "batch_lr_decay"),
                           ({"batch_lr_decay": 1.5}, "batch_lr_decay"), ({"tol": float("nan")}, "tol"),

@@ -226,7 +226,7 @@ def test_fedrap_code_cells_use_the_code_local_training_and_train():
     assert not X.FEDRAP_CODE_PARAMS & set(X.fedrap_code_cells(variants=["epochs"])[0]["params"])
     with pytest.raises(ValueError, match="unknown variants"):
         X.fedrap_code_cells(variants=["adam"])
-    from fedlib.methods.fedrap import FedRAPCodeExecutor
+    from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
     from fedlib.engine import BatchedExecutor
     split = X.synthetic_split()
     for variant, kind in (("epochs", BatchedExecutor), ("optimizer", FedRAPCodeExecutor)):

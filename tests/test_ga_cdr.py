@@ -7,7 +7,7 @@ import torch
 
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods import ga_cdr as G
+from fedlib.baselines.cross_domain import ga_cdr as G
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,8 @@ from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
                            make_round_plan, round_generator, run_federated)
-from fedlib.methods.continual import PlanAugmentingExecutor
-from fedlib.methods.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_LOG_KEY, GRAPH_STATS_KEY,
+from fedlib.baselines.continual.continual import PlanAugmentingExecutor
+from fedlib.baselines.single_domain.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_LOG_KEY, GRAPH_STATS_KEY,
                                      GPFedRecExecutor, GPFedRecLoss, GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
                                      first_occurrence, gpfedrec_method,
                                      graph_personalise, graph_personalise_reference, graph_regulariser,
@@ -391,7 +391,7 @@ def test_equal_start_clients_skip_unmoved_rows_with_the_same_updates(executor, m
         sizes.append((out.items.size, plan.items.size, plan.num_clients * 0 + int(plan.num_steps.sum()) * num_items))
         return out
 
-    import fedlib.methods.gpfedrec as module
+    import fedlib.baselines.single_domain.gpfedrec as module
     monkeypatch.setattr(module, "add_table_context", counting)
     skipped = run(True)
     skip_sizes, sizes[:] = list(sizes), []

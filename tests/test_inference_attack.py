@@ -10,7 +10,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, ClientRowUpdates, FederatedConfig, UploadNoise, fedmf_method,
                            init_train_state, make_round_plan, round_generator)
-from fedlib.methods.inference_attack import (ClientRowGuesses, attack_scores, changed_rows_attack, sign_attack)
+from fedlib.audits.inference_attack import (ClientRowGuesses, attack_scores, changed_rows_attack, sign_attack)
 from fedlib.models import FedMF
 
 NUM_USERS, NUM_ITEMS, DIM, NEGATIVES = 50, 400, 8, 4

@@ -1,4 +1,4 @@
-"""Leak audit (fedlib.metrics.leak_audit, traced runs: fedlib.methods.leak_trace): negative coverage, test-item ranks, duplicated pairs."""
+"""Leak audit (fedlib.metrics.leak_audit, traced runs: fedlib.audits.leak_trace): negative coverage, test-item ranks, duplicated pairs."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,7 +11,7 @@ from fedlib.data.protocols import fedrkg
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import FederatedConfig, make_round_plan, personal_table_method, round_generator, union_pairs
-from fedlib.methods.leak_trace import trace_federated_run
+from fedlib.audits.leak_trace import trace_federated_run
 from fedlib.metrics.leak_audit import (
     LeakTrace, NegativeCoverage, duplicate_pair_leak, exclusion_mask, lastfm_duplicate_leak, negatives_from_plan,
     reference_code_leave_last_out, test_item_rank,

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods import mifn as M
-from fedlib.methods.sequences import make_batch, transition_graphs
+from fedlib.baselines.sequential import mifn as M
+from fedlib.baselines.sequential.sequences import make_batch, transition_graphs
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.data.synthetic import overlapping_domains
-from fedlib.methods import nmcdr as N
+from fedlib.baselines.cross_domain import nmcdr as N
 
 
 def _set_linear(layer: nn.Linear, weight) -> None:

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.sequences import make_batch
-from fedlib.methods.pinet import PiNet, PiNetConfig, SharedAccountFilter, parallel_targets
-from fedlib.methods.psjnet import PSJNet, PSJNetConfig
+from fedlib.baselines.sequential.sequences import make_batch
+from fedlib.baselines.sequential.pinet import PiNet, PiNetConfig, SharedAccountFilter, parallel_targets
+from fedlib.baselines.sequential.psjnet import PSJNet, PSJNetConfig
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 
@@ -134,7 +134,7 @@ def _sampled_setup():
 
 def _model(name, **changes):
     """π-Net or PSJNet (same loss, Eq. 9) with the module's test config and ``changes``."""
-    from fedlib.methods.psjnet import PSJNet, PSJNetConfig
+    from fedlib.baselines.sequential.psjnet import PSJNet, PSJNetConfig
     if name == "PiNet":
         return PiNet, dataclasses.replace(CFG, **changes)
     return PSJNet, PSJNetConfig(**{"dim": 16, "maxlen": 8, "num_roles": 3, "dropout": 0.0, "seed": 1, **changes})

@@ -1,4 +1,4 @@
-"""PriCDR, P2FCDR and P²DTR (fedlib.methods.pricdr, p2fcdr, p2dtr over the shared pp_cdr base): each
+"""PriCDR, P2FCDR and P²DTR (fedlib.baselines.cross_domain.pricdr, p2fcdr, p2dtr over the shared pp_cdr base): each
 defining mechanism on hand-made cases, then short training runs."""
 import math
 
@@ -9,8 +9,8 @@ import torch
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine.privacy import rdp_epsilon
-from fedlib.methods import p2dtr, p2fcdr, pricdr
-from fedlib.methods.pp_cdr import train_dual_target
+from fedlib.baselines.cross_domain import p2dtr, p2fcdr, pricdr
+from fedlib.baselines.cross_domain.pp_cdr import train_dual_target
 
 
 # ----------------------------------------------------------------------------- PriCDR, Eq. 1

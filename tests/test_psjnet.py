@@ -4,8 +4,8 @@ import math
 import torch
 
 from fedlib.data.synthetic import cross_domain_sequences
-from fedlib.methods.sequences import make_batch
-from fedlib.methods.psjnet import JoinUnit, PSJNet, PSJNetConfig, SplitUnit
+from fedlib.baselines.sequential.sequences import make_batch
+from fedlib.baselines.sequential.psjnet import JoinUnit, PSJNet, PSJNetConfig, SplitUnit
 
 from _sequence_training import heldout_mrr, random_mrr, train_steps
 

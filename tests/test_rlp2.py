@@ -10,8 +10,8 @@ import torch
 
 from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, bce_client_loss
-from fedlib.methods.continual import fedmf_backbone, pfedrec_backbone, run_continual
-from fedlib.methods.rlp2 import (RLP2, ErrorCompensatedModel, ErrorMemory, ErrorMemoryLoss, error_compensation,
+from fedlib.baselines.continual.continual import fedmf_backbone, pfedrec_backbone, run_continual
+from fedlib.baselines.continual.rlp2 import (RLP2, ErrorCompensatedModel, ErrorMemory, ErrorMemoryLoss, error_compensation,
                                  hidden_representations)
 from fedlib.models import FedMF, FedNCF, PFedRec
 

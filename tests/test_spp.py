@@ -10,8 +10,8 @@ import torch
 from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import FederatedConfig, LocalBatch, SequentialExecutor
 from fedlib.engine.plan import RoundPlan
-from fedlib.methods.continual import FineTuning, fedmf_backbone, run_continual, student_ranks
-from fedlib.methods.spp import (SPP, SPPReplayLoss, _proxy_tables, append_to_every_step, decode_replay_target,
+from fedlib.baselines.continual.continual import FineTuning, fedmf_backbone, run_continual, student_ranks
+from fedlib.baselines.continual.spp import (SPP, SPPReplayLoss, _proxy_tables, append_to_every_step, decode_replay_target,
                                 encode_replay_target, merge_replay_sets, proxy_candidates, proxy_mixture_mix,
                                 rank_discrepancy_log_weights, replay_probabilities, sample_replay)
 from fedlib.models import FedMF

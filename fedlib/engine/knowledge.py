@@ -4,7 +4,7 @@ A method whose clients each keep a personal item table ``P_u (I, d)`` (never agg
 the engine) can still share what they learned through the mean of the uploaded tables,
 ``P_g = 1/|S| Σ_{u ∈ S} P_u``. FedRKG guides every table toward it
 (:mod:`fedlib.papers.fedrkg.guidance`, §4.2) and CoFedRec clusters its items on it
-(:mod:`fedlib.methods.cofedrec`); both read the participants of the previous round's plan
+(:mod:`fedlib.baselines.single_domain.cofedrec`); both read the participants of the previous round's plan
 (:func:`fedlib.engine.plan.guidance_participants`). It lives here, below both, so that
 neither imports the other.
 """

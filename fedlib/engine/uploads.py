@@ -12,7 +12,7 @@ Four pieces shared by both executors and the round loop:
   upload (public tables) or in the client's private state.
 * :class:`ClientRowUpdates` holds the individual uploads of a ``public_rows`` table, one row
   per (client, item) pair a client sends a change for: what an honest-but-curious server
-  sees before averaging (input of :mod:`fedlib.methods.inference_attack`).
+  sees before averaging (input of :mod:`fedlib.audits.inference_attack`).
 * :func:`record_round_communication` charges one round's traffic to a
   :class:`~fedlib.engine.communication.CommunicationLedger`: every sampled client downloads
   the public tensors, and uploads either full tables or touched rows plus int64 indices

@@ -3,7 +3,7 @@
 * :func:`train_centralised_selected`: centralised MF on pooled data, one epoch at a time,
   selected on validation like the federated runs (best state, patience);
 * :func:`attack_one_round`: one round of FedMF uploads seen by an honest-but-curious server,
-  scored for the changed-rows and sign attacks of :mod:`fedlib.methods.inference_attack`;
+  scored for the changed-rows and sign attacks of :mod:`fedlib.audits.inference_attack`;
 * :func:`short_run`: a few rounds of a federated method, summarised (exercises 1-2).
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.engine.trainer import Schedule, start_run
 from fedlib.engine.trainer import train as train_rounds
-from fedlib.methods.inference_attack import attack_scores, changed_rows_attack, sign_attack
+from fedlib.audits.inference_attack import attack_scores, changed_rows_attack, sign_attack
 from fedlib.models.mf import MF
 
 __all__ = ["train_centralised_selected", "attack_one_round", "short_run", "NOISE_FLOOR_FACTOR"]

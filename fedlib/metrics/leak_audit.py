@@ -18,7 +18,7 @@ What this module measures, all vectorised:
   the never-sampled share of the candidates and whether the test item was ever drawn.
 * :func:`test_item_rank` - pessimistic full-ranking rank of each user's test item.
 * :class:`LeakTrace` - both per round, as a ``pandas.DataFrame`` (attached to a federated run
-  by :mod:`fedlib.methods.leak_trace`, which needs the engine: this module does not).
+  by :mod:`fedlib.audits.leak_trace`, which needs the engine: this module does not).
 * :func:`duplicate_pair_leak`, :func:`lastfm_duplicate_leak` - test pairs that also occur in
   train, on any split and on the LastFM-2K raw files.
 
@@ -379,8 +379,8 @@ class LeakTrace:
     """Per-round record of negative coverage and test-item rank, as a DataFrame.
 
     Call :meth:`record` once per round, or hook it into the round loop with
-    :func:`fedlib.methods.leak_trace.leak_trace_hook` (see
-    :func:`fedlib.methods.leak_trace.trace_federated_run`).
+    :func:`fedlib.audits.leak_trace.leak_trace_hook` (see
+    :func:`fedlib.audits.leak_trace.trace_federated_run`).
 
     Args:
         train, test, num_items, valid, storage: as in :class:`NegativeCoverage`; ranks mask

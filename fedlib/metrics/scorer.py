@@ -4,7 +4,7 @@ A *pair scorer* scores given items for given users: ``score(users (n,) int64, it
 int64) -> (n, C)`` scores, higher is better. A split built with sampled candidates (the
 FedPCL-CDR protocol) holds them in ``split.extra["valid_candidates"]`` /
 ``["test_candidates"]``, ``(n, C)`` item ids per held-out pair with the positive in column 0.
-The cross-domain methods (:mod:`fedlib.methods.cdr_common`) and the review-text leak audit
+The cross-domain methods (:mod:`fedlib.baselines.cross_domain.cdr_common`) and the review-text leak audit
 (:func:`fedlib.models.review_text.review_leak_effect`) are evaluated this way.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ A paper's folder (``fedlib/papers/<slug>/``) holds everything of that paper that
 paper or baseline uses: the method's equations and its engine hooks, the model pieces only
 it trains, the experiment specification (cells, parts, ``run_cell``, its grid command), and
 the tables and figures built from its records. Shared pieces sit in the layers below
-(``fedlib.experiments.grid``, ``fedlib.methods``, ``fedlib.engine``, ...); the paper folders
+(``fedlib.experiments.grid``, ``fedlib.baselines``, ``fedlib.engine``, ...); the paper folders
 never import each other (an import-linter ``independence`` contract in pyproject.toml).
 
 :data:`GRID_COMMANDS` is the registry behind ``python -m fedlib grid <paper> <parts>
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence
 
-__all__ = ["GRID_COMMANDS", "grid_command"]
+__all__ = ["GRID_COMMANDS", "grid_command", "all_methods"]
 
 
 def _fedrkg(argv):
@@ -57,3 +57,17 @@ def grid_command(paper: str) -> Callable[[Optional[Sequence[str]]], object]:
         return GRID_COMMANDS[paper]
     except KeyError:
         raise ValueError(f"no grid for paper {paper!r}; the papers with a grid are {', '.join(GRID_COMMANDS)}") from None
+
+
+def all_methods():
+    """The whole registry of methods (:data:`fedlib.baselines.registry.METHODS`), the papers' own included.
+
+    The baselines register when :mod:`fedlib.baselines.registry` is imported; each paper registers
+    its method when its folder is imported, which this does for every paper with a grid."""
+    import importlib
+
+    from fedlib.baselines import registry
+
+    for slug in GRID_COMMANDS:
+        importlib.import_module(f"fedlib.papers.{slug}")
+    return registry.METHODS

@@ -58,10 +58,10 @@ print(f"{len(paper_runs)} recorded paper-profile records; tables: {sorted(record
 # | FedMF | private user vector, global item table (FedAvg) | `FedMF`, `fedmf_method` | item lr $= lr\cdot m$ |
 # | FedNCF | private user vector, global item table and MLP 64→32→1 | `FedNCF(variant="mlp")` | — |
 # | PFedRec | private score head, global item table, two-step local update | `PFedRec`, `pfedrec_method` | linear head (the public code's), not the appendix's 32→16→1 |
-# | GPFedRec | server user-relation graph on uploaded tables → personalised table per user | `fedlib.methods.gpfedrec` | cosine *similarity* (the code uses cosine distance: a flag), threshold 0.5 × mean; see the note below the table |
-# | CoFedRec | server co-clustering of items and users, supervised contrastive local term | `fedlib.methods.cofedrec` | 30 item clusters, τ = 0.5, λ = 0.005; the contrastive term over the batch's distinct items, not every item as the paper's $\sum_{i\in I}$ (a client step would hold $(I + B)^2$ similarities: 5.4 M floats on FilmTrust, 320 M on LastFM-2K, hours per round here) |
-# | FedRAP | personal $D_u$ + global $C$, $-\lambda\,$MSE$(D_u, C) + \mu\lVert C\rVert_1$, tanh curriculum | `fedlib.methods.fedrap` | the code's lrs (0.5, 200); one local epoch and the protocol's lr decay (the code: 10 epochs, decay 0.97 per round, which stops training after ~100 one-epoch rounds) |
-# | FedDAE | global + local VAE encoders mixed by a personal gate | `fedlib.methods.feddae` | encoder $m$→64→(32+32), decoder 32→64→$m$ |
+# | GPFedRec | server user-relation graph on uploaded tables → personalised table per user | `fedlib.baselines.single_domain.gpfedrec` | cosine *similarity* (the code uses cosine distance: a flag), threshold 0.5 × mean; see the note below the table |
+# | CoFedRec | server co-clustering of items and users, supervised contrastive local term | `fedlib.baselines.single_domain.cofedrec` | 30 item clusters, τ = 0.5, λ = 0.005; the contrastive term over the batch's distinct items, not every item as the paper's $\sum_{i\in I}$ (a client step would hold $(I + B)^2$ similarities: 5.4 M floats on FilmTrust, 320 M on LastFM-2K, hours per round here) |
+# | FedRAP | personal $D_u$ + global $C$, $-\lambda\,$MSE$(D_u, C) + \mu\lVert C\rVert_1$, tanh curriculum | `fedlib.baselines.single_domain.fedrap` | the code's lrs (0.5, 200); one local epoch and the protocol's lr decay (the code: 10 epochs, decay 0.97 per round, which stops training after ~100 one-epoch rounds) |
+# | FedDAE | global + local VAE encoders mixed by a personal gate | `fedlib.baselines.single_domain.feddae` | encoder $m$→64→(32+32), decoder 32→64→$m$ |
 #
 # **GPFedRec's graph is (nearly) complete at the paper's threshold.** Every client starts a
 # round from the same download $q_g$ and one local step moves only the rows of its batch, so all
@@ -383,7 +383,7 @@ fnb.record("deviations_all", found)
 # 2. **FedRAP** stays far below the paper's 97.4 (FilmTrust, leaky) under FedRKG's protocol
 #    (one local epoch, batch 256). The implementation is not the cause: an independent
 #    re-implementation of the public code's algorithm (per-user embedding copies,
-#    `torch.optim.SGD`, uniform mean of the uploaded $C$) agrees with `fedlib.methods.fedrap`
+#    `torch.optim.SGD`, uniform mean of the uploaded $C$) agrees with `fedlib.baselines.single_domain.fedrap`
 #    to 1e-15 in float64 after four rounds, for $C$, every $D_u$, the heads and the scores.
 #    Two mechanisms make it weak here:
 #    * *correct sampler*: $D_u$ is trained at the same rate as $C$ but never averaged, so it
@@ -410,7 +410,7 @@ fnb.record("deviations_all", found)
 #    clients' averaged accumulated gradients. The engine has the client half
 #    (`LocalOptimizer("adam")` in `fedlib.engine.method`), but its aggregation keeps no
 #    optimiser state across rounds, so the server-side Adam step is not implemented
-#    (`fedlib.methods.feddae`, "Assumptions"). Our cells follow FedRKG's "SGD for all parameter
+#    (`fedlib.baselines.single_domain.feddae`, "Assumptions"). Our cells follow FedRKG's "SGD for all parameter
 #    updates" on both sides. They carry the divergence note, and their numbers are those of the
 #    last finite evaluation.
 # 4. **Cost.** On FilmTrust NeuMF takes 18 min for its 300 centralised epochs and GPFedRec

@@ -194,7 +194,7 @@ print(tuned.to_string(index=False, na_rep=""))
 # their own assumptions:
 
 # %%
-from fedlib.methods import rlp2, spp
+from fedlib.baselines.continual import rlp2, spp
 
 for module in (rlp2, spp):
     doc = module.__doc__ or ""

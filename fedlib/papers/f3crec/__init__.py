@@ -20,19 +20,21 @@ into); the rest is the experiment.
 The path from the notebook to the training step (three files):
 ``notebooks/02_f3crec.py`` -> ``experiment.run_live`` / ``experiment.run_cell`` (builds
 ``make_method(config, num_items)``, i.e. ``method.F3CRec(...)``, and calls
-:func:`fedlib.methods.continual.run_continual`) -> ``method.py`` (``F3CRec.make_method`` puts
+:func:`fedlib.baselines.continual.continual.run_continual`) -> ``method.py`` (``F3CRec.make_method`` puts
 ``ReplayDistillationLoss`` and ``item_temporal_mean_mix`` on the backbone's
 :class:`~fedlib.engine.FederatedMethod`; ``after_block`` keeps the top-N memory) ->
-``fedlib/methods/continual.py`` (``run_continual``: block by block, the
+``fedlib/baselines/continual/continual.py`` (``run_continual``: block by block, the
 ``PlanAugmentingExecutor``) -> the engine's training step (``fedlib.engine.run_federated``).
 
 Why this cut. The method is one file under the 800-line bound, read top to bottom: client
 equations, server equations, plumbing, methods. The continual framework
-(:mod:`fedlib.methods.continual`: blocks, backbones, FT, ``run_continual``) stays below the
-papers because the baselines RLP2 and SPP (:mod:`fedlib.methods.rlp2`,
-:mod:`fedlib.methods.spp`) run on it too; so does the rank count of a few items among all
-items (:func:`fedlib.methods.continual.student_ranks`), which F3CRec's Eq. 2 and SPP's
+(:mod:`fedlib.baselines.continual.continual`: blocks, backbones, FT, ``run_continual``) stays below the
+papers because the baselines RLP2 and SPP (:mod:`fedlib.baselines.continual.rlp2`,
+:mod:`fedlib.baselines.continual.spp`) run on it too; so does the rank count of a few items among all
+items (:func:`fedlib.baselines.continual.continual.student_ranks`), which F3CRec's Eq. 2 and SPP's
 ranking discrepancy share. The F3CRec data protocol (chronological blocks) stays in
 :mod:`fedlib.data.protocols.f3crec`: the protocol registry and the data statistics read it,
 and the data layer may not import the papers.
 """
+
+from fedlib.papers.f3crec import method as _registers  # noqa: E402,F401  registers the method by name

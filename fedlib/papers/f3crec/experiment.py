@@ -9,7 +9,7 @@ Reference:
 A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) that fixes one
 continual run: dataset, backbone, method (with its hyperparameters and ablation flags),
 upload noise, split rule, rounds, seed. :func:`run_cell` trains it block by block with
-:func:`~fedlib.methods.continual.run_continual` and returns
+:func:`~fedlib.baselines.continual.continual.run_continual` and returns
 
 * ``metrics``: numbers (``"N@20/D1"`` ... ``"N@20/Avg"``, ``"R@20/..."``, selected rounds,
   seconds), what ``runs.jsonl`` records and the tables are built from;
@@ -42,7 +42,7 @@ import torch
 from fedlib.data.protocols import build_split
 from fedlib.device import default_device
 from fedlib.engine import FederatedConfig, RankingEvaluator, UploadNoise
-from fedlib.methods.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
+from fedlib.baselines.continual.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
                                       pfedrec_backbone, run_continual)
 from fedlib.experiments.spec import load_spec
 from fedlib.papers.f3crec.method import F3CRec, ParameterRegularisation, kd_baseline
@@ -219,10 +219,10 @@ def make_method(config: Mapping[str, Any], num_items: int) -> ContinualMethod:
     elif name == "KD":
         method = kd_baseline(**params)
     elif name == "RLP2":
-        from fedlib.methods.rlp2 import RLP2
+        from fedlib.baselines.continual.rlp2 import RLP2
         method = RLP2(**params)
     elif name == "SPP":
-        from fedlib.methods.spp import SPP
+        from fedlib.baselines.continual.spp import SPP
         method = SPP(**params)
     elif name == "F3CRec" or SPEC.choice("method", name).get("ablation_of") == "F3CRec":
         method = F3CRec(**params, record_shifts=analysis, name=name)

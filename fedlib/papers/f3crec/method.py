@@ -36,14 +36,14 @@ Flags reproduce the paper's ablations and its KD baseline on the same code path:
 ================  =====================================================================
 
 Baselines of §5.1 rebuilt from the paper's descriptions (the authors released none):
-FT (:class:`~fedlib.methods.continual.FineTuning`), Reg (:class:`ParameterRegularisation`)
+FT (:class:`~fedlib.baselines.continual.continual.FineTuning`), Reg (:class:`ParameterRegularisation`)
 and KD (:func:`kd_baseline`).
 
 How the replay items reach the engine. The engine gives a client loss only the item rows of
 the current local batch. The replay items of ``S_u`` are generally not among them, yet Eq. 5
 must read their current local rows and move them (the public code distils through the full
 local model, so the KD gradient updates those item rows, which are then uploaded). The loss
-object therefore adds, through :class:`~fedlib.methods.continual.PlanAugmentingExecutor`, the
+object therefore adds, through :class:`~fedlib.baselines.continual.continual.PlanAugmentingExecutor`, the
 ``N`` items of ``S_u`` to every local step of the round plan as extra examples, plus (for
 Eq. 2) the rows the client already changed in earlier steps of the round. Their labels are
 negative codes that only this loss reads; see :func:`augment_plan_with_replay`.
@@ -62,7 +62,8 @@ import torch.nn.functional as F
 from fedlib.engine import FederatedMethod, LocalBatch, bce_client_loss
 from fedlib.engine.aggregation import ServerMixFn
 from fedlib.engine.plan import RoundPlan, round_generator
-from fedlib.methods.continual import BlockContext, ContinualMethod, student_ranks
+from fedlib.baselines.registry import register
+from fedlib.baselines.continual.continual import BlockContext, ContinualMethod, student_ranks
 from fedlib.models.base import FederatedModel
 
 __all__ = [
@@ -111,7 +112,7 @@ def preference_shift(ranks: torch.Tensor) -> torch.Tensor:
     """Eq. 2: ``Δ_u = Σ_{k=1..N} |r_u^{t,r}(i_{t_k}) − k|``.
 
     Args:
-        ranks: ``(C, N)`` the student's 1-based rank (:func:`~fedlib.methods.continual.student_ranks`)
+        ranks: ``(C, N)`` the student's 1-based rank (:func:`~fedlib.baselines.continual.continual.student_ranks`)
             of the teacher's ``k``-th item in column ``k − 1`` (the teacher's own rank of that
             item is ``k`` by construction of ``S_u``).
 
@@ -421,7 +422,7 @@ class ReplayDistillationLoss:
 
     ``L = base_loss(rec examples) + λ_KD · L_KD`` for clients with a memory row (users of
     block ``t−1``); the plain base loss for the others. Must run under
-    :class:`~fedlib.methods.continual.PlanAugmentingExecutor` (it adds the replay rows).
+    :class:`~fedlib.baselines.continual.continual.PlanAugmentingExecutor` (it adds the replay rows).
 
     Args:
         memory_items: ``(U_old, N) int64`` ``S_u^{t−1}`` of every user of block ``t−1`` (Eq. 1).
@@ -433,7 +434,7 @@ class ReplayDistillationLoss:
         seed: seeds the replay sampling (per round: ``round_generator(seed, round, REPLAY_STREAM)``).
         base_loss: the backbone's loss on its own examples (default BCE with logits, mean).
         kd_reduction: ``"mean"`` (public code) or ``"sum"`` (paper's Eq. 5).
-        rank_strategy: see :func:`~fedlib.methods.continual.count_higher_scores`.
+        rank_strategy: see :func:`~fedlib.baselines.continual.continual.count_higher_scores`.
         record: keep ``(round, users, Δ, δ, |M|)`` of every call in :attr:`records`
             (to find static and dynamic users, paper Tables 4–5).
     """
@@ -583,7 +584,7 @@ class F3CRec(ContinualMethod):
             public code's behaviour: only users who trained in the block get a new list; the
             others keep their older list, with teacher logits recomputed from the newest model.
         kd_reduction: ``"mean"`` (code) or ``"sum"`` (paper's Eq. 5).
-        rank_strategy: see :func:`~fedlib.methods.continual.count_higher_scores`.
+        rank_strategy: see :func:`~fedlib.baselines.continual.continual.count_higher_scores`.
         record_shifts: keep Δ/δ/|M| per call (``self.losses[block].records``).
         name: label in results.
     """
@@ -679,3 +680,10 @@ class ParameterRegularisation(ContinualMethod):
         loss = ParameterRegularisationLoss(ctx.previous.global_state, ctx.previous.private_state, self.lambda_reg,
                                            base_loss=ctx.base_method.client_loss)
         return dataclasses.replace(ctx.base_method, client_loss=loss, name=f"{ctx.base_method.name}+{self.name}")
+
+
+# The registry's continual methods of this paper (fedlib.baselines.registry); FT, RLP2 and SPP
+# are registered with the baselines.
+register("F3CRec", "continual", paper="f3crec")(F3CRec)
+register("KD", "continual")(kd_baseline)
+register("Reg", "continual")(ParameterRegularisation)

@@ -2,9 +2,9 @@
 Recommendation with Dual Contrastive Learning", COLING 2025): the whole paper.
 
 Files in reading order. The method is three files: ``model.py`` and ``training.py`` here and the
-sequential interface they build on, :mod:`fedlib.methods.sequences`; the rest is the experiment.
+sequential interface they build on, :mod:`fedlib.baselines.sequential.sequences`; the rest is the experiment.
 
-1. :mod:`fedlib.methods.sequences` (below the papers, shared with the sequential baselines): the
+1. :mod:`fedlib.baselines.sequential.sequences` (below the papers, shared with the sequential baselines): the
    batches (``make_batch``: left-padded windows of the cross-domain sequence ``s*`` with the
    single-domain rows time-aligned, next-item targets per domain), the item-transition graphs
    and their propagation, the graph-attention encoder ``GAEncoder`` (Eq. 1) and the prediction
@@ -19,7 +19,7 @@ sequential interface they build on, :mod:`fedlib.methods.sequences`; the rest is
    ``FedCSRState`` (weights, optimiser moments and generators, so a checkpoint resumes
    exactly) and the entry points ``train_fedcsr`` and ``train_individual`` (Table 9,
    Figure 4). The evaluation, FedAvg, the platforms' graphs and rows and the schedule are
-   shared with the FedProx baselines: :mod:`fedlib.methods.sequence_training`.
+   shared with the FedProx baselines: :mod:`fedlib.baselines.sequential.sequence_training`.
 4. ``experiment.py``: the experiment as data and one entry point: the cell configuration
    (datasets, methods, variants, justified defaults), ``run_cell``, the grid's parts (one list
    of cells per table and figure) and the grid command (``python -m fedlib grid fedcsr <parts>``).
@@ -31,14 +31,16 @@ The path from the notebook to the training step (three files):
 ``FedCSRConfig`` and ``FedCSRTrainConfig`` of a cell and calls ``training.train_fedcsr``) ->
 ``training.py`` (``train_fedcsr`` hands ``FedCSRAlgorithm`` to :func:`fedlib.engine.train`; its
 ``run_round`` runs each platform's local epochs on ``model.fedcsr_loss``) -> ``model.py``
-(``fedcsr_loss``, calling :mod:`fedlib.methods.sequences` for the encoder and the heads).
+(``fedcsr_loss``, calling :mod:`fedlib.baselines.sequential.sequences` for the encoder and the heads).
 
 Why this cut. FedCSR's encoder, batches, graphs, heads and evaluation are also what its
 baselines use (C2DSR's encoder is FedCSR's ``GAEncoder``; TiSASRec, PiNet, PSJNet, MIFN, CCDR,
 CoNet and CLSR take its batches and heads; the FedProx training of
-:mod:`fedlib.methods.fedcsr_baselines` its evaluation and FedAvg). The baselines sit below the
-papers and may not import them, so those pieces live in :mod:`fedlib.methods.sequences` and
-:mod:`fedlib.methods.sequence_training`, and this folder holds what only FedCSR uses. The
+:mod:`fedlib.baselines.sequential.fedcsr_baselines` its evaluation and FedAvg). The baselines sit below the
+papers and may not import them, so those pieces live in :mod:`fedlib.baselines.sequential.sequences` and
+:mod:`fedlib.baselines.sequential.sequence_training`, and this folder holds what only FedCSR uses. The
 FedCSR data protocol stays in :mod:`fedlib.data.protocols.fedcsr` (the protocol registry and the
 data layer read it).
 """
+
+from fedlib.papers.fedcsr import training as _registers  # noqa: E402,F401  registers the method by name

@@ -82,7 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedlib.methods.sequences import (GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs, check_sampled_negatives,
+from fedlib.baselines.sequential.sequences import (GAEncoder, SequenceBatch, SequenceInputs, TransitionGraphs, check_sampled_negatives,
                                       cross_domain_scores, draw_negatives, inputs_from_cross, prediction_loss)
 
 

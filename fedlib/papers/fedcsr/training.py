@@ -31,7 +31,7 @@ to round, as in the code, so both generators' states live in the state, and a ch
 (the trainer's) resumes them exactly.
 
 Evaluation, FedAvg (Eq. 19), the platforms' graphs and rows, the schedule and the history rows
-are shared with the FedProx baselines: :mod:`fedlib.methods.sequence_training`.
+are shared with the FedProx baselines: :mod:`fedlib.baselines.sequential.sequence_training`.
 
 Choices (where the paper is silent):
 
@@ -79,15 +79,16 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from fedlib.baselines.registry import register
 from fedlib.data.splits import SequenceSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, train
-from fedlib.methods.sequence_training import (TIE_RULES, PlatformPlan, clone_tensors, curve_row, deep_clone, domain_blocks,
+from fedlib.baselines.sequential.sequence_training import (TIE_RULES, PlatformPlan, clone_tensors, curve_row, deep_clone, domain_blocks,
                                               domain_names, evaluate_sequences, fedavg, flat_evaluation, generator_states,
                                               generators_of, platform_device, platform_graphs, platform_rows,
                                               platform_schedule, round_callback, state_bytes)
-from fedlib.methods.sequences import TransitionGraphs, make_batch
+from fedlib.baselines.sequential.sequences import TransitionGraphs, make_batch
 from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel, fedcsr_loss, frozen_copy
 
 __all__ = ["FedCSRTrainConfig", "FedCSRResult", "FedCSRState", "FedCSRAlgorithm", "train_fedcsr", "train_individual"]
@@ -434,3 +435,15 @@ def train_individual(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig()
                      train_config: FedCSRTrainConfig = FedCSRTrainConfig(), **kwargs) -> FedCSRResult:
     """Paper Figure 4 / Table 9: every platform trains alone; same as ``train_fedcsr(..., individual=True)``."""
     return train_fedcsr(split, config, train_config, individual=True, **kwargs)
+
+
+@register("FedCSR", "sequential", paper="fedcsr")
+def build_fedcsr(split: SequenceSplit, *, dim: int, rounds: int, seed: int = 0, device=None,
+                 train: Optional[Mapping] = None, **params):
+    """FedCSR for the registry: ``params`` override :class:`FedCSRConfig`, ``train`` the
+    :class:`FedCSRTrainConfig`; the platforms' schedule of :func:`train_fedcsr`."""
+    from fedlib.baselines.registry import Trainable
+
+    local = dict(train or {}, **({"device": str(device)} if device is not None else {}))
+    tc = FedCSRTrainConfig(rounds=rounds, seed=seed, **local)
+    return Trainable(FedCSRAlgorithm(split, FedCSRConfig(dim=dim, **params), tc), platform_schedule(tc.rounds, tc.patience))

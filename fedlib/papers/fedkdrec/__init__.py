@@ -42,5 +42,7 @@ bound; each is one part of the method and imports only the ones before it (agent
 side comes first in a round. The FedKDRec data protocol stays in
 :mod:`fedlib.data.protocols.fedkdrec` (the protocol registry and the synthetic data read it,
 and the data layer may not import the papers); the baselines it compares with stay below the
-papers (:mod:`fedlib.methods.fedpergnn`, the engine's FedMF/FedNCF, the centralised trainer).
+papers (:mod:`fedlib.baselines.single_domain.fedpergnn`, the engine's FedMF/FedNCF, the centralised trainer).
 """
+
+from fedlib.papers.fedkdrec import method as _registers  # noqa: E402,F401  registers the method by name

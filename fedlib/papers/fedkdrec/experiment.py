@@ -356,7 +356,7 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
 
 
 def _run_fedpergnn(config, split, recorder, init, device, progress):
-    from fedlib.methods.fedpergnn import FedPerGNNConfig, train_fedpergnn
+    from fedlib.baselines.single_domain.fedpergnn import FedPerGNNConfig, train_fedpergnn
 
     ledger = CommunicationLedger()
     cfg = FedPerGNNConfig(dim=config["dim"], rounds=config["rounds"], client_fraction=config["client_fraction"],

@@ -55,6 +55,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedlib.baselines.registry import register
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.device import default_device
@@ -705,3 +706,15 @@ def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init
                        on_round_end=None if progress is None else (lambda run, record: progress(record["round"])),
                        checkpointer=checkpointer, checkpoint_config=None if checkpointer is None else config.to_dict())
     return FedKDRecRun.from_run(run, algorithm)
+
+
+@register("FedKDRec", "single-domain", paper="fedkdrec")
+def build_fedkdrec(split: InteractionSplit, config, *, dim: int, device=None, **params):
+    """FedKDRec for the registry: ``params`` override :class:`FedKDRecConfig`'s defaults; rounds and
+    seed are the :class:`~fedlib.engine.loop.FederatedConfig`'s. Selection as :func:`train_fedkdrec`."""
+    from fedlib.baselines.registry import Trainable
+
+    kd = FedKDRecConfig(dim=dim, rounds=config.rounds, seed=config.seed, **params)
+    schedule = Schedule(rounds=kd.rounds, eval_every=kd.eval_every, selection_metric="score", test_at_end=False,
+                        keep_best_state=False)
+    return Trainable(FedKDRec(split, kd, device=device), schedule)

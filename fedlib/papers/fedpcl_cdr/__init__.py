@@ -18,7 +18,7 @@ Files in reading order. The method is the first two; the rest is the experiment.
 3. ``experiment.py``: the experiment as data and one entry point: the tasks (substitutes,
    Douban with Movie, the original format with reviews), the cell configuration (methods,
    variants, ε, α, K, overlap; justified defaults), ``run_cell`` (FedPCL-CDR or one of the
-   cross-domain baselines of :mod:`fedlib.methods`, then the reconstruction attack), the
+   cross-domain baselines of :mod:`fedlib.baselines.cross_domain`, then the reconstruction attack), the
    learning-rate tuning, the grid's parts and the grid command
    (``python -m fedlib grid fedpcl_cdr <parts>``).
 4. ``tables.py``: the paper's Tables 1–5 and Figures 3–6 from the recorded runs.
@@ -30,14 +30,16 @@ The path from the notebook to the training step (three files):
 (``_run_fedpcl`` builds the ``FedPCLConfig`` of the cell) -> ``method.train_fedpcl_cdr`` ->
 ``method.FedPCLAlgorithm.run_round`` (``_local_update`` and ``_make_upload`` per domain, then
 ``prototypes.aggregate_prototypes`` and ``complete_prototypes``), iterated by the one trainer
-(:func:`fedlib.methods.cdr_common.train_cross_domain` -> :func:`fedlib.engine.train`).
+(:func:`fedlib.baselines.cross_domain.cdr_common.train_cross_domain` -> :func:`fedlib.engine.train`).
 
 Why this cut. The method is about 900 lines, so it takes two files under the 800-line bound:
 ``prototypes.py`` is stateless math (it imports nothing of this folder) and ``method.py`` the
 model and Algorithm 1 around it, re-exporting the math so that it stays the method's one
 entry point. What the baselines share with FedPCL-CDR lives below the papers: the k-means of
-Eq. 3 is :func:`fedlib.methods.user_clusters.cluster_users` (P²DTR clusters with it too), and
-the cross-domain trainer, result and evaluation are :mod:`fedlib.methods.cdr_common`. The
+Eq. 3 is :func:`fedlib.baselines.cross_domain.user_clusters.cluster_users` (P²DTR clusters with it too), and
+the cross-domain trainer, result and evaluation are :mod:`fedlib.baselines.cross_domain.cdr_common`. The
 data protocol stays in :mod:`fedlib.data.protocols.fedpcl_cdr` (the protocol registry and the
 data statistics read it, and the data layer may not import the papers).
 """
+
+from fedlib.papers.fedpcl_cdr import method as _registers  # noqa: E402,F401  registers the method by name

@@ -313,16 +313,16 @@ def _run_fedpcl(config, split, device, progress, texts=None):
 
 #: baseline -> (module, training function, config class); each trains on the whole DomainSplit
 BASELINE_SPECS = {
-    "NeuMF": ("fedlib.methods.cdr_single_domain", "train_neumf", "NeuMFConfig", {}),
-    "LightGCN": ("fedlib.methods.cdr_single_domain", "train_lightgcn", "LightGCNConfig", {}),
-    "FedNCF": ("fedlib.methods.cdr_single_domain", "train_fedncf", "FedNCFConfig", {}),
-    "GA-DTCDR": ("fedlib.methods.ga_cdr", "train_ga_dtcdr", "GADTCDRConfig", {}),
-    "GA-MTCDR-P": ("fedlib.methods.ga_cdr", "train_ga_mtcdr_p", "GAMTCDRPConfig", {}),
-    "NMCDR": ("fedlib.methods.nmcdr", "train_nmcdr", "NMCDRConfig", {}),
-    "CL-DTCDR": ("fedlib.methods.cl_dtcdr", "train_cl_dtcdr", "CLDTCDRConfig", {}),
-    "PriCDR": ("fedlib.methods.pricdr", "train_pricdr", "PriCDRConfig", {}),
-    "P2FCDR": ("fedlib.methods.p2fcdr", "train_p2fcdr", "P2FCDRConfig", {}),
-    "P2DTR": ("fedlib.methods.p2dtr", "train_p2dtr", "P2DTRConfig", {}),
+    "NeuMF": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_neumf", "NeuMFConfig", {}),
+    "LightGCN": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_lightgcn", "LightGCNConfig", {}),
+    "FedNCF": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_fedncf", "FedNCFConfig", {}),
+    "GA-DTCDR": ("fedlib.baselines.cross_domain.ga_cdr", "train_ga_dtcdr", "GADTCDRConfig", {}),
+    "GA-MTCDR-P": ("fedlib.baselines.cross_domain.ga_cdr", "train_ga_mtcdr_p", "GAMTCDRPConfig", {}),
+    "NMCDR": ("fedlib.baselines.cross_domain.nmcdr", "train_nmcdr", "NMCDRConfig", {}),
+    "CL-DTCDR": ("fedlib.baselines.cross_domain.cl_dtcdr", "train_cl_dtcdr", "CLDTCDRConfig", {}),
+    "PriCDR": ("fedlib.baselines.cross_domain.pricdr", "train_pricdr", "PriCDRConfig", {}),
+    "P2FCDR": ("fedlib.baselines.cross_domain.p2fcdr", "train_p2fcdr", "P2FCDRConfig", {}),
+    "P2DTR": ("fedlib.baselines.cross_domain.p2dtr", "train_p2dtr", "P2DTRConfig", {}),
 }
 
 

@@ -5,7 +5,7 @@ here is one step a student can re-run with other parameters (the exercises do):
 
 * :func:`train_live` trains one cell of :mod:`fedlib.papers.fedpcl_cdr.experiment` with a progress
   bar, records it at the notebook's profile and returns the whole
-  :class:`~fedlib.methods.cdr_common.CDRResult` (models, messages, cluster labels);
+  :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult` (models, messages, cluster labels);
 * :func:`prototype_signal` compares what a domain sent (Eq. 5) with the clipped clean
   centroids it stands for: how much of each uploaded prototype is signal;
 * :func:`server_view` counts what the server reads from Eq. 6's overlapping-user lists;
@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlib.methods.cdr_common import CDRResult
+from fedlib.baselines.cross_domain.cdr_common import CDRResult
 from fedlib.papers.fedpcl_cdr import experiment as X
 from fedlib.papers.fedpcl_cdr import method as P
 
@@ -41,7 +41,7 @@ def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: 
         record: ``False`` trains without writing a record (unit tests).
 
     Returns:
-        The :class:`~fedlib.methods.cdr_common.CDRResult`, artifacts included (the last round's
+        The :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`, artifacts included (the last round's
         uploads, the server's replies, each domain's cluster labels).
     """
     from tqdm.auto import tqdm

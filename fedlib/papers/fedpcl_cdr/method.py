@@ -65,7 +65,7 @@ is the plain per-cluster loop of the code, and tests check both agree.
 
 Files: the prototype and privacy math of Eqs. 4–9 (messages, server, losses) is in
 :mod:`fedlib.papers.fedpcl_cdr.prototypes` and the k-means of Eq. 3 in
-:mod:`fedlib.methods.user_clusters` (P²DTR shares it), both re-exported here; this module
+:mod:`fedlib.baselines.cross_domain.user_clusters` (P²DTR shares it), both re-exported here; this module
 holds the config, the domain model, Algorithm 1 as the trainer's :class:`FedPCLAlgorithm` and
 :func:`train_fedpcl_cdr`.
 """
@@ -85,8 +85,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.methods.cdr_common import CDRResult, CrossDomainAlgorithm, checkpoint_config_of, train_cross_domain
-from fedlib.methods.user_clusters import cluster_users  # Eq. 3; re-exported with the prototype math below
+from fedlib.baselines.registry import cross_domain, register
+from fedlib.baselines.cross_domain.cdr_common import CDRResult, CrossDomainAlgorithm, checkpoint_config_of, train_cross_domain
+from fedlib.baselines.cross_domain.user_clusters import cluster_users  # Eq. 3; re-exported with the prototype math below
 from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
 # The prototype and privacy math; re-exported, so that this module stays the method's one entry point.
 from fedlib.papers.fedpcl_cdr.prototypes import (DomainPrototypes, DomainUpload, ServerPrototypes, aggregate_prototypes,
@@ -96,7 +97,7 @@ from fedlib.papers.fedpcl_cdr.prototypes import (DomainPrototypes, DomainUpload,
 
 __all__ = [
     "FedPCLConfig", "VARIANTS", "variant_config", "DomainModel", "FedPCLState", "FedPCLAlgorithm", "train_fedpcl_cdr",
-    # from prototypes.py (cluster_users from fedlib.methods.user_clusters)
+    # from prototypes.py (cluster_users from fedlib.baselines.cross_domain.user_clusters)
     "DomainUpload", "ServerPrototypes", "DomainPrototypes", "cluster_users", "clip_to_norm", "differential_prototypes",
     "privacy_budget", "aggregate_prototypes", "complete_prototypes", "aggregate_prototypes_reference",
     "global_prototype_loss", "local_prototype_loss", "local_prototype_loss_reference",
@@ -492,7 +493,7 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
         on_round_end: ``callback(run, record)`` after every round (the trainer's).
 
     Returns:
-        :class:`~fedlib.methods.cdr_common.CDRResult`; ``extra`` has the privacy budgets and
+        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``extra`` has the privacy budgets and
         total bytes, ``artifacts`` the last round's uploads (:class:`DomainUpload`), what the
         server sent (:class:`ServerPrototypes`), what each domain trained with
         (:class:`DomainPrototypes`), the cluster labels and the reconstruction attack's pairs.
@@ -538,8 +539,14 @@ def _transmitted(domains: Sequence[_Domain], uploads: Sequence[DomainUpload]) ->
 
 
 def _scorer(model: DomainModel):
-    """A :data:`~fedlib.methods.cdr_common.PairScorer` of the model as it is now (eval mode, one propagation)."""
+    """A :data:`~fedlib.baselines.cross_domain.cdr_common.PairScorer` of the model as it is now (eval mode, one propagation)."""
     model.eval()
     with torch.no_grad():
         nodes = model.propagate()
     return lambda users, candidates: model.score_candidates(users, candidates, nodes)
+
+
+# The registry's cross-domain FedPCL-CDR (fedlib.baselines.registry): FedPCLConfig names its
+# validation-or-test choice ``selection``.
+register("FedPCL-CDR", "cross-domain", FedPCLAlgorithm.__module__, paper="fedpcl_cdr")(
+    cross_domain(FedPCLAlgorithm, FedPCLConfig, select_on_field="selection"))

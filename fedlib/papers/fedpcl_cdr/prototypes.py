@@ -7,7 +7,7 @@ calls these functions once per round and domain. Here:
 * Eqs. 4–6, the differential prototypes: :func:`clip_to_norm` and :func:`differential_prototypes`
   (clip to β, add Laplace noise of scale η), :func:`privacy_budget` (the paper's ε and the
   mechanism's). Eq. 3, the k-means over all users of a domain, is
-  :func:`fedlib.methods.user_clusters.cluster_users` (P²DTR clusters with it too);
+  :func:`fedlib.baselines.cross_domain.user_clusters.cluster_users` (P²DTR clusters with it too);
 * the messages: :class:`DomainUpload` (the representative prototypes and the overlapping
   users' labels, Eq. 4), :class:`ServerPrototypes` (Eqs. 13–14, what the server sends a
   domain) and :class:`DomainPrototypes` (what a domain trains with);

@@ -38,3 +38,5 @@ other methods share with FedRKG lives below the papers: ``P_g`` is
 :func:`fedlib.engine.knowledge.global_knowledge` and the replay of a round's participants
 :func:`fedlib.engine.plan.guidance_participants` (both used by CoFedRec too).
 """
+
+from fedlib.papers.fedrkg import method as _registers  # noqa: E402,F401  registers the method by name

@@ -297,7 +297,7 @@ def guidance_rounds(rounds: int, interval: int) -> List[int]:
 
 def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, fed_config: FederatedConfig):
     """``(method, executor)`` of a federated cell."""
-    from fedlib.methods.continual import PlanAugmentingExecutor
+    from fedlib.baselines.continual.continual import PlanAugmentingExecutor
 
     name, p = config["method"], dict(config["params"])
     num_users, num_items, dim = split.num_users, split.num_items, config["dim"]
@@ -322,13 +322,13 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         from fedlib.models import PFedRec
         method = pfedrec_method(PFedRec(num_users, num_items, dim), lr=p["lr"], lr_eta=p["lr_eta"], **kwargs)
     elif name == "GPFedRec":
-        from fedlib.methods.gpfedrec import GPFedRecExecutor, GPFedRecModel, gpfedrec_method
+        from fedlib.baselines.single_domain.gpfedrec import GPFedRecExecutor, GPFedRecModel, gpfedrec_method
         model = GPFedRecModel(num_users, num_items, dim, hidden=tuple(p["hidden"]))
         method = gpfedrec_method(model, lr=p["lr"], lr_eta=p["lr_eta"], reg=p["reg"],
                                  threshold_scale=p["threshold_scale"], similarity=p["similarity"], **kwargs)
         executor = GPFedRecExecutor()  # the whole-table regulariser in closed form (falls back under LDP)
     elif name == "CoFedRec":
-        from fedlib.methods.cofedrec import CoFedRecModel, cofedrec_method
+        from fedlib.baselines.single_domain.cofedrec import CoFedRecModel, cofedrec_method
         method = cofedrec_method(CoFedRecModel(num_users, num_items, dim), split.train, fed_config, lr=p["lr"],
                                  lr_eta=p["lr_eta"], lam=p["lam"], temperature=p["temperature"],
                                  num_clusters=_item_clusters(int(p["num_clusters"]), num_items),
@@ -336,7 +336,7 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
         rows = config["batch_size"] + (num_items if p["contrastive_rows"] == "table" else 0)
         executor = PlanAugmentingExecutor(BatchedExecutor(chunk_size=supcon_chunk(rows)))
     elif name == "FedRAP":
-        from fedlib.methods.fedrap import FedRAP, FedRAPCodeExecutor, fedrap_method
+        from fedlib.baselines.single_domain.fedrap import FedRAP, FedRAPCodeExecutor, fedrap_method
         method = fedrap_method(FedRAP(num_users, num_items, dim), lr=p["lr"], lr_items=p["lr_items"], lam=p["lam"],
                                mu=p["mu"], lr_decay=decay, curriculum=p.get("curriculum", "tanh"),
                                **{k: v for k, v in kwargs.items() if k != "lr_decay"})
@@ -347,8 +347,8 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
                                  "drop those parameters or the ldp setting")
             executor = FedRAPCodeExecutor(**code_optimizer)
     elif name == "FedDAE":
-        from fedlib.methods.feddae import FedDAEModel, feddae_method
-        from fedlib.methods.feddae_executor import FedDAEExecutor
+        from fedlib.baselines.single_domain.feddae import FedDAEModel, feddae_method
+        from fedlib.baselines.single_domain.feddae_executor import FedDAEExecutor
         model = FedDAEModel(num_users, num_items, train=split.train, latent_dim=dim, hidden=tuple(p["hidden"]))
         method = feddae_method(model, lr=p["lr"], beta=p["beta"], **kwargs)
         # one local step per round: shared global parameters, the first layers at the user's items
@@ -372,7 +372,7 @@ def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, f
 #: floats the clients of one CoFedRec chunk may hold in their L_sup similarity matrices (1 GiB)
 SUPCON_BUDGET_FLOATS = 1 << 28
 #: (B, B) tensors alive per client in L_sup's forward and backward, counted with margin from
-#: :func:`fedlib.methods.cofedrec.supcon_loss` (similarities, masks, masked copies, exponentials
+#: :func:`fedlib.baselines.single_domain.cofedrec.supcon_loss` (similarities, masks, masked copies, exponentials
 #: of the log-sum-exps, their gradients)
 SUPCON_COPIES = 12
 
@@ -440,7 +440,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
             extra["probe"] = probe
         trace = None
         if config["trace_every"] > 0:
-            from fedlib.methods.leak_trace import leak_trace_hook
+            from fedlib.audits.leak_trace import leak_trace_hook
             from fedlib.metrics.leak_audit import LeakTrace
             trace = LeakTrace(split.train, split.test, split.num_items, valid=split.valid)
             hooks.append(leak_trace_hook(trace, method, split.train, fed_config, sampler=sampler,
@@ -479,7 +479,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         log = state.extra.get(LOG_KEY)
         if log:
             extra["guidance_log"] = log
-        from fedlib.methods.gpfedrec import GRAPH_LOG_KEY
+        from fedlib.baselines.single_domain.gpfedrec import GRAPH_LOG_KEY
         graph_log = state.extra.get(GRAPH_LOG_KEY)
         if graph_log:  # GPFedRec: is the user graph complete, round by round?
             extra["graph_log"] = [{k: entry[k] for k in ("round", "mean_neighbours", "min_neighbours", "complete",
@@ -641,11 +641,11 @@ def fedrap_code_cells(datasets: Sequence[str] = ("FilmTrust", "Amazon-Video"),
     ``"epochs"``: 10 local epochs, batch 2048, rates × 0.97 per round. ``"optimizer"``: also
     the code's ``SGD(weight_decay=1e-4)`` on every row, ``ExponentialLR(0.95)`` per batch, local
     epochs stopped at a relative loss change below 1e-4, and the ``λ``, ``μ`` its loss really
-    reads (constant; :class:`~fedlib.methods.fedrap.FedRAPCodeExecutor`). The paper ran "the
+    reads (constant; :class:`~fedlib.baselines.single_domain.fedrap.FedRAPCodeExecutor`). The paper ran "the
     official implementation", whose defaults these are; Table 1's FedRAP cells use FedRKG's
     protocol (one epoch, batch 256) instead. All are reported.
     """
-    from fedlib.methods.fedrap import FEDRAP_CODE_CONFIG, FEDRAP_CODE_OPTIMIZER
+    from fedlib.baselines.single_domain.fedrap import FEDRAP_CODE_CONFIG, FEDRAP_CODE_OPTIMIZER
 
     unknown = set(variants) - set(FEDRAP_CODE_VARIANTS)
     if unknown:

@@ -270,10 +270,10 @@ def client_memory(num_items: int = 2042, dim: int = 32) -> pd.DataFrame:
     ``paper formula`` (``None`` where the paper gives none) and ``MiB (float32)``. Default
     sizes: FilmTrust (``m`` = 2,042 items, ``d`` = 32).
     """
-    from fedlib.methods.cofedrec import CoFedRecModel
-    from fedlib.methods.feddae import FedDAEModel
-    from fedlib.methods.fedrap import FedRAP
-    from fedlib.methods.gpfedrec import GPFedRecModel
+    from fedlib.baselines.single_domain.cofedrec import CoFedRecModel
+    from fedlib.baselines.single_domain.feddae import FedDAEModel
+    from fedlib.baselines.single_domain.fedrap import FedRAP
+    from fedlib.baselines.single_domain.gpfedrec import GPFedRecModel
     from fedlib.models import FedMF, FedNCF, PFedRec
 
     m, d = int(num_items), int(dim)

@@ -36,11 +36,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Mapping, Optional
 
 import numpy as np
 import torch
 
+from fedlib.baselines.registry import register
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine.knowledge import global_knowledge
@@ -401,3 +402,20 @@ def client_parameter_counts(model: FederatedModel, mode: str = "adaptive") -> Di
     counts["stored"] = sum(counts.values())
     counts["peak"] = counts["stored"] + (model.num_items * dim if guided else 0)
     return counts
+
+
+@register("FedRKG", "single-domain", paper="fedrkg")
+def build_fedrkg(split, config, *, dim: int, device=None, backbone: str = "FedMF", mode: str = "adaptive",
+                 sampler: Optional[NegativeSampler] = None, guidance: Optional[Mapping] = None, **params):
+    """FedRKG for the registry: a guided ``backbone`` (its personal item table in place of the shared
+    one) with Knowledge Guidance attached; ``guidance`` overrides :class:`KnowledgeGuidance`'s
+    defaults (``beta``, ``interval``, ``gate_lr``, ``gate_epochs``), ``params`` the local recipe's."""
+    from fedlib.baselines.registry import averaging
+    from fedlib.engine.method import personal_table_method
+    from fedlib.papers.fedrkg.guidance import guided_backbone
+
+    model = guided_backbone(backbone, split.num_users, split.num_items, dim)
+    recipe = personal_table_method if backbone == "FedMF" else guided_method
+    base = recipe(model, **params)
+    method = KnowledgeGuidance(mode=mode, **dict(guidance or {})).attach(base, split.train, config, sampler)
+    return averaging(method, split, config, device=device)
