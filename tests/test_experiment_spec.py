@@ -385,6 +385,16 @@ def test_derived_rows_may_carry_their_runs_provenance():
     assert "commit" not in derived_row({"method": "G"}, 1.5, runs, "from two runs", "percent")
 
 
+def test_a_table_like_another_takes_its_layout(tmp_path):
+    spec = load_spec(write(tmp_path, CASES + '\n[tables.t_subset]\nlike = "t"\ncolumns = { setting = "sub" }\n',
+                           "cases.toml"))
+    assert spec.table("t_subset")["keys"] == spec.table("t")["keys"]
+    assert [keys["setting"] for keys, _ in spec.table_rows("t_subset", lambda dataset, **s: spec.config(
+        {"dataset": dataset}, s), {"samplers": ["leaky"]})] == ["sub", "sub", "every round (1)"]
+    with pytest.raises(SpecError, match=r"cases\.toml: \[tables\.t_subset\] key 'like': 'u' is not a table laid out"):
+        load_spec(write(tmp_path, CASES + '\n[tables.t_subset]\nlike = "u"\n', "cases.toml"))
+
+
 @pytest.mark.parametrize("old, new, message", [
     ('cases = "@strengths"', 'cases = "@samplers"', r"cases\.toml: \[parts\.named\] key 'cases': an array of inline"),
     ('cases = "@strengths"', 'cases = ["G"]', r"cases\.toml: \[parts\.named\] key 'cases': an array of inline"),
@@ -397,3 +407,67 @@ def test_malformed_cases_columns_and_repeats_are_named(tmp_path, old, new, messa
     assert old in CASES, old
     with pytest.raises(SpecError, match=message):
         load_spec(write(tmp_path, CASES.replace(old, new, 1), "cases.toml"))
+
+
+# ======================================================================================
+# Datasets shown under the paper's names; columns that ride along with a row
+# ======================================================================================
+SHOWN = """
+paper = "toy4"
+version = 1
+
+[options]
+datasets = "@offline"
+
+[lists]
+offline = ["a"]
+
+[choices.dataset]
+a = { paper = "Alpha" }
+b = { paper = "Beta" }
+
+[cell]
+dataset = "@dataset"
+size = 1
+
+[report]
+available = "@offline"
+
+[tables.t]
+keys = ["dataset", "size", "metric"]
+metrics = { pattern = "{metric}" }
+columns = { dataset = "@dataset.paper", size = "{size}", unit = "KB" }
+rows = [{ dataset = "$datasets", size = [1, 2], columns = { note = "size {size}" } }]
+"""
+
+
+def test_a_dataset_shown_under_the_papers_name_and_columns_that_ride_along(tmp_path, monkeypatch):
+    """A ``"@dataset.<attribute>"`` column names the datasets for compare()'s checks and notes;
+    a column that is not a key travels with the row (a note, a unit a derive hook reads)."""
+    import pandas as pd
+
+    import fedlib.reporting as reporting
+    from fedlib.experiments.spec import compare
+
+    spec = load_spec(write(tmp_path, SHOWN, "shown.toml"))
+
+    def cell(dataset, **settings):
+        return spec.config({"dataset": dataset}, settings)
+
+    rows = spec.table_rows("t", cell, {})
+    assert [keys for keys, _ in rows] == [
+        {"dataset": "Alpha", "size": "1", "unit": "KB", "note": "size 1"},
+        {"dataset": "Alpha", "size": "2", "unit": "KB", "note": "size 2"}]
+    paper = pd.DataFrame({"table": ["t", "t"], "paper": ["toy4"] * 2, "dataset": ["Alpha", "Beta"],
+                          "size": ["1", "1"], "metric": ["HR", "HR"], "value": [0.5, 0.4], "unit": ["fraction"] * 2,
+                          "confidence": ["high"] * 2})
+    monkeypatch.setattr(reporting, "load_paper_table", lambda paper_id, table_id: paper.copy())
+    keys = ["dataset", "size", "metric"]
+    table = compare(spec, pd.DataFrame(columns=[*keys, "value"]), "t", keys, "quick").set_index("dataset")
+    assert table.loc["Alpha", "note"] == "not run at this profile"  # "a" is available offline, shown as Alpha
+    assert table.loc["Beta", "note"] == reporting.NEEDS_DOWNLOAD_NOTE
+    ours = pd.DataFrame({"dataset": ["a"], "size": ["1"], "metric": ["HR"], "value": [0.5]})
+    with pytest.raises(ValueError, match=r"datasets \['a'\] are not toy4 datasets \['Alpha', 'Beta'\]"):
+        compare(spec, ours, "t", keys, "quick")  # the table shows the paper's names, not ours
+    with pytest.raises(SpecError, match=r"shown\.toml: \[tables\.t\] key 'columns\.dataset': '@dataset\.name'"):
+        load_spec(write(tmp_path, SHOWN.replace("@dataset.paper", "@dataset.name"), "shown.toml"))

@@ -41,11 +41,15 @@ The file, section by section:
   or as a mapping recorded -> shown), ``[[tables.<id>.rows]]`` (blocks as above: one table row
   group per cell), ``columns`` (constant or formatted key columns, ``"noise lambda={upload_noise:g}"``,
   or ``"@task.paper_task"``: an attribute of the row's choice; a row block's own ``columns``
-  override the table's for its rows), the names of the paper's ``derive`` (rows computed before
+  override the table's for its rows; a column that is not one of ``keys`` rides along with the
+  row, e.g. its ``note``; a ``dataset`` column ``"@dataset.<attribute>"`` also names the datasets
+  for :func:`compare`'s checks), the names of the paper's ``derive`` (rows computed before
   the comparison) and ``finish`` (after it) functions, and two options of :func:`compare`:
   ``repeat_paper = { sampler = "$samplers" }`` (the paper's rows once per value of a key column
   the paper lacks, e.g. our two negative samplers beside one paper value) and
   ``unmatched_in_paper_unit = true`` (our rows without a paper value shown in the paper's percent).
+  ``like = "<other table>"`` takes the other table's layout, its own keys replacing the other's
+  (a paper table that is a subset of another: same rows, another paper table).
 """
 from __future__ import annotations
 
@@ -288,7 +292,9 @@ class Spec:
         for keywords, config in self._build(layout["rows"], builder, options, f"tables.{table_id}", fixed):
             columns = {k: (self.resolve(v, keywords) if v[:1] == "@" else v.format(**keywords)) if isinstance(v, str)
                        else v for k, v in {**layout.get("columns", {}), **keywords.get(ROW_COLUMNS, {})}.items()}
-            pairs.append(({k: columns[k] if k in columns else keywords[k] for k in names}, config))
+            row = {k: columns[k] if k in columns else keywords[k] for k in names}
+            # a column that is not a key rides along (a row's note, or a value the paper's derive hook reads)
+            pairs.append(({**row, **{k: v for k, v in columns.items() if k not in layout["keys"]}}, config))
         return pairs
 
     def metric_cells(self, table_id: str) -> Callable[[str], Optional[Dict[str, Any]]]:
@@ -355,6 +361,13 @@ def load_spec(paper_or_path: str | Path) -> Spec:
                         f"{sorted(p.name for p in path.parent.glob('*.toml'))})") from None
     except tomllib.TOMLDecodeError as error:
         raise SpecError(f"{path.name}: not valid TOML: {error}") from None
+    for table_id, layout in data.get("tables", {}).items():
+        if "like" in layout:
+            other = data["tables"].get(layout["like"])
+            if not isinstance(other, dict) or "like" in other:
+                raise _fail(path, f"tables.{table_id}", f"key 'like': {layout['like']!r} is not a table laid out "
+                                                        f"in full (tables: {sorted(data['tables'])})")
+            data["tables"][table_id] = {**other, **{k: v for k, v in layout.items() if k != "like"}}
     spec = Spec(path, data)
     _check(spec)
     return spec
@@ -527,12 +540,14 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
 
     if ours.empty:
         ours = pd.DataFrame(columns=[*keys, "value"])
-    known = spec.choices("dataset")
+    shown = spec.data.get("tables", {}).get(table_id, {}).get("columns", {}).get("dataset", "")
+    as_shown = (lambda d: spec.resolve(shown, {"dataset": d})) if str(shown).startswith("@dataset.") else str
+    known = [as_shown(d) for d in spec.choices("dataset")]  # as the table shows them ("@dataset.paper")
     if "dataset" in ours.columns and known:
         unknown = set(ours["dataset"]) - set(known)
         if unknown:
             raise ValueError(f"{table_id}: datasets {sorted(unknown)} are not {spec.paper} datasets {list(known)}")
-    available = set(spec.resolve(spec.data.get("report", {}).get("available", []), {}))
+    available = {as_shown(d) for d in spec.resolve(spec.data.get("report", {}).get("available", []), {})}
 
     def missing_note(row: pd.Series) -> str:
         return "not run at this profile" if str(row.get("dataset", "")) in available else NEEDS_DOWNLOAD_NOTE
