@@ -72,7 +72,7 @@ def test_main_tables_percent_seed_means_labels_and_both_fedcsr_sizes(root):
         record(X.cell("Food-Kitchen", "PiNet", dim=64, seed=seed), scores(0.03, seed))
     record(X.cell("Food-Kitchen", "FedCSR", dim=64), scores(0.04))
     records = read_runs("fedcsr", "quick")
-    table = T.table2(records, "quick")
+    table = T.main_table("table2_main", records, "quick")
 
     big = row(table, dataset="Food-Kitchen", domain="Food", method="FedCSR", dim="256", metric="MRR")
     assert big["value_ours"] == pytest.approx(6.0)          # 100 · mean(0.05, 0.07)
@@ -95,11 +95,11 @@ def test_main_tables_percent_seed_means_labels_and_both_fedcsr_sizes(root):
     assert math.isnan(conet["value_ours"]) and conet["note"].startswith("not run")
     assert set(table["method"]) == set(T.PAPER_LABELS.values())
 
-    full = T.table6(records, "quick")
+    full = T.main_table("table6_food_kitchen_full", records, "quick")
     assert set(full["metric"]) == set(T.METRICS) and set(full["dataset"]) == {"Food-Kitchen"}
     assert row(full, domain="Food", method="FedCSR", dim="256", metric="NDCG@10")["value_ours"] == pytest.approx(
         100 * 1.5 * 0.06)
-    ent = T.table8(records, "quick")
+    ent = T.main_table("table8_entertainment_education_full", records, "quick")
     assert len(ent) == 108 + 12 and ent["value_ours"].isna().all() and ent["value_paper"].notna().all()
     assert ent["note"].str.startswith(NEEDS_DOWNLOAD_NOTE).all()
 
@@ -129,7 +129,7 @@ def test_full_ranking_rows_carry_exactly_the_recorded_values(root):
         assert T.FULL_RANKING_PROTOCOL in r["note"]
     big = row(table, domain="Kitchen", method="FedCSR", dim="256", metric="NDCG@10")
     assert big["n_seeds"] == 2 and big["value_ours"] == pytest.approx(100 * (1.5 * 0.07 / 10 + 0.0007))
-    sampled = row(T.table6(records, "quick"), domain="Kitchen", method="FedCSR", dim="256", metric="NDCG@10")
+    sampled = row(T.main_table("table6_food_kitchen_full", records, "quick"), domain="Kitchen", method="FedCSR", dim="256", metric="NDCG@10")
     assert sampled["value_ours"] == pytest.approx(100 * 1.5 * 0.07)              # Table 6 keeps the sampled value
     assert row(table, domain="Food", method="FedPi-Net", metric="HR@5")["value_ours"] == pytest.approx(
         100 * (1.8 * 0.03 / 10 + 0.0007))
@@ -174,7 +174,7 @@ def test_ablation_alpha_and_individual_mapping(root):
     record(X.cell("Food-Kitchen", "Centralized", dim=64), scores(0.06))
     records = read_runs("fedcsr", "quick")
 
-    t3 = T.table3(records, "quick")
+    t3 = T.ablation_table("table3_ablation_food_kitchen", records, "quick")
     scl = row(t3, domain="Food", method="SCL only (w/o MCL)", metric="MRR")
     assert scl["setting"] == "SCL=yes, MCL=no" and scl["value_paper"] == 8.48
     assert scl["value_ours"] == pytest.approx(3.0)
@@ -182,7 +182,7 @@ def test_ablation_alpha_and_individual_mapping(root):
     mcl = row(t3, domain="Kitchen", method="MCL only (w/o SCL)", metric="MRR")
     assert math.isnan(mcl["value_paper"]) and mcl["value_ours"] == pytest.approx(4.5) and mcl["unit"] == "percent"
     assert "ours only" in mcl["note"] and "SUBSTITUTE" in mcl["note"]
-    assert T.table4(records, "quick")["value_ours"].isna().all()  # Movie-Book not run
+    assert T.ablation_table("table4_ablation_movie_book", records, "quick")["value_ours"].isna().all()  # Movie-Book not run
 
     t5 = T.table5(records, "quick")
     assert row(t5, domain="Food", setting="alpha=0.1", metric="MRR")["value_ours"] == pytest.approx(2.0)

@@ -1,68 +1,26 @@
 """FedCSR: from recorded runs to the paper's Tables 1–9 and App. A.5 (paper vs ours) and Figures 2, 3, 4, 6.
 
-Every number is read from ``runs.jsonl`` records written by
-:func:`fedlib.papers.fedcsr.experiment.run_grid` or :func:`~fedlib.papers.fedcsr.experiment.run_cells`,
-matched to table cells by the configuration hash of the cells of
-:func:`fedlib.papers.fedcsr.experiment.method_cell` (the same cells as the grid's parts; seed
-means, ``std_ours`` the sample standard deviation over seeds, ``n_seeds`` the seeds found).
+Every number is read from ``runs.jsonl`` records (:func:`fedlib.papers.fedcsr.experiment.run_grid`
+or :func:`~fedlib.papers.fedcsr.experiment.run_cells`), matched to table cells by the config hash
+of the grid's cells (``spec.toml``; seed means, ``std_ours`` the sample standard deviation over
+seeds, ``n_seeds`` the seeds found). Ours are the **test** scores of each domain at the round with
+the best mean validation MRR (``"<domain>/test/<M>"``, fractions in ``runs.jsonl``); the paper
+prints percent, so ``value_ours``, ``std_ours`` and ``delta`` are in percent (``delta`` in
+percentage points), and rows of ours without a paper cell are shown in percent too.
 
-**Scores and units.** Ours are the **test** MRR / NDCG@5 / NDCG@10 / HR@1 / HR@5 / HR@10 of
-each domain at the round with the best mean validation MRR (``"<domain>/test/<M>"``,
-fractions in ``runs.jsonl``). The paper prints percent: ``value_ours``, ``std_ours`` and
-``delta`` are in percent (``delta`` in percentage points), and rows of ours without a
-paper cell are shown in percent too.
+Every row of ours says in its note which split it was trained on (:data:`SUBSTITUTE_NOTES`: the
+C2DSR training files are not available offline) and at which size n (the paper's 256, or the
+baselines' 64). Tables 2, 6–8 and App. A.5 carry a key column ``dim`` so that FedCSR at both
+sizes sits next to the paper's one value (the n = 64 copy has ``repeats_paper_value`` true, so
+the README status counts the paper cell once). A ``dim`` in the profile's keywords
+(``cell_kwargs``, or a method's ``method_kwargs``) replaces the grid's sizes: every row of that
+method is then read at that one size (smoke and quick cells). Entertainment-Education (Table 8)
+has no sequence files: its rows keep the paper value and a "needs download" note.
 
-**Substitute split.** The C2DSR training files of Food-Kitchen and Movie-Book are not
-available offline; :mod:`fedlib.data.protocols.fedcsr` then splits the users of the valid
-and test files 80/10/10 into train/valid/test users. Every row of ours says so in its note
-(:data:`SUBSTITUTE_NOTES`; a run recorded on the original split, ``extra["substitute_split"]
-= False``, says "original split" instead). Entertainment-Education (Table 8) has no sequence
-files: its rows keep the paper value, an empty ``value_ours`` and
-:data:`~fedlib.reporting.NEEDS_DOWNLOAD_NOTE`.
-
-**Sizes.** The paper runs every method at n = 256. FedCSR is recorded at 256 and at 64 (the
-baselines' size, :data:`~fedlib.papers.fedcsr.experiment.SMALL_DIM`); Tables 2, 6–8 and App. A.5
-carry a key column ``dim`` (our n) so that both FedCSR rows sit next to the paper's one
-FedCSR value (the n = 64 row has ``repeats_paper_value`` true, so the README status counts
-the paper cell once). Baselines (n = 64, FedProx μ = 0.01), ablations, α, Table 9 and the
-audit run at n = 64; their notes say so. Rounds: at most 20 with the paper's patience 20 (paper: 100 rounds).
-These are the grid's sizes (:func:`fedlib.papers.fedcsr.experiment.table2_cells` and the other
-parts). A ``dim`` in the profile's keywords (``cell_kwargs``, or a method's ``method_kwargs``)
-replaces them: every row of that method is then read at that one size (quick and smoke
-profiles train every cell at one small n). Pass the grid's keywords, without ``dim``, at the
-paper profile.
-
-The tables (``results/fedcsr[/profile]/<table id>.csv``; :func:`all_tables` keys them by the
-``paper_tables`` file stem):
-
-* **Table 1** (:func:`table1`): users, items per domain, #Train/#Valid/#Test sequences,
-  Avg.Len and Sparsity of the split we train on (recorded once per dataset by
-  :func:`statistics_records`), plus rows of ours only with each of the ten platforms'
-  users, sequences, mean length, share of the training users, items seen and top-item share (``setting = "platform k"``).
-* **Tables 2, 6, 7, 8** (:func:`table2`, :func:`table6`, :func:`table7`, :func:`table8`):
-  the baselines (``TiSASRec`` → ``FedTiSASRec``, ``PiNet`` → ``FedPi-Net``, ...,
-  :data:`PAPER_LABELS`) and FedCSR at both sizes.
-* **Tables 3, 4** (:func:`table3`, :func:`table4`): ``"w/o SCL & MCL"``, ``"w/o MCL"`` →
-  ``"SCL only (w/o MCL)"``, ``"FedCSR"`` → ``"FedCSR (SCL + MCL)"``; ``"w/o SCL"`` →
-  ``"MCL only (w/o SCL)"`` is a row of ours only (the paper prints no such row).
-* **Table 5** (:func:`table5`): α = 0.1 / 0.3 / 0.5 / 0.7; our 0.2 / 0.4 / 0.6 are rows of ours only.
-* **Table 9** (:func:`table9`): ``platform k`` ↔ the Individual run's ``platform<k-1>/...``
-  metrics (each platform's own model on its own test rows); ``federated (all 10 platforms)``
-  ↔ FedCSR at n = 64; ``Centralized training`` (all platforms pooled) and the Individual
-  run's overall score are rows of ours only.
-* **App. A.5** (:func:`appendix_a5`): rounds to the selected (best validation) round, rounds
-  run, measured bytes per round (upload + download of all platforms) and per single
-  communication (one model, one direction), in MB = 1024² B like the paper's 24.41 MB. That
-  24.41 MB is the paper's hypothetical (100K items, n = 32, float64), not a measurement: it
-  has no value of ours.
-* Tables of ours only (no paper numbers): ``full_ranking`` (:func:`full_ranking_table`: every
-  method of Tables 2, 6, 7 ranked against every item of the ground truth's domain, beside the
-  sampled 1 + 999 protocol of those tables), ``figure2`` (:func:`figure2_table`: FedCSR, w/o
-  unified, w/o single), ``figure6`` (:func:`figure6_table`: hidden size of SCL's ``t``) and
-  ``audit`` (:func:`audit_table`: validation- vs test-selected scores of the public code's
-  configurations, and the gap; the test-selected side is a lower bound, see there).
-
-The figures are drawn from these frames in :mod:`fedlib.papers.fedcsr.figures`.
+:func:`all_tables` keys the tables by their ``paper_tables`` file stem; ``full_ranking``,
+``figure2``, ``figure6`` and ``audit`` are tables of ours only (no paper numbers), each
+described at its function. The figures are drawn from these frames in
+:mod:`fedlib.papers.fedcsr.figures`.
 """
 from __future__ import annotations
 
@@ -76,15 +34,16 @@ import pandas as pd
 from fedlib.data.protocols.fedcsr import DATASETS as PROTOCOL_DATASETS
 from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
 from fedlib.experiments import grid
+from fedlib.experiments.spec import DERIVED
 from fedlib.papers.fedcsr.experiment import (ALPHAS, BASELINES, DATASETS, FEDPROX_MU, PAPER, SMALL_DIM, SPEC, cell,
                                              load_split, method_cell)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
 __all__ = ["PAPER_LABELS", "ABLATION_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES",
-           "statistics_records", "table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8",
-           "table9", "appendix_a5", "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table",
-           "audit_table", "all_tables", "write_tables", "with_flags"]
+           "statistics_records", "table1", "main_table", "ablation_table", "table5", "table9", "appendix_a5",
+           "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table", "audit_table",
+           "all_tables", "write_tables", "with_flags"]
 
 AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
 HIDDEN_FACTORS = tuple(SPEC.list("hidden_factors"))
@@ -129,7 +88,6 @@ TABLE9_CENTRALIZED = ("Centralized training", "centralized (all platforms pooled
 MB = 1024 ** 2
 """Bytes per MB (binary, as the paper's 24.41 MB = 10^5·32·8 B)."""
 HYPOTHETICAL = "hypothetical"
-DERIVED = "derived"
 
 
 # ======================================================================================
@@ -223,8 +181,6 @@ def _missing_note(row: pd.Series) -> str:
     if dataset.startswith(HYPOTHETICAL):
         return ("the paper's hypothetical volume ((Σ|V|·n·64)/8 bytes for 100K items, n = 32, float64), not a "
                 "measurement: see our measured 'data volume per single communication' rows")
-    if str(row.get("method", "")) in {PAPER_LABELS[m] for m in BASELINES}:
-        return "not run at this profile (baseline not recorded yet)"
     return "not run at this profile"
 
 
@@ -380,34 +336,24 @@ def _main_table(records, profile: str, table_id: str, datasets: Sequence[str], c
     return _compare(ours, paper, MAIN_KEYS, profile)
 
 
-def table2(records, profile: str, datasets: Sequence[str] = tuple(DATASETS), cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 2: MRR, NDCG@5, HR@5 (percent, seed means) of every method on both scenarios.
+#: Tables 2, 6, 7, 8 (paper_tables file stem) -> the one scenario they show (``None``: every one asked for).
+MAIN_TABLES = {"table2_main": None, "table6_food_kitchen_full": "Food-Kitchen",
+               "table7_movie_book_full": "Movie-Book", "table8_entertainment_education_full": "Entertainment-Education"}
 
-    Keys ``dataset, domain, method, dim, metric``; ``dim`` is our embedding size (FedCSR at
-    256 and 64, baselines at 64). The smoke task's rows (``dataset = "synthetic"``) are ours only.
+
+def main_table(table_id: str, records, profile: str, datasets: Sequence[str] = tuple(DATASETS),
+               cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Tables 2, 6, 7, 8 (:data:`MAIN_TABLES`): every method's scores in percent (seed means).
+
+    Keys ``dataset, domain, method, dim, metric``; ``dim`` is our embedding size (FedCSR at 256
+    and 64, baselines at 64, labelled as the paper does: :data:`PAPER_LABELS`). Table 2 holds
+    MRR, NDCG@5, HR@5 on both scenarios, Tables 6-8 all six scores of one scenario; Table 8's
+    Entertainment-Education is not available offline (every row "needs download"). The smoke
+    task's rows (``dataset = "synthetic"``) are ours only.
     """
-    return _main_table(records, profile, "table2_main", datasets, cell_kwargs, method_kwargs)
-
-
-def table6(records, profile: str, datasets: Sequence[str] = ("Food-Kitchen",), cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 6: all six scores (percent) on Food-Kitchen; layout of :func:`table2`."""
-    return _main_table(records, profile, "table6_food_kitchen_full", [d for d in datasets if d == "Food-Kitchen"],
-                       cell_kwargs, method_kwargs)
-
-
-def table7(records, profile: str, datasets: Sequence[str] = ("Movie-Book",), cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 7: all six scores (percent) on Movie-Book; layout of :func:`table2`."""
-    return _main_table(records, profile, "table7_movie_book_full", [d for d in datasets if d == "Movie-Book"],
-                       cell_kwargs, method_kwargs)
-
-
-def table8(records, profile: str, datasets: Sequence[str] = (), cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 8: Entertainment-Education, not available offline: every row "needs download"."""
-    return _main_table(records, profile, "table8_entertainment_education_full", (), cell_kwargs, method_kwargs)
+    shown = MAIN_TABLES[table_id]
+    return _main_table(records, profile, table_id, [d for d in datasets if shown in (None, d)], cell_kwargs,
+                       method_kwargs)
 
 
 FULL_RANKING_PROTOCOL = "full ranking (ours only; the paper reports 1 + 999 sampled)"
@@ -485,20 +431,17 @@ def _ablation(records, profile: str, table_id: str, dataset: str, cell_kwargs: M
     return _compare(ours, load_paper_table(PAPER, table_id), SETTING_KEYS, profile)
 
 
-def table3(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-           dataset: str = "Food-Kitchen") -> pd.DataFrame:
-    """Table 3: SCL / MCL ablation on Food-Kitchen (``dataset``): MRR, HR@10, NDCG@10 in percent.
+def ablation_table(table_id: str, records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                   dataset: Optional[str] = None) -> pd.DataFrame:
+    """Tables 3 (Food-Kitchen) and 4 (Movie-Book): the SCL / MCL ablation, MRR, HR@10, NDCG@10 in percent.
 
     ``"w/o SCL & MCL"``, ``"w/o MCL"`` → ``"SCL only (w/o MCL)"``, ``"FedCSR"`` → ``"FedCSR (SCL +
-    MCL)"``, all at n = 64; ``"w/o SCL"`` → ``"MCL only (w/o SCL)"`` is ours only.
+    MCL)"``, all at n = 64; ``"w/o SCL"`` → ``"MCL only (w/o SCL)"`` is ours only. ``dataset``:
+    another scenario than the table's (the smoke task).
     """
-    return _ablation(records, profile, "table3_ablation_food_kitchen", dataset, cell_kwargs, method_kwargs)
-
-
-def table4(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-           dataset: str = "Movie-Book") -> pd.DataFrame:
-    """Table 4: the ablation of :func:`table3` on Movie-Book."""
-    return _ablation(records, profile, "table4_ablation_movie_book", dataset, cell_kwargs, method_kwargs)
+    dataset = dataset or {"table3_ablation_food_kitchen": "Food-Kitchen", "table4_ablation_movie_book": "Movie-Book"}[
+        table_id]
+    return _ablation(records, profile, table_id, dataset, cell_kwargs, method_kwargs)
 
 
 def table5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
@@ -735,14 +678,14 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
     """
     one = _pick(datasets, "Food-Kitchen")
     common = (cell_kwargs, method_kwargs)
+    main = {t: main_table(t, records, profile, datasets, *common) for t in MAIN_TABLES}
     return {"table1_dataset_stats": table1(records, profile, datasets),
-            "table2_main": table2(records, profile, datasets, *common),
-            "table3_ablation_food_kitchen": table3(records, profile, *common, dataset=one),
-            "table4_ablation_movie_book": table4(records, profile, *common),
+            "table2_main": main["table2_main"],
+            "table3_ablation_food_kitchen": ablation_table("table3_ablation_food_kitchen", records, profile, *common,
+                                                           dataset=one),
+            "table4_ablation_movie_book": ablation_table("table4_ablation_movie_book", records, profile, *common),
             "table5_alpha": table5(records, profile, *common, dataset=one),
-            "table6_food_kitchen_full": table6(records, profile, datasets, *common),
-            "table7_movie_book_full": table7(records, profile, datasets, *common),
-            "table8_entertainment_education_full": table8(records, profile, datasets, *common),
+            **{t: main[t] for t in list(MAIN_TABLES)[1:]},
             "full_ranking": full_ranking_table(records, profile, datasets, *common),
             "table9_individual_training": table9(records, profile, *common, dataset=one),
             "appendixA5_comm_cost": appendix_a5(records, profile, *common, datasets=datasets),
