@@ -521,8 +521,8 @@ gaps = pd.DataFrame({name: {"valid-selected round": r.selected_round, "test-sele
                      for name, r in runs.items()}).T.rename_axis("run")
 gaps["optimism"] = gaps.iloc[:, 3] - gaps.iloc[:, 2]
 print("Live runs: the same run read at two rounds\n", gaps.round(4).to_string())
-recorded_gaps = T.selection_gap_frame(read_runs(PAPER, "paper"), X.table2_cells(X.SUBSTITUTE_TASKS)
-                                      + X.ablation_cells(X.SUBSTITUTE_TASKS))
+recorded_gaps = T.selection_gap_frame(read_runs(PAPER, "paper"), X.grid_cells("table2", X.SUBSTITUTE_TASKS)
+                                      + X.grid_cells("ablation", X.SUBSTITUTE_TASKS))
 per_run = recorded_gaps[recorded_gaps["metric"] == "HR@10"].groupby(["task", "method", "seed"])["gap"].mean()
 print(f"recorded paper profile, {len(per_run)} runs: domain-mean HR@10 optimism "
       f"mean {per_run.mean():+.4f}, max {per_run.max():+.4f}")

@@ -147,10 +147,10 @@ def test_tasks_3_and_4_run_only_once_douban_movie_is_present(data_root):
     available = X.available_tasks()
     assert "Book-Music" in available
     assert "Movie-Music" not in available and "Book-Movie-Music" not in available
-    assert {c["task"] for c in X.table2_cells()} == {"Book-Music"}
+    assert {c["task"] for c in X.grid_cells("table2")} == {"Book-Music"}
     missing = X.needs_download()
     assert "Task 3 (Movie-Music, Douban)" in missing and "Task 4 (Book-Movie-Music, Douban)" in missing
-    note = T._missing_note(pd.Series({"task": "Task 3 (Movie-Music, Douban)", "domain": "Movie", "method": "NeuMF"}))
+    note = T.missing_note(pd.Series({"task": "Task 3 (Movie-Music, Douban)", "domain": "Movie", "method": "NeuMF"}))
     assert note.startswith(NEEDS_DOWNLOAD_NOTE)
     with pytest.raises(MissingDataError, match="douban_movie"):
         X.load_split("Movie-Music", None, 5, 0)
@@ -159,10 +159,10 @@ def test_tasks_3_and_4_run_only_once_douban_movie_is_present(data_root):
     X.load_task.cache_clear()
     available = X.available_tasks()
     assert {"Movie-Music", "Book-Movie-Music", "Book-Music"} <= set(available)
-    assert {"Movie-Music", "Book-Movie-Music"} <= {c["task"] for c in X.table2_cells()}
+    assert {"Movie-Music", "Book-Movie-Music"} <= {c["task"] for c in X.grid_cells("table2")}
     missing = X.needs_download()
     assert "Task 3 (Movie-Music, Douban)" not in missing and "Task 4 (Book-Movie-Music, Douban)" not in missing
-    note = T._missing_note(pd.Series({"task": "Task 3 (Movie-Music, Douban)", "domain": "Movie", "method": "NeuMF"}))
+    note = T.missing_note(pd.Series({"task": "Task 3 (Movie-Music, Douban)", "domain": "Movie", "method": "NeuMF"}))
     assert NEEDS_DOWNLOAD_NOTE not in note
     three = X.load_split("Book-Movie-Music", None, 5, 0)
     assert three.domains == ("book", "movie", "music")

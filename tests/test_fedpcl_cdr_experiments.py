@@ -12,8 +12,8 @@ def test_cells_validate_and_carry_method_specific_keys():
     assert fed["epsilon"] == 4.0 and fed["alpha"] == 0.01 and fed["num_clusters"] == 10 and "lr" not in fed
     assert X.fedpcl_config(fed).laplace_scale == pytest.approx(0.1)  # η = 2β/ε with β = 0.2
     base = X.cell("Phone-Sport", "NeuMF")
-    assert "variant" not in base and base["lr"] == X.SELECTED_LR.get("NeuMF", X.BASELINE_DEFAULT_LR)
-    assert X.cell("Phone-Sport", "FedNCF")["rounds"] == X.DEFAULT_ROUNDS["FedNCF"]
+    assert "variant" not in base and base["lr"] == X.SELECTED_LR["NeuMF"] and base["rounds"] == fed["rounds"]
+    assert X.cell("Phone-Sport", "FedNCF")["rounds"] == X.SPEC.choice("method", "FedNCF")["cell"]["rounds"] != fed["rounds"]
     assert X.method_label(X.cell("Book-Music", variant="w/o LDP")) == "w/o LDP"
     with pytest.raises(ValueError, match="unknown task"):
         X.cell("Movie-Books")
@@ -21,6 +21,18 @@ def test_cells_validate_and_carry_method_specific_keys():
         X.cell("Phone-Sport", "DisenCDR")
     with pytest.raises(ValueError, match="epsilon"):
         X.cell("Phone-Sport", epsilon=0)
+    with pytest.raises(ValueError, match="unknown FedPCL-CDR variant"):
+        X.cell("Phone-Sport", variant="w/o everything")
+    with pytest.raises(TypeError, match=r"unknown cell setting\(s\) \['epsilon'\]"):
+        X.cell("Phone-Sport", "NeuMF", epsilon=8.0)  # a FedPCL-CDR setting means nothing to a baseline
+
+
+def test_the_spec_lists_agree_with_the_methods_and_variants():
+    from fedlib.papers.fedpcl_cdr.method import VARIANTS
+
+    assert X.METHODS == (*X.BASELINES, "FedPCL-CDR")  # Table 2's order: the baselines, then FedPCL-CDR
+    assert X.SPEC.list("variants") == list(VARIANTS)
+    assert set(X.SELECTED_LR) == set(X.BASELINES) and set(X.SPEC.list("privacy_methods")) <= set(X.METHODS)
 
 
 @pytest.mark.parametrize("method", X.BASELINES)
@@ -38,7 +50,7 @@ def test_parts_cover_every_table_and_share_cells():
     ablation = X.grid_cells("ablation")
     shared = {X.config_hash(c) for c in table2} & {X.config_hash(c) for c in ablation}
     assert len(shared) == len(available)  # the full FedPCL-CDR row of each task
-    assert {c["overlap_ratio"] for c in X.grid_cells("overlap")} == set(X.OVERLAP_RATIOS)
+    assert {c["overlap_ratio"] for c in X.grid_cells("overlap")} == set(X.SPEC.list("overlap_ratios"))
     tuning = X.grid_cells("tuning")
     for method in X.BASELINES:  # the starting grid, plus whatever the recorded runs widened it by
         rates = {c["lr"] for c in tuning if c["method"] == method}
@@ -101,7 +113,7 @@ def test_selected_learning_rates_match_the_recorded_tuning_runs():
 
 
 def test_the_code_audit_cell_selects_on_test():
-    audit = X.audit_cells()
+    audit = X.grid_cells("audit")
     by_test = [c for c in audit if c.get("selection") == "test"]
     assert len(by_test) == 1
     code = by_test[0]

@@ -163,7 +163,7 @@ if fig is not None:
 # the code's rule (keep training while the test score rises) would report.
 
 # %%
-cells = X.table2_cells(X.SUBSTITUTE_TASKS) + X.ablation_cells(X.SUBSTITUTE_TASKS)
+cells = X.grid_cells("table2", X.SUBSTITUTE_TASKS) + X.grid_cells("ablation", X.SUBSTITUTE_TASKS)
 gaps = T.selection_gap_frame(paper_runs, cells)
 hr = gaps[gaps["metric"] == "HR@10"]
 per_method = hr.groupby(["method", "task"])["gap"].mean().unstack("task")
@@ -181,7 +181,7 @@ fnb.record("selection_gap", {"min": float(hr.groupby(["task", "method", "seed"])
 
 # %%
 audit = pd.concat([T.selection_gap_frame(paper_runs, [config]).assign(negatives=config["num_negatives"])
-                   for config in X.audit_cells()])
+                   for config in X.grid_cells("audit")])
 audit = audit[audit["metric"] == "HR@10"].reset_index(drop=True)
 columns = ["negatives", "selection", "domain", "valid-selected", "test-selected", "gap", "valid round", "test round",
            "test-selected is"]

@@ -3,12 +3,14 @@
 Every number is read from ``runs.jsonl`` records written by
 :func:`fedlib.papers.fedpcl_cdr.experiment.run_grid` or :func:`~fedlib.papers.fedpcl_cdr.experiment.run_cells`,
 matched to table cells by the configuration hash of :func:`fedlib.papers.fedpcl_cdr.experiment.cell`
-(seed means; ``std_ours`` the sample standard deviation over seeds).
+(seed means; ``std_ours`` the sample standard deviation over seeds). The tables are laid out as data
+(``[tables]`` of ``spec.toml``) and built by :func:`fedlib.experiments.spec.build_table`; this module
+holds what is table-specific: the paper's domain names, each row's note on its data, Table 2's
+``Imp`` rows, the units, and which missing paper cells need a download.
 
 **Substitute tasks.** Our three substitute tasks have two domains each and no review text;
 each row of ours is compared with the paper row of the same domain in the paper task it
-stands in for (:data:`~fedlib.papers.fedpcl_cdr.experiment.TASKS`), and its note says it is a
-substitute:
+stands in for (the spec's ``[choices.task]``), and its note says it is a substitute:
 
 * Phone-Sport → Task 1 (Phone, Sport);
 * Elec-Cloth → Task 2's Elec and Cloth rows (Task 2's Phone row: "needs download");
@@ -23,9 +25,6 @@ notes follow the files present (:func:`~fedlib.papers.fedpcl_cdr.experiment.need
 Scores are the **test** HR@10 / NDCG@10 at the round with the best mean validation HR@10
 (fractions, as the paper). Table 2's ``Imp (vs best baseline)`` rows are derived like the
 paper's: FedPCL-CDR minus the best baseline recorded for that cell, in percentage points.
-Table 5's MSE is the reconstruction attack's raw MSE (the paper's scale is unknown, so raw
-values of different models are not comparable); the normalised MSE (1 = the messages reveal
-nothing beyond the mean user) sits beside it as rows of ours only.
 """
 from __future__ import annotations
 
@@ -38,42 +37,24 @@ import pandas as pd
 
 from fedlib.data.protocols.fedpcl_cdr import PAPER_DOMAIN_NAMES, statistics
 from fedlib.experiments import grid
-from fedlib.papers.fedpcl_cdr.experiment import (ALPHAS, BASELINES, CLUSTER_COUNTS, EPSILONS, KIND_RANK,
-                                                 LIST_LENGTHS, METHODS, OVERLAP_RATIOS, PAPER, PAPER_TASKS,
-                                                 TABLE4_METHODS, TASKS, available_tasks, cell, load_split, method_cell,
-                                                 needs_download)
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
-from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
+from fedlib.experiments.spec import TableContext, build_table
+from fedlib.papers.fedpcl_cdr.experiment import (BASELINES, PAPER, SPEC, TASKS, available_tasks, cell, load_split,
+                                                 method_label, needs_download)
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE
+from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records, runs_of_config
 
-__all__ = ["DOMAINS", "SUBSTITUTE_NOTES", "comparison_tasks", "table1", "table2", "table3", "table4", "table5", "all_tables",
-           "write_tables", "statistics_records", "sweep_frame", "list_length_frame", "curve_frame", "figure_sweeps",
-           "figure_list_length", "figure_curves", "selection_gap_frame"]
+__all__ = ["DOMAINS", "TASK_NOTES", "comparison_tasks", "missing_note", "paper_table", "all_tables", "write_tables",
+           "statistics_records", "sweep_frame", "list_length_frame", "curve_frame", "selection_gap_frame",
+           "figure_sweeps", "figure_list_length", "figure_curves"]
 
-DATASET_OF = {**{task: spec["paper_dataset"] for task, spec in TASKS.items()}, "synthetic": "synthetic"}
-SUBSTITUTE_NOTES = {
-    "Phone-Sport": "SUBSTITUTE: DisenCDR phone_sport pair (2 domains, every user shared, no review text)",
-    "Elec-Cloth": "SUBSTITUTE: DisenCDR electronic_cloth pair (2 domains, every user shared, no review text) "
-                  "for Task 2's Elec and Cloth rows",
-    "Book-Music": "SUBSTITUTE: GA-DTCDR Douban Book and Music (2 domains, no review text) for Task 4's Book and "
-                  "Music rows",
-    "Movie-Music": "GA-DTCDR Douban Movie and Music ratings (2 domains, no review text, not FedPCL-CDR's "
-                   "preprocessing)",
-    "Book-Movie-Music": "GA-DTCDR Douban Book, Movie and Music ratings (3 domains, no review text, not FedPCL-CDR's "
-                        "preprocessing)",
-    **{task: "FedPCL-CDR's original format (ratings and review text; review branch on, Doc2Vec from training "
-             "reviews only)" for task, spec in TASKS.items() if spec["kind"] == "original"},
-    "synthetic": "synthetic smoke data (not a paper task)",
-}
-"""The note each row of a task carries (every task of :data:`~fedlib.papers.fedpcl_cdr.experiment.TASKS` has one)."""
-DOMAINS = {**{k: v for k, v in PAPER_DOMAIN_NAMES.items()}, "a": "A", "b": "B"}
-"""Our domain keys (as in the metric names) -> the paper's domain names."""
+#: Our domain keys (as in the metric names, lower-cased) -> the paper's domain names.
+DOMAINS = {**PAPER_DOMAIN_NAMES, "a": "A", "b": "B"}
+#: The note every row of a task carries (``[report] notes`` of the spec; the original-format tasks share one).
+TASK_NOTES = {task: SPEC.data["report"]["notes"].get(task) or SPEC.data["report"]["notes"][choice["kind"]]
+              for task, choice in SPEC.choices("task").items()}
+KIND_RANK = {"original": 0, "ratings": 1, "substitute": 2}  # the best kind of task fills a paper task's rows
 SCORES = ("HR@10", "NDCG@10")
-MSE_METRIC = "MSE of reconstructed user embeddings (higher = more private)"
-NORMALISED_MSE = "normalised MSE (1 = no better than the mean user; ours only)"
-
-
-def _paper_task(task: str) -> str:
-    return TASKS[task]["paper_task"] if task in TASKS else task
+MSE_METRIC, NORMALISED_MSE = SPEC.table("table5_privacy_mse")["metrics"]["metric"].values()
 
 
 def comparison_tasks(tasks: Optional[Sequence[str]] = None) -> tuple:
@@ -84,58 +65,98 @@ def comparison_tasks(tasks: Optional[Sequence[str]] = None) -> tuple:
     best: Dict[str, int] = {}
     for task in tasks:
         if task in TASKS:
-            paper_task = _paper_task(task)
-            best[paper_task] = min(best.get(paper_task, 99), KIND_RANK[TASKS[task]["kind"]])
-    return tuple(t for t in tasks if t not in TASKS or KIND_RANK[TASKS[t]["kind"]] == best[_paper_task(t)])
+            best[TASKS[task]["paper_task"]] = min(best.get(TASKS[task]["paper_task"], 99), KIND_RANK[TASKS[task]["kind"]])
+    return tuple(t for t in tasks if t not in TASKS or KIND_RANK[TASKS[t]["kind"]] == best[TASKS[t]["paper_task"]])
 
 
-def _domain_of(name: str) -> Optional[str]:
-    return DOMAINS.get(name.lower())
-
-
-def _score_cells(name: str) -> Optional[dict]:
-    """``"<domain>/test/HR@10"`` -> ``{"domain": "Phone", "metric": "HR@10"}`` (valid-selected test scores)."""
-    parts = name.split("/")
-    if len(parts) == 3 and parts[1] == "test" and parts[2] in SCORES and _domain_of(parts[0]):
-        return {"domain": _domain_of(parts[0]), "metric": parts[2]}
-    return None
-
-
-def _missing_note(row: pd.Series) -> str:
-    task = str(row.get("task", ""))
-    domain = str(row.get("domain", ""))
+def missing_note(row: pd.Series) -> str:
+    """The note of a paper cell without a value of ours: "needs download" and why while the files of its paper
+    task are absent (``[report] needs_download``; Task 2: its Phone row only), else "not run at this profile"."""
+    task, domain = str(row.get("task", "")), str(row.get("domain", ""))
+    only = SPEC.data["report"]["needs_download"].get(task, {}).get("domain", domain)
     missing = needs_download()
-    if task in missing and (task != PAPER_TASKS[2] or domain == "Phone"):
+    if task in missing and domain == only:
         return f"{NEEDS_DOWNLOAD_NOTE}: {missing[task]}"
     if row.get("method") in BASELINES:
         return "not run at this profile (baseline not recorded yet)"
     return "not run at this profile"
 
 
-def _with_notes(ours: pd.DataFrame, task_of_row) -> pd.DataFrame:
-    if len(ours):
-        notes = [SUBSTITUTE_NOTES.get(task_of_row(row), "") for _, row in ours.iterrows()]
-        ours["note"] = [f"{n}; {old}" if isinstance(old, str) and old else n
-                        for n, old in zip(notes, ours.get("note", [""] * len(ours)))]
+# ======================================================================================
+# Table-specific rows (the hooks the spec's layouts name)
+# ======================================================================================
+def _our_rows(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """The paper's domain names, and each row's note: the data of the task its runs trained on."""
+    if ours.empty:
+        return ours
+    ours = ours[ours["domain"].str.lower().isin(DOMAINS)].copy()
+    ours["domain"] = [DOMAINS[d.lower()] for d in ours["domain"]]
+    task_of = {r.config_hash: r.config.get("task", r.config.get("dataset")) for r in context.records}
+    ours["note"] = [TASK_NOTES.get(task_of[ids.split(RUN_ID_SEPARATOR)[0]], "") for ids in ours["run_ids"]]
     return ours
 
 
-def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str) -> pd.DataFrame:
-    paper = load_paper_table(PAPER, table_id)
-    if ours.empty:
-        ours = pd.DataFrame(columns=[*keys, "value"])
-    return compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
+def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    ours = _our_rows(ours, context)
+    if len(ours):
+        ours["ours_unit"] = ["percent" if m == "Density" else "count" for m in ours["metric"]]
+    return ours
 
 
-def _task_lookup(pairs) -> Dict[str, str]:
-    return {keys["task"]: task for keys, task in pairs}
+def _improvement_over_best_baseline(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """Table 2's ``Imp (vs best baseline)``: FedPCL-CDR minus the best recorded baseline of the same cell, in
+    percentage points (the paper's convention); its note names that baseline and its runs."""
+    ours, derived = _our_rows(ours, context), []
+    for (task, domain, metric), group in (ours.groupby(["task", "domain", "metric"]) if len(ours) else ()):
+        mine = group[group["method"] == "FedPCL-CDR"]
+        others = group[group["method"].isin(BASELINES) & group["value"].notna()]
+        if mine.empty or others.empty:
+            continue
+        best, row = others.loc[others["value"].idxmax()], mine.iloc[0]
+        derived.append({**{k: row[k] for k in ("dataset", "task", "domain", "metric")}, "method": "FedPCL-CDR",
+                        "stat": "Imp (vs best baseline)", "value": 100.0 * (row["value"] - best["value"]),
+                        # n_seeds and run_ids are FedPCL-CDR's (the consistency check ties n_seeds to run_ids)
+                        "n_seeds": int(row["n_seeds"]), "run_ids": row["run_ids"], "run_metric": "",
+                        "ours_unit": "percent", "commit": row.get("commit"), "device": row.get("device"),
+                        "note": (f"derived: 100·(FedPCL-CDR − {best['method']}), the best of the "
+                                 f"{len(others)} recorded baselines (its runs: {best['run_ids']}); "
+                                 f"n_seeds and run_ids are FedPCL-CDR's; {row['note']}")})
+    return pd.concat([ours, pd.DataFrame(derived)], ignore_index=True) if derived else ours
 
 
-# ======================================================================================
-# Table 1: dataset statistics
-# ======================================================================================
-STAT_NAMES = {"users": "# Users", "items": "# Items", "overlapping_users": "# Overlapping Users",
-              "interactions": "# Interactions", "density": "Density"}
+def _attack_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    ours = _our_rows(ours, context)
+    if len(ours):
+        ours["ours_unit"] = ["mse" if m == MSE_METRIC else "ratio" for m in ours["metric"]]
+        ours["note"] = ours["note"] + "; attacker: MLP on half of the (sent, private) pairs, scored on the rest"
+    return ours
+
+
+#: The functions the table layouts of the spec name (``derive``).
+TABLE_HOOKS = {"statistics_units": _statistics_units, "improvement_over_best_baseline": _improvement_over_best_baseline,
+               "task_notes": _our_rows, "attack_units": _attack_units}
+
+
+def _statistics_cell(task: str) -> Dict[str, Any]:
+    return grid.statistics_config(PAPER, task)
+
+
+def paper_table(table_id: str, records, profile: str, tasks: Optional[Sequence[str]] = None,
+                cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    """One table laid out in the spec, keyed by its ``paper_tables`` file stem (``"table2_main"``): paper vs ours.
+
+    ``tasks``: ours (default the available ones; see :func:`comparison_tasks`). Tables 1-3 read all of
+    them (Table 1 also the synthetic task's statistics), Table 4 Phone-Sport (or the synthetic task when
+    given), Table 5 those of Phone-Sport, Book-Music and synthetic given. ``cell_kwargs``: the profile's
+    keywords for every cell.
+    """
+    tasks = list(comparison_tasks(tasks))
+    options = {"tasks": [*tasks, "synthetic"] if table_id == "table1_dataset_stats" else tasks,
+               "overlap_task": ["synthetic"] if "synthetic" in tasks else SPEC.data["options"]["overlap_task"],
+               "privacy_tasks": [t for t in (*SPEC.data["options"]["privacy_tasks"], "synthetic") if t in tasks]}
+    builder, cell_kwargs = (_statistics_cell, {}) if table_id == "table1_dataset_stats" else (cell, cell_kwargs)
+    return build_table(SPEC, table_id, records, profile, builder=builder, hooks=TABLE_HOOKS, options=options,
+                       cell_kwargs=dict(cell_kwargs), missing_note=missing_note)
 
 
 def statistics_records(profile: str, tasks: Optional[Sequence[str]] = None, records=()) -> list:
@@ -147,6 +168,7 @@ def statistics_records(profile: str, tasks: Optional[Sequence[str]] = None, reco
     from fedlib.reporting import append_run
 
     known, out = latest_records(records), []
+    names = SPEC.table("table1_dataset_stats")["metrics"]["metric"]  # recorded statistic -> Table 1's name
     for task in comparison_tasks(tasks):
         config = grid.statistics_config(PAPER, task)
         if config_hash(config) in known:
@@ -154,168 +176,26 @@ def statistics_records(profile: str, tasks: Optional[Sequence[str]] = None, reco
             continue
         started = time.perf_counter()
         split = load_split(task)
-        frame = statistics(split)
-        metrics = {}
-        for domain_key, (_, row) in zip(split.domains, frame.iterrows()):
-            metrics.update({f"{domain_key}/{name}": float(row[name]) for name in STAT_NAMES})
+        metrics = {f"{domain}/{name}": float(row[name])
+                   for domain, (_, row) in zip(split.domains, statistics(split).iterrows()) for name in names}
         out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
     return out
 
 
-def table1(records, profile: str, tasks: Optional[Sequence[str]] = None) -> pd.DataFrame:
-    """Table 1: users, items, overlapping users, interactions and density per domain."""
-    tasks = comparison_tasks(tasks)
-    index = {config_hash(grid.statistics_config(PAPER, t)): {"dataset": DATASET_OF[t], "task": _paper_task(t),
-                                                             "method": "", "our_task": t}
-             for t in [*tasks, "synthetic"]}
-
-    def metric_cells(name: str):
-        domain, _, stat = name.partition("/")
-        return {"domain": _domain_of(domain), "metric": STAT_NAMES[stat]} if stat in STAT_NAMES and _domain_of(
-            domain) else None
-
-    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=metric_cells)
-    if len(ours):
-        ours["ours_unit"] = ["percent" if m == "Density" else "count" for m in ours["metric"]]
-        ours = _with_notes(ours, lambda row: row["our_task"]).drop(columns=["our_task"])
-    return _compare(ours, "table1_dataset_stats", ["dataset", "task", "domain", "method", "metric"], profile)
-
-
-# ======================================================================================
-# Table 2: every method on every task (+ Imp vs the best recorded baseline)
-# ======================================================================================
-TABLE2_KEYS = ["dataset", "task", "domain", "method", "metric", "stat"]
-
-
-def table2(records, profile: str, tasks: Optional[Sequence[str]] = None, cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 2: HR@10 and NDCG@10 (fractions, seed means) of the ten baselines and FedPCL-CDR.
-
-    ``stat = "Imp (vs best baseline)"``: FedPCL-CDR minus the best recorded baseline of the
-    same cell, in percentage points (the paper's convention); its note names that baseline.
-    """
-    tasks = comparison_tasks(tasks)
-    pairs = [({"dataset": DATASET_OF[t], "task": _paper_task(t), "method": m, "stat": "score"},
-              method_cell(t, m, cell_kwargs, method_kwargs)) for t in tasks for m in METHODS]
-    task_of = {_paper_task(t): t for t in tasks}
-    ours = aggregate_runs(records, lambda r: cell_index(records, pairs).get(r.config_hash), metric_cells=_score_cells)
-    ours = _with_notes(ours, lambda row: task_of.get(row["task"], ""))
-    derived = []
-    if len(ours):
-        for (task, domain, metric), group in ours.groupby(["task", "domain", "metric"]):
-            mine = group[group["method"] == "FedPCL-CDR"]
-            others = group[group["method"].isin(BASELINES) & group["value"].notna()]
-            if mine.empty or others.empty:
-                continue
-            best = others.loc[others["value"].idxmax()]
-            row = mine.iloc[0]
-            derived.append({**{k: row[k] for k in ("dataset", "task", "domain", "metric")}, "method": "FedPCL-CDR",
-                            "stat": "Imp (vs best baseline)", "value": 100.0 * (row["value"] - best["value"]),
-                            # n_seeds and run_ids are FedPCL-CDR's (the consistency check ties n_seeds to
-                            # run_ids); the note names the baseline's runs
-                            "n_seeds": int(row["n_seeds"]), "run_ids": row["run_ids"],
-                            "run_metric": "", "ours_unit": "percent", "commit": row.get("commit"),
-                            "device": row.get("device"),
-                            "note": (f"derived: 100·(FedPCL-CDR − {best['method']}), the best of the "
-                                     f"{len(others)} recorded baselines (its runs: {best['run_ids']}); "
-                                     f"n_seeds and run_ids are FedPCL-CDR's; "
-                                     f"{SUBSTITUTE_NOTES.get(task_of.get(task, ''), '')}")})
-    if derived:
-        ours = pd.concat([ours, pd.DataFrame(derived)], ignore_index=True)
-    return _compare(ours, "table2_main", TABLE2_KEYS, profile)
-
-
-# ======================================================================================
-# Table 3: ablations
-# ======================================================================================
-TABLE3_VARIANTS = ("FedPCL-CDR", "w/o loc-proto", "w/o glob-proto", "w/o LDP", "w/o CL")
-
-
-def table3(records, profile: str, tasks: Optional[Sequence[str]] = None, cell_kwargs: Mapping = {}
-           ) -> pd.DataFrame:
-    """Table 3: FedPCL-CDR and its ablations; "w/o CL" (no prototype term) is an extra row of ours."""
-    tasks = comparison_tasks(tasks)
-    pairs = [({"dataset": DATASET_OF[t], "task": _paper_task(t), "method": v},
-              cell(t, "FedPCL-CDR", variant=v, **cell_kwargs)) for t in tasks for v in TABLE3_VARIANTS]
-    task_of = {_paper_task(t): t for t in tasks}
-    ours = aggregate_runs(records, lambda r: cell_index(records, pairs).get(r.config_hash), metric_cells=_score_cells)
-    ours = _with_notes(ours, lambda row: task_of.get(row["task"], ""))
-    return _compare(ours, "table3_ablation", ["dataset", "task", "domain", "method", "metric"], profile)
-
-
-# ======================================================================================
-# Table 4: overlap ratio (Phone-Sport)
-# ======================================================================================
-def table4(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-           task: str = "Phone-Sport") -> pd.DataFrame:
-    """Table 4: Phone-Sport (``task``) with 30 / 50 / 70 % of the overlapping users kept."""
-    pairs = [({"dataset": DATASET_OF[task], "task": _paper_task(task), "method": m,
-               "setting": f"overlapping user ratio {round(100 * r)}%"},
-              method_cell(task, m, cell_kwargs, method_kwargs, overlap_ratio=r))
-             for r in OVERLAP_RATIOS for m in TABLE4_METHODS]
-    ours = aggregate_runs(records, lambda r: cell_index(records, pairs).get(r.config_hash), metric_cells=_score_cells)
-    ours = _with_notes(ours, lambda row: task)
-    return _compare(ours, "table4_overlap_ratio", ["dataset", "task", "domain", "method", "setting", "metric"], profile)
-
-
-# ======================================================================================
-# Table 5: reconstruction attack
-# ======================================================================================
-PRIVACY_METHODS = ("P2FCDR", "P2DTR", "FedPCL-CDR")
-
-
-def table5(records, profile: str, tasks: Sequence[str] = ("Phone-Sport", "Book-Music"), cell_kwargs: Mapping = {},
-           method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Table 5: MSE of the reconstruction attack on what each domain transmitted (raw and normalised)."""
-    pairs = [({"dataset": DATASET_OF[t], "task": _paper_task(t), "method": m},
-              method_cell(t, m, cell_kwargs, method_kwargs)) for t in tasks for m in PRIVACY_METHODS]
-    task_of = {_paper_task(t): t for t in tasks}
-
-    def metric_cells(name: str):
-        parts = name.split("/")
-        if len(parts) == 3 and parts[0] == "attack" and _domain_of(parts[1]):
-            label = {"mse": MSE_METRIC, "normalised_mse": NORMALISED_MSE}.get(parts[2])
-            return {"domain": _domain_of(parts[1]), "metric": label} if label else None
-        return None
-
-    ours = aggregate_runs(records, lambda r: cell_index(records, pairs).get(r.config_hash), metric_cells=metric_cells)
-    if len(ours):
-        ours["ours_unit"] = ["mse" if m == MSE_METRIC else "ratio" for m in ours["metric"]]
-        ours = _with_notes(ours, lambda row: task_of.get(row["task"], ""))
-        ours["note"] = ours["note"] + "; attacker: MLP on half of the (sent, private) pairs, scored on the rest"
-    return _compare(ours, "table5_privacy_mse", ["dataset", "task", "domain", "method", "metric"], profile)
-
-
-# ======================================================================================
-# Everything
-# ======================================================================================
-def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
+def all_tables(records, profile: str, cell_kwargs: Mapping = {}, *,
                tasks: Optional[Sequence[str]] = None) -> Dict[str, pd.DataFrame]:
-    """Every paper table (keyed by its ``paper_tables`` file stem) -> its paper-vs-ours frame.
-
-    ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
-    on top (:func:`~fedlib.papers.fedpcl_cdr.experiment.method_cell`). ``tasks``: default the
-    available ones; see :func:`comparison_tasks`.
-    """
-    tasks = comparison_tasks(tasks)
-    return {"table1_dataset_stats": table1(records, profile, tasks),
-            "table2_main": table2(records, profile, tasks, cell_kwargs, method_kwargs),
-            "table3_ablation": table3(records, profile, tasks, cell_kwargs),
-            "table4_overlap_ratio": table4(records, profile, cell_kwargs, method_kwargs,
-                                           "synthetic" if "synthetic" in tasks else "Phone-Sport"),
-            "table5_privacy_mse": table5(records, profile, [t for t in ("Phone-Sport", "Book-Music", "synthetic")
-                                                            if t in tasks], cell_kwargs, method_kwargs)}
+    """Every paper table (keyed by its ``paper_tables`` file stem) -> its paper-vs-ours frame (:func:`paper_table`)."""
+    return {table_id: paper_table(table_id, records, profile, tasks, cell_kwargs) for table_id in SPEC.data["tables"]}
 
 
-def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
+def write_tables(profile: str, cell_kwargs: Mapping = {}, *,
                  tasks: Optional[Sequence[str]] = None) -> Dict[str, pd.DataFrame]:
     """Record the statistics if needed, build every table and write ``results/fedpcl_cdr[/profile]/``."""
     from fedlib.reporting import read_runs, write_results_table
 
     tasks = comparison_tasks(tasks)
     statistics_records(profile, tasks, read_runs(PAPER, profile))
-    records = read_runs(PAPER, profile)
-    tables = all_tables(records, profile, cell_kwargs, method_kwargs, tasks=tasks)
+    tables = all_tables(read_runs(PAPER, profile), profile, cell_kwargs, tasks=tasks)
     for table_id, frame in tables.items():
         write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id.split("_")[0], frame,
                             profile)
@@ -325,20 +205,19 @@ def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping
 # ======================================================================================
 # Figures
 # ======================================================================================
-def sweep_frame(records, cell_kwargs: Mapping = {}, tasks_privacy: Sequence[str] = ("Phone-Sport", "Book-Music"),
-                task_sensitivity: str = "Phone-Sport") -> pd.DataFrame:
-    """Figures 3–5: test HR@10 / NDCG@10 per domain as ε, α or K varies alone.
+#: The sweeps of Figures 3-5: the cell key a part varies -> its name in :func:`sweep_frame`.
+SWEPT = {"epsilon": "epsilon", "alpha": "alpha", "num_clusters": "K"}
+
+
+def sweep_frame(records, cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Figures 3–5: test HR@10 / NDCG@10 per domain as ε, α or K varies alone (the privacy and sensitivity parts).
 
     Columns: ``task, parameter (epsilon | alpha | K), setting, domain, metric, value, std, n_seeds``.
     """
-    sweeps = [(t, "epsilon", e, cell(t, "FedPCL-CDR", epsilon=e, **cell_kwargs)) for t in tasks_privacy
-              for e in EPSILONS]
-    sweeps += [(task_sensitivity, "alpha", a, cell(task_sensitivity, "FedPCL-CDR", alpha=a, **cell_kwargs))
-               for a in ALPHAS]
-    sweeps += [(task_sensitivity, "K", k, cell(task_sensitivity, "FedPCL-CDR", num_clusters=k, **cell_kwargs))
-               for k in CLUSTER_COUNTS]
     rows = []
-    for task, parameter, setting, config in sweeps:
+    for keywords, config in [pair for part in ("privacy", "sensitivity")
+                             for pair in SPEC.labelled_cells(part, cell, {}, **cell_kwargs)]:
+        swept = next(key for key in SWEPT if key in keywords)
         runs = runs_of_config(records, config)
         if not runs:
             continue
@@ -347,11 +226,19 @@ def sweep_frame(records, cell_kwargs: Mapping = {}, tasks_privacy: Sequence[str]
             if keys is None:
                 continue
             values = [r.metrics[name] for r in runs if name in r.metrics]
-            rows.append({"task": task, "parameter": parameter, "setting": setting, **keys,
+            rows.append({"task": config["task"], "parameter": SWEPT[swept], "setting": keywords[swept], **keys,
                          "value": float(np.mean(values)),
                          "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
                          "n_seeds": len(values)})
     return pd.DataFrame(rows, columns=["task", "parameter", "setting", "domain", "metric", "value", "std", "n_seeds"])
+
+
+def _score_cells(name: str) -> Optional[dict]:
+    """``"<domain>/test/HR@10"`` -> ``{"domain": "Phone", "metric": "HR@10"}`` (valid-selected test scores)."""
+    parts = name.split("/")
+    if len(parts) == 3 and parts[1] == "test" and parts[2] in SCORES and parts[0].lower() in DOMAINS:
+        return {"domain": DOMAINS[parts[0].lower()], "metric": parts[2]}
+    return None
 
 
 def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] = tuple(TASKS)) -> pd.DataFrame:
@@ -361,11 +248,11 @@ def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] =
         for run in runs_of_config(records, cell(task, "FedPCL-CDR", **cell_kwargs)):
             for name, value in run.metrics.items():
                 parts = name.split("/")
-                if len(parts) != 3 or parts[1] != "test" or not _domain_of(parts[0]) or "@" not in parts[2]:
+                if len(parts) != 3 or parts[1] != "test" or parts[0].lower() not in DOMAINS or "@" not in parts[2]:
                     continue
                 metric, n = parts[2].split("@")
-                if int(n) in LIST_LENGTHS:
-                    rows.append({"task": task, "domain": _domain_of(parts[0]), "metric": metric, "N": int(n),
+                if int(n) in SPEC.list("list_lengths"):
+                    rows.append({"task": task, "domain": DOMAINS[parts[0].lower()], "metric": metric, "N": int(n),
                                  "seed": run.seed, "value": float(value)})
     frame = pd.DataFrame(rows, columns=["task", "domain", "metric", "N", "seed", "value"])
     return frame.groupby(["task", "domain", "metric", "N"], as_index=False)["value"].mean() if len(frame) else frame
@@ -373,8 +260,6 @@ def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] =
 
 def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     """Learning curves (every evaluation) of the given cells: one row per (cell, round, column)."""
-    from fedlib.papers.fedpcl_cdr.experiment import method_label
-
     rows = []
     for config in configs:
         for run in runs_of_config(records, config):
@@ -403,8 +288,6 @@ def selection_gap_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.Dat
     from the same cell selected on validation (same seed; both runs train identically until
     the validation one stops), NaN when that run is not recorded.
     """
-    from fedlib.papers.fedpcl_cdr.experiment import method_label
-
     rows = []
     for config in configs:
         by_test = config.get("selection") == "test"
