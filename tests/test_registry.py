@@ -120,3 +120,22 @@ def test_lookup_errors_name_the_closest_methods_and_the_families():
         registry.names("graph")
     with pytest.raises(ValueError, match="registered twice"):
         registry.register("GPFedRec", "single-domain")(lambda *a, **k: None)
+
+
+def test_the_optional_parts_fit_their_family(data):
+    """config/train/model, where a method has them: the config dataclass takes the sizes the
+    grids set, a sequential model is a module built from it, and cross-domain train functions
+    are the ones their experiment calls (split, config)."""
+    import dataclasses
+    import inspect
+
+    for method in METHODS.values():
+        if method.config is not None:
+            assert dataclasses.is_dataclass(method.config) and "dim" in {f.name for f in dataclasses.fields(method.config)}
+        if method.train is not None:
+            assert list(inspect.signature(method.train).parameters)[:2] == ["split", "config"], method.name
+        if method.model is not None:
+            assert method.family == "sequential" and method.config is not None
+            model = method.model(data["sequential"], method.config(dim=DIM, maxlen=5, seed=0))
+            assert isinstance(model, torch.nn.Module) and sum(p.numel() for p in model.parameters()) > 0
+    assert {m.name for m in METHODS.values() if m.model is not None} == set(registry.names("sequential")) - {"FedCSR"}

@@ -70,6 +70,12 @@ class Method:
         source: the module that implements it, whose docstring cites the method's paper.
         build: the family's builder (module docstring).
         paper: the paper slug whose own method this is; ``None`` for a baseline.
+        config: the method's config dataclass, where it has one (cross-domain, sequential).
+        train: the family's one-call training function, where the method has one:
+            ``train(split, config, *, device, progress, ...) -> the family's result``
+            (cross-domain: a :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`).
+        model: a sequential baseline's model, ``model(split, config) -> nn.Module``, which
+            FedProx trains on every platform.
     """
 
     name: str
@@ -77,6 +83,9 @@ class Method:
     source: str
     build: Callable[..., Any]
     paper: Optional[str] = None
+    config: Optional[type] = None
+    train: Optional[Callable[..., Any]] = None
+    model: Optional[Callable[..., Any]] = None
 
     @property
     def reference(self) -> str:
@@ -96,8 +105,10 @@ class Method:
 METHODS: Dict[Tuple[str, str], Method] = {}
 
 
-def register(name: str, family: str, source: Optional[str] = None, paper: Optional[str] = None) -> Callable:
-    """Decorator: register ``build`` as ``name`` of ``family`` (``source`` defaults to ``build``'s module).
+def register(name: str, family: str, source: Optional[str] = None, paper: Optional[str] = None,
+             **parts: Any) -> Callable:
+    """Decorator: register ``build`` as ``name`` of ``family`` (``source`` defaults to ``build``'s module);
+    ``parts`` are :class:`Method`'s optional ``config``, ``train`` and ``model``.
 
     A second registration of a (family, name) by another function is an error."""
     if family not in FAMILIES:
@@ -108,7 +119,7 @@ def register(name: str, family: str, source: Optional[str] = None, paper: Option
         if known is not None and known.build is not build:
             raise ValueError(f"the {family} method {name!r} is registered twice ({known.build.__module__} and "
                              f"{build.__module__}); give one of them another name")
-        METHODS[(family, name)] = Method(name, family, source or build.__module__, build, paper)
+        METHODS[(family, name)] = Method(name, family, source or build.__module__, build, paper, **parts)
         return build
     return decorate
 
@@ -233,21 +244,23 @@ def cross_domain(algorithm_class, config_class, select_on_field: str = "select_o
 def _register_cross_domain() -> None:
     from fedlib.baselines.cross_domain import cdr_single_domain as single, cl_dtcdr, ga_cdr, nmcdr, p2dtr, p2fcdr, pricdr
 
-    for name, source, config_class, domain_class in (
-            ("NeuMF", "fedlib.models.ncf", single.NeuMFConfig, single._NeuMFDomain),
-            ("LightGCN", "fedlib.models.lightgcn", single.LightGCNConfig, single._LightGCNDomain),
-            ("FedNCF", "fedlib.models.ncf", single.FedNCFConfig, single._FedNCFDomain)):
-        register(name, "cross-domain", source)(cross_domain(
+    for name, source, config_class, domain_class, train in (
+            ("NeuMF", "fedlib.models.ncf", single.NeuMFConfig, single._NeuMFDomain, single.train_neumf),
+            ("LightGCN", "fedlib.models.lightgcn", single.LightGCNConfig, single._LightGCNDomain, single.train_lightgcn),
+            ("FedNCF", "fedlib.models.ncf", single.FedNCFConfig, single._FedNCFDomain, single.train_fedncf)):
+        register(name, "cross-domain", source, config=config_class, train=train)(cross_domain(
             lambda split, config, device, ks, domain_class=domain_class:
             single.SingleDomainBaseline(split, config, domain_class, device, ks), config_class))
-    for name, algorithm_class, config_class in (("GA-DTCDR", ga_cdr.GAAlgorithm, ga_cdr.GADTCDRConfig),
-                                                ("GA-MTCDR-P", ga_cdr.GAAlgorithm, ga_cdr.GAMTCDRPConfig),
-                                                ("NMCDR", nmcdr.NMCDRAlgorithm, nmcdr.NMCDRConfig),
-                                                ("CL-DTCDR", cl_dtcdr.CLDTCDRAlgorithm, cl_dtcdr.CLDTCDRConfig),
-                                                ("PriCDR", pricdr.PriCDRAlgorithm, pricdr.PriCDRConfig),
-                                                ("P2FCDR", p2fcdr.P2FCDRAlgorithm, p2fcdr.P2FCDRConfig),
-                                                ("P2DTR", p2dtr.P2DTRAlgorithm, p2dtr.P2DTRConfig)):
-        register(name, "cross-domain", algorithm_class.__module__)(cross_domain(algorithm_class, config_class))
+    for name, algorithm_class, config_class, train in (
+            ("GA-DTCDR", ga_cdr.GAAlgorithm, ga_cdr.GADTCDRConfig, ga_cdr.train_ga_dtcdr),
+            ("GA-MTCDR-P", ga_cdr.GAAlgorithm, ga_cdr.GAMTCDRPConfig, ga_cdr.train_ga_mtcdr_p),
+            ("NMCDR", nmcdr.NMCDRAlgorithm, nmcdr.NMCDRConfig, nmcdr.train_nmcdr),
+            ("CL-DTCDR", cl_dtcdr.CLDTCDRAlgorithm, cl_dtcdr.CLDTCDRConfig, cl_dtcdr.train_cl_dtcdr),
+            ("PriCDR", pricdr.PriCDRAlgorithm, pricdr.PriCDRConfig, pricdr.train_pricdr),
+            ("P2FCDR", p2fcdr.P2FCDRAlgorithm, p2fcdr.P2FCDRConfig, p2fcdr.train_p2fcdr),
+            ("P2DTR", p2dtr.P2DTRAlgorithm, p2dtr.P2DTRConfig, p2dtr.train_p2dtr)):
+        register(name, "cross-domain", algorithm_class.__module__, config=config_class, train=train)(
+            cross_domain(algorithm_class, config_class))
 
 
 _register_cross_domain()
@@ -280,7 +293,10 @@ def _register_sequential() -> None:
                                             ("PSJNet", psjnet.PSJNet, psjnet.PSJNetConfig),
                                             ("MIFN", mifn.MIFN, mifn.MIFNConfig),
                                             ("C2DSR", c2dsr.C2DSR, c2dsr.C2DSRConfig)):
-        register(name, "sequential", model_class.__module__)(sequential(model_class, config_class))
+        register(name, "sequential", model_class.__module__, config=config_class,
+                 model=lambda split, config, model_class=model_class: model_class(split.num_items_a,
+                                                                                  split.num_items_b, config))(
+            sequential(model_class, config_class))
 
 
 _register_sequential()

@@ -44,8 +44,8 @@ from fedlib.device import default_device
 from fedlib.engine import FederatedConfig, RankingEvaluator, UploadNoise
 from fedlib.baselines.continual.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
                                       pfedrec_backbone, run_continual)
+from fedlib.baselines import registry
 from fedlib.experiments.spec import load_spec
-from fedlib.papers.f3crec.method import F3CRec, ParameterRegularisation, kd_baseline
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -209,25 +209,16 @@ class WithUploadNoise(ContinualMethod):
 
 
 def make_method(config: Mapping[str, Any], num_items: int) -> ContinualMethod:
-    """The :class:`ContinualMethod` of a cell (``num_items`` of block 1, for Reg's λ)."""
+    """The :class:`ContinualMethod` of a cell, from the registry (``num_items`` of block 1, for Reg's λ).
+
+    An ablation is F3CRec with its flags (already in ``method_params``) under the ablation's name."""
     name, params = config["method"], dict(config["method_params"])
-    analysis = bool(config.get("analysis", False))
-    if name == "FT":
-        method = FineTuning()
-    elif name == "Reg":
-        method = ParameterRegularisation(lambda_reg=reg_lambda(config, num_items))
-    elif name == "KD":
-        method = kd_baseline(**params)
-    elif name == "RLP2":
-        from fedlib.baselines.continual.rlp2 import RLP2
-        method = RLP2(**params)
-    elif name == "SPP":
-        from fedlib.baselines.continual.spp import SPP
-        method = SPP(**params)
-    elif name == "F3CRec" or SPEC.choice("method", name).get("ablation_of") == "F3CRec":
-        method = F3CRec(**params, record_shifts=analysis, name=name)
-    else:
-        raise ValueError(f"unknown method {name!r}")
+    registered = SPEC.choice("method", name).get("ablation_of") or name
+    if registered == "Reg":  # the spec's pull, as the λ of the item step it pulls back
+        params = {"lambda_reg": reg_lambda(config, num_items)}
+    elif registered == "F3CRec":
+        params.update(record_shifts=bool(config.get("analysis", False)), name=name)
+    method = registry.get(registered, "continual").build(**params)
     if config.get("upload_noise", 0.0):
         method = WithUploadNoise(method, config["upload_noise"])
     return method

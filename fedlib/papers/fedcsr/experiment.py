@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -51,6 +50,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedlib.baselines import registry
 from fedlib.baselines.sequential.fedcsr_baselines import FedProxConfig, evaluate_baseline, train_federated_baseline
 from fedlib.baselines.sequential.sequence_training import evaluate_sequences, platform_graphs
 from fedlib.data.protocols import fedcsr as protocol
@@ -247,16 +247,15 @@ def fedcsr_configs(config: Mapping[str, Any], device=None):
 
 
 def baseline_factory(config: Mapping[str, Any], split) -> Callable[[], torch.nn.Module]:
-    """``() -> model`` of a baseline cell: its own defaults apart from ``dim``, ``maxlen``, ``seed``
-    and, for the models trained with a softmax over a domain's items, ``sampled_negatives``."""
-    name = config["method"]  # each baseline is fedlib.baselines.sequential.<name lower-cased>.<name>(Config)
-    module = importlib.import_module(f"fedlib.baselines.sequential.{name.lower()}")
-    model_class, config_class = getattr(module, name), getattr(module, f"{name}Config")
+    """``() -> model`` of a baseline cell (the registry's sequential model): its own defaults apart from
+    ``dim``, ``maxlen``, ``seed`` and, for the models trained with a softmax over a domain's items,
+    ``sampled_negatives``."""
+    method = registry.get(config["method"], "sequential")
     sizes = {"dim": config["dim"], "maxlen": config["maxlen"], "seed": config["seed"]}
-    if "sampled_negatives" in {f.name for f in dataclasses.fields(config_class)}:
+    if "sampled_negatives" in {f.name for f in dataclasses.fields(method.config)}:
         sizes["sampled_negatives"] = config.get("sampled_negatives")
-    model_config = config_class(**sizes)
-    return lambda: model_class(split.num_items_a, split.num_items_b, model_config)
+    model_config = method.config(**sizes)
+    return lambda: method.model(split, model_config)
 
 
 def baseline_train_config(config: Mapping[str, Any], device=None) -> FedProxConfig:

@@ -437,7 +437,7 @@ def train_individual(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig()
     return train_fedcsr(split, config, train_config, individual=True, **kwargs)
 
 
-@register("FedCSR", "sequential", paper="fedcsr")
+@register("FedCSR", "sequential", paper="fedcsr", config=FedCSRConfig, train=train_fedcsr)
 def build_fedcsr(split: SequenceSplit, *, dim: int, rounds: int, seed: int = 0, device=None,
                  train: Optional[Mapping] = None, **params):
     """FedCSR for the registry: ``params`` override :class:`FedCSRConfig`, ``train`` the

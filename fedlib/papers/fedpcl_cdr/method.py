@@ -548,5 +548,6 @@ def _scorer(model: DomainModel):
 
 # The registry's cross-domain FedPCL-CDR (fedlib.baselines.registry): FedPCLConfig names its
 # validation-or-test choice ``selection``.
-register("FedPCL-CDR", "cross-domain", FedPCLAlgorithm.__module__, paper="fedpcl_cdr")(
+register("FedPCL-CDR", "cross-domain", FedPCLAlgorithm.__module__, paper="fedpcl_cdr", config=FedPCLConfig,
+         train=train_fedpcl_cdr)(
     cross_domain(FedPCLAlgorithm, FedPCLConfig, select_on_field="selection"))
