@@ -212,20 +212,23 @@ def test_cli_selects_cells_and_replicates_them_over_seeds(monkeypatch):
 
 
 def test_fedrap_code_cells_use_the_code_local_training_and_train():
-    cells = X.fedrap_code_cells()
+    cells = X.grid_cells("fedrap_code", datasets=["FilmTrust", "Amazon-Video"])
     assert len(cells) == 8
-    for variant in X.FEDRAP_CODE_VARIANTS:
-        assert {(c["dataset"], c["sampler"]) for c in X.fedrap_code_cells(variants=[variant])} == {
-            (d, s) for d in ("FilmTrust", "Amazon-Video") for s in ("leaky", "correct")}
+    for variant in X.SPEC.list("fedrap_code"):
+        assert {(c["dataset"], c["sampler"]) for c in cells if ("curriculum" in c["params"]) == (variant == "optimizer")
+                } == {(d, s) for d in ("FilmTrust", "Amazon-Video") for s in ("leaky", "correct")}
     assert all(c["batch_size"] == 2048 and c["params"]["local_epochs"] == 10 and c["params"]["lr_decay"] == 0.97
                for c in cells)
     # the "optimizer" variant adds the code's optimiser and constant λ, μ; "epochs" has none of it
     optimizer = X.fedrap_code_cells(["FilmTrust"], ["leaky"], ["optimizer"])[0]["params"]
     assert {k: optimizer[k] for k in ("weight_decay", "batch_lr_decay", "tol", "curriculum")} == {
         "weight_decay": 1e-4, "batch_lr_decay": 0.95, "tol": 1e-4, "curriculum": "constant"}
-    assert not X.FEDRAP_CODE_PARAMS & set(X.fedrap_code_cells(variants=["epochs"])[0]["params"])
-    with pytest.raises(ValueError, match="unknown variants"):
-        X.fedrap_code_cells(variants=["adam"])
+    epochs = X.fedrap_code_cells(["FilmTrust"], ["leaky"], ["epochs"])[0]["params"]
+    assert not {"weight_decay", "batch_lr_decay", "tol", "curriculum"} & set(epochs)
+    with pytest.raises(ValueError, match=r"fedrap_code is one of \['epochs', 'optimizer'\] of FedRAP, got 'adam'"):
+        X.fedrap_code_cells(["FilmTrust"], ["leaky"], ["adam"])
+    with pytest.raises(ValueError, match="of FedRAP, got 'epochs' for FedMF"):
+        X.cell("FilmTrust", "FedMF", fedrap_code="epochs")
     from fedlib.baselines.single_domain.fedrap import FedRAPCodeExecutor
     from fedlib.engine import BatchedExecutor
     split = X.synthetic_split()

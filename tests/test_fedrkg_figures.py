@@ -21,14 +21,14 @@ def close_figures():
 
 
 def test_sensitivity_frame_takes_one_changed_parameter_at_a_time():
-    results = [result(c, final=0.1 * i) for i, c in enumerate(X.sensitivity_cells("Amazon-Video", "leaky"))]
+    results = [result(c, final=0.1 * i) for i, c in enumerate(X.part_cells("sensitivity"))]
     # a run with two parameters changed belongs to no sweep
     results.append(result(X.cell("Amazon-Video", "FedRKG", sampler="leaky", interval=10,
                                  params={"beta": 0.9}), final=0.99))
     frame = F.sensitivity_frame(results, "Amazon-Video")
     assert set(frame["parameter"]) == {"gate_lr", "beta", "interval"}
-    assert sorted(frame[frame.parameter == "gate_lr"]["value"]) == sorted(X.GATE_LRS)
-    assert sorted(frame[frame.parameter == "interval"]["value"]) == sorted(X.INTERVALS)
+    assert sorted(frame[frame.parameter == "gate_lr"]["value"]) == sorted(X.SPEC.list("gate_lrs"))
+    assert sorted(frame[frame.parameter == "interval"]["value"]) == sorted(X.SPEC.list("intervals"))
     assert 99.0 not in set(frame["score"].round(6))
     assert F.sensitivity_figure(results, "Amazon-Video") is not None
 
@@ -39,10 +39,10 @@ def test_figures_are_none_without_their_runs_and_drawn_with_them():
     assert F.interval_figure([], "Amazon-Video") is None
     assert F.sensitivity_figure([], "Amazon-Video") is None
     assert F.trace_figure(F.trace_frame([], "FilmTrust")) is None
-    runs = [result(c) for c in X.figure2_cells("Amazon-Video", "leaky")]
+    runs = [result(c) for c in X.part_cells("figure2")]
     assert F.figure2(runs, "Amazon-Video") is not None
     assert F.figure2(runs, "FilmTrust") is None  # other dataset: nothing to draw
-    assert F.interval_figure([result(c) for c in X.interval_cells("Amazon-Video", "leaky")], "Amazon-Video") is not None
+    assert F.interval_figure([result(c) for c in X.part_cells("interval")], "Amazon-Video") is not None
     assert F.convergence_figure(runs, 100) is not None
 
 
@@ -103,7 +103,7 @@ def test_convergence_figure_marks_the_steps_it_returns():
 
 def test_figure2_marks_knowledge_guidance_steps():
     runs = [stepped_result(c, jump=0.05 if X.method_label(c) == "w/o AG" else 0.0)
-            for c in X.figure2_cells("Amazon-Video", "leaky")]
+            for c in X.part_cells("figure2")]
     ax = F.figure2(runs, "Amazon-Video").axes[0]
     assert len([line for line in ax.lines if line.get_marker() == "^"]) == 2
     assert [text.get_text() for text in ax.texts] == ["+6.0", "+6.0"]

@@ -27,7 +27,7 @@ def test_table1_puts_both_samplers_next_to_the_same_paper_value_and_derives_impr
     values = {"FedMF": 0.10, "PFedRec": 0.20, "FedRAP": 0.30, "FedRKG": 0.45}
     records = [record(X.cell("FilmTrust", m, sampler=s, **KW), scores(v + (0.5 if s == "leaky" else 0.0)))
                for m, v in values.items() for s in ("leaky", "correct")]
-    table = T.table1(records, "quick", cell_kwargs=KW)
+    table = T.paper_table("table1_main", records, "quick", cell_kwargs=KW)
     row = table[(table.dataset == "FilmTrust") & (table.method == "FedMF") & (table.metric == "N@5")
                 & (table.stat == "score")].set_index("sampler")
     assert row.loc["leaky", "value_paper"] == row.loc["correct", "value_paper"] == pytest.approx(19.28)
@@ -48,7 +48,7 @@ def test_improv_counts_fedrkg_seeds_and_names_the_baselines_it_chose_from():
     values = {"FedMF": [0.10], "PFedRec": [0.20], "FedRAP": [0.30, 0.34], "FedRKG": [0.40, 0.44, 0.48]}
     records = [record(X.cell("FilmTrust", m, sampler="correct", **KW), scores(v), seed=seed)
                for m, seeds in values.items() for seed, v in enumerate(seeds)]
-    table = T.table1(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    table = T.paper_table("table1_main", records, "quick", cell_kwargs=KW, samplers=("correct",))
     improv = table[(table.dataset == "FilmTrust") & (table.metric == "N@5")
                    & table.stat.str.startswith("Improv")].iloc[0]
     assert improv["value_ours"] == pytest.approx(100 * (0.44 / 0.32 - 1))
@@ -60,7 +60,7 @@ def test_improv_counts_fedrkg_seeds_and_names_the_baselines_it_chose_from():
     assert "runs " + ";".join(fedrap_ids) in improv["note"]
     # without the strongest baseline the note (and the best) change with what is recorded
     fewer = [r for r in records if r.config["method"] != "FedRAP"]
-    improv = T.table1(fewer, "quick", cell_kwargs=KW, samplers=("correct",))
+    improv = T.paper_table("table1_main", fewer, "quick", cell_kwargs=KW, samplers=("correct",))
     improv = improv[(improv.dataset == "FilmTrust") & (improv.metric == "N@5")
                     & improv.stat.str.startswith("Improv")].iloc[0]
     assert "best of 2 recorded baselines: FedMF, PFedRec → PFedRec" in improv["note"]
@@ -70,7 +70,7 @@ def test_improv_counts_fedrkg_seeds_and_names_the_baselines_it_chose_from():
 def test_ablation_table_maps_modes_to_the_paper_labels():
     records = [record(X.cell("Amazon-Video", "FedRKG", guidance=mode, sampler="correct", **KW), scores(0.01 * i))
                for i, mode in enumerate(X.GUIDANCE_MODES)]
-    table = T.ablation_table(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    table = T.paper_table("tableD1_full_ablation", records, "quick", cell_kwargs=KW, samplers=("correct",))
     got = table[(table.metric == "N@5") & (table.dataset == "Amazon-Video")].set_index("method")["value_ours"]
     assert got.to_dict() == pytest.approx({"FedRKG": 0.0, "w/o AG": 1.0, "w/ GIE": 2.0, "w/ PIE": 3.0})
 
@@ -79,7 +79,7 @@ def test_table5_notes_the_epsilon_of_each_private_run():
     records = [record(X.cell("FilmTrust", "FedRKG", sampler="correct", ldp=X.LDP, **KW),
                       {**scores(0.2), "ldp_epsilon": 1.5e6}),
                record(X.cell("FilmTrust", "FedRKG", sampler="correct", **KW), scores(0.25))]
-    table = T.table5(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    table = T.paper_table("tableD2_ldp_filmtrust", records, "quick", cell_kwargs=KW, samplers=("correct",))
     dp = table[(table.method == "FedRKG") & (table.setting == "w/ DP") & (table.metric == "N@5")].iloc[0]
     assert dp["value_ours"] == pytest.approx(20.0) and "ε = 1.5e+06" in dp["note"]
     plain = table[(table.method == "FedRKG") & (table.setting == "w/o DP") & (table.metric == "N@5")].iloc[0]
@@ -101,8 +101,8 @@ def test_curve_frame_has_one_row_per_evaluation():
 
 
 def test_strength_frame_lists_every_sweep_cell_with_references_and_seed_means():
-    cells = X.strength_cells("FilmTrust", "correct", **KW)
-    assert len(cells) == 2 * len(X.GUIDANCE_STRENGTHS) + 1
+    cells = X.part_cells("strength", **KW)
+    assert len(cells) == 2 * len(X.SPEC.list("guidance_strengths")) + 1
     records = [record(cells[0], scores(0.10), seed=0), record(cells[0], scores(0.20), seed=1),
                record(X.cell("FilmTrust", "FedMF", sampler="correct", **KW), scores(0.30))]
     frame = T.strength_frame(records, KW)
@@ -118,7 +118,7 @@ def test_a_diverged_run_is_flagged_in_its_table_cell():
     config = X.cell("FilmTrust", "FedDAE", sampler="correct", **KW)
     records = [record(config, scores(0.03), extra={"diverged_at_round": 11}),
                record(X.cell("FilmTrust", "FedMF", sampler="correct", **KW), scores(0.3))]
-    table = T.table1(records, "quick", cell_kwargs=KW, samplers=("correct",))
+    table = T.paper_table("table1_main", records, "quick", cell_kwargs=KW, samplers=("correct",))
     dae = table[(table.method == "FedDAE") & (table.dataset == "FilmTrust") & (table.stat == "score")]
     assert dae["note"].str.contains("diverged \\(NaN\\) at round 11").all()
     fedmf = table[(table.method == "FedMF") & (table.dataset == "FilmTrust") & (table.stat == "score")]
@@ -127,9 +127,9 @@ def test_a_diverged_run_is_flagged_in_its_table_cell():
 
 def test_ldp_accounting_states_the_mapping_and_epsilon_at_one_over_users():
     split = X.load_split("synthetic")
-    private = X.ldp_cells("synthetic", ("correct",), rounds=4)
+    private = X.part_cells("ldp", dataset="synthetic", sampler="correct", rounds=4)
     table = T.ldp_accounting(private + [X.cell("synthetic", "FedMF", rounds=4)], split)  # the plain cell is skipped
-    assert table["method"].tolist() == list(X.LDP_METHODS)
+    assert table["method"].tolist() == X.SPEC.list("ldp_methods")
     assert (table["clip C"] == 0.1).all() and (table["noise std s"] == 0.001).all()
     assert table["multiplier s/C"].tolist() == pytest.approx([0.01] * len(private))
     assert table["δ"].tolist() == pytest.approx([1 / split.num_users] * len(private))
@@ -162,7 +162,7 @@ def test_claims_test_the_decisive_gap_with_welch_and_say_so():
                for m, seeds in correct.items() for seed, v in enumerate(seeds)]
     records += [record(X.cell("FilmTrust", m, sampler="leaky", **KW), scores(v))
                 for m, v in {"FedMF": 0.40, "FedRKG": 0.97}.items()]
-    tables = {"table1_main": T.table1(records, "quick", cell_kwargs=KW)}
+    tables = {"table1_main": T.paper_table("table1_main", records, "quick", cell_kwargs=KW)}
     frame = T.claims(tables)
     assert list(frame.columns) == T.CLAIM_COLUMNS
     beats = frame[frame.claim.str.startswith("FedRKG beats")].set_index("sampler")
@@ -180,7 +180,7 @@ def test_claims_test_the_decisive_gap_with_welch_and_say_so():
     assert reproduction.loc["leaky", "verdict"] in ("holds", "fails")         # no test named
     # a lower FedRKG fails the claim
     worse = [r if r.config["method"] != "FedRKG" else record(r.config, scores(0.05), seed=r.seed) for r in records]
-    frame = T.claims({"table1_main": T.table1(worse, "quick", cell_kwargs=KW)})
+    frame = T.claims({"table1_main": T.paper_table("table1_main", worse, "quick", cell_kwargs=KW)})
     assert not frame[frame.claim.str.startswith("FedRKG beats")]["holds"].any()
 
 
@@ -189,7 +189,7 @@ def test_claims_of_table3_and_table5_compare_the_right_rows():
             for s, v in enumerate([0.30, 0.31])]
     guided = [record(X.cell("FilmTrust", "FedRKG", backbone="FedMF", sampler="correct", **KW), scores(v), seed=s)
               for s, v in enumerate([0.01, 0.02])]
-    tables = {"table3_model_agnostic": T.table3(base + guided, "quick", cell_kwargs=KW, samplers=("correct",))}
+    tables = {"table3_model_agnostic": T.paper_table("table3_model_agnostic", base + guided, "quick", cell_kwargs=KW, samplers=("correct",))}
     row = T.claims(tables).set_index("claim").loc["Adaptive Guidance improves FedMF (Table 3)"]
     assert row["holds"] == False and row["verdict"].startswith("fails, beyond seed noise")  # noqa: E712
     assert "base 33.50 → w/ AG 4.50" == row["evidence"]
@@ -198,7 +198,7 @@ def test_claims_of_table3_and_table5_compare_the_right_rows():
            for m, v in {"FedMF": 0.28 - 0.03, "FedRKG": 0.20 - 0.03}.items()]
     ldp += [record(X.cell("FilmTrust", m, sampler="correct", **KW), scores(v))
             for m, v in {"FedMF": 0.30 - 0.03, "FedRKG": 0.25 - 0.03}.items()]
-    tables = {"table5_ldp_filmtrust": T.table5(ldp, "quick", cell_kwargs=KW, samplers=("correct",))}
+    tables = {"table5_ldp_filmtrust": T.paper_table("table5_ldp_filmtrust", ldp, "quick", cell_kwargs=KW, samplers=("correct",))}
     rows = T.claims(tables).set_index("claim")
     fedmf = rows.loc["LDP costs FedMF little accuracy, >= 90 % kept (Table 5)"]
     assert fedmf["holds"] == True and fedmf["evidence"] == "w/o DP 30.00 → w/ DP 28.00"  # noqa: E712

@@ -216,7 +216,7 @@ def test_appendix_stronger_guidance_bullet_quotes_the_recorded_sweep():
         return values, float(np.mean(values))
 
     sweep = {(c["guidance"], c["params"].get("beta"), c["params"].get("interval")): c
-             for c in experiments.strength_cells("FilmTrust", "correct")}
+             for c in experiments.part_cells("strength")}
     _, every_round = r10(sweep[("adaptive", 0.9, 1)], [0])
     assert f"Every-round guidance (β 0.9, seed 0) lands on FedMF's accuracy ({every_round:.1f})" in prose
     values, mean = r10(sweep[("adaptive", 0.5, 10)], [0, 1, 2])
@@ -235,7 +235,7 @@ def test_appendix_adaptive_vs_fixed_bullet_quotes_the_recorded_runs():
 
     prose = " ".join(_paragraph("appendix/01_fedrkg_appendix", "Adaptive vs fixed guidance").split())
     known = latest_records(read_runs("fedrkg", "paper"))
-    probes = [known[config_hash(c)] for s in ("leaky", "correct") for c in experiments.probe_cells(sampler=s)
+    probes = [known[config_hash(c)] for s in ("leaky", "correct") for c in experiments.part_cells("probe", sampler=s)
               if c.get("guidance") == "adaptive"]
     drift = max(float(np.max(np.abs(np.asarray(r.extra["probe"]["gates"]["value_all"]) - 0.5))) for r in probes)
     assert drift < 0.004 and "the gates stay within 0.004 of 0.5" in prose

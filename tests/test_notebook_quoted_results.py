@@ -526,7 +526,7 @@ def test_fedrkg_table4_bullet_quotes_the_recorded_probe_and_gate_tables():
 
     known = latest_records(read_runs("fedrkg", "paper"))
     before = [100 * np.mean(known[X.config_hash(c)].extra["probe"]["before"]["Recall@10"])
-              for c in X.probe_cells(sampler="correct")]
+              for c in X.part_cells("probe", sampler="correct")]
     assert all(f"R@10 over all users {b:.2f} % before" in prose for b in before)
 
     d3 = pd.read_csv(ROOT / "results" / "fedrkg" / "tableD3.csv")

@@ -13,9 +13,11 @@ Files in reading order. The method is the first three; the rest is the experimen
    (``guided_method``), :class:`~fedlib.papers.fedrkg.method.KnowledgeGuidance` (Algorithm 1's
    schedule; ``attach`` puts its ``before_round`` hook on the method, ``guide`` runs one
    guidance step) and §5.1's memory counts.
-4. ``experiment.py``: the experiment as data and one entry point: the cell configuration
-   (datasets, methods, justified defaults), ``run_cell``, the grid's parts (one list of cells
-   per table and figure) and the grid command (``python -m fedlib grid fedrkg <parts>``).
+4. ``spec.toml`` and ``experiment.py``: the experiment as data and one entry point. The spec
+   holds every default of a cell once with its justification (datasets, methods, samplers),
+   the grid's parts (cells per table and figure) and the tables' layouts; ``experiment.py``
+   builds a cell from it (``cell``), trains it (``run_cell``) and runs the grid command
+   (``python -m fedlib grid fedrkg <parts>``).
 5. ``measures.py``: what ``run_cell`` records besides training (validation selection with
    the test at every evaluation, the centralised baselines, the guidance probe, LDP ε) and
    §5.1's per-method memory table.

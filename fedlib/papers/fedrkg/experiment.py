@@ -16,28 +16,19 @@ evaluation schedule, optional LDP noise, seed. :func:`run_cell` trains it and re
   test metrics at the selected evaluation (warm/cold analysis, significance), and for
   probe/trace cells the guidance-round probe (Table 4, D.3, D.4) or the leak trace.
 
-Protocol (paper App. C.2 and the public code's ``main.py`` and ``utils/data.py``):
-
-* leave-last-out split, full ranking over all items, train (+ valid for test) masked;
-* 4 negatives per positive, batch 256, one local epoch, every user in every round, d = 32;
-* model selection on validation Recall@10 with later ties winning (the code's ``>=``),
-  patience 100 rounds; the test metrics reported are those of the selected evaluation
-  (the code evaluates the test set at every round and keeps the best-validation one); a
-  probe cell (Table 4) is not stopped by patience before its probe round;
-* **negative sampler**: ``"correct"`` excludes only the user's training items; ``"leaky"``
-  (``exclude="all_rated"``) reproduces the public code, whose negatives avoid the
-  validation and test items too (the evaluation audit). The headline tables use
-  ``"correct"``.
-
-What we evaluate less often than the code: every ``eval_every`` rounds (the code: every
-round). Patience is kept in rounds (100), i.e. ``ceil(100 / eval_every)`` evaluations.
+The grid itself is data: ``spec.toml`` (next to this module) declares each part (datasets ×
+samplers × methods × sweeps), every default once with its justification (the protocol, the
+rounds, β, the learning rates, the negative samplers) and the tables' layouts; :func:`cell` and
+:func:`grid_cells` read it through :mod:`fedlib.experiments.spec`. The test metrics reported are
+those of the evaluation selected on validation Recall@10 (the code evaluates the test set every
+round and keeps the best-validation one).
 
 The path of a cell: :func:`run_cell` builds the method (:func:`make_federated`; FedRKG's is
 :func:`fedlib.papers.fedrkg.method.guided_method` with
 :class:`~fedlib.papers.fedrkg.method.KnowledgeGuidance` attached) and hands it to the engine's
 ``run_federated``; what it records besides the training (selection, probes, LDP accounting)
-is :mod:`fedlib.papers.fedrkg.measures`. The grid's parts (one list of cells per table or
-figure, :func:`grid_cells`) are run by ``python -m fedlib grid fedrkg <parts>`` (:func:`main`).
+is :mod:`fedlib.papers.fedrkg.measures`. The parts are run by ``python -m fedlib grid fedrkg
+<parts>`` (:func:`main`).
 """
 from __future__ import annotations
 
@@ -58,168 +49,130 @@ from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, f
                            personal_table_method, pfedrec_method, run_federated, union_pairs)
 from fedlib.engine.method import GradientNoise
 from fedlib.experiments import grid
-from fedlib.papers.fedrkg.guidance import GUIDED_BACKBONES, guided_backbone
+from fedlib.experiments.spec import load_spec
+from fedlib.papers.fedrkg.guidance import guided_backbone
 from fedlib.papers.fedrkg.measures import (SELECTION_METRIC, SelectionRecorder, guidance_probe, ldp_epsilon, ldp_params,
                                            run_centralised)
 from fedlib.papers.fedrkg.method import LOG_KEY, KnowledgeGuidance, guided_method
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "VERSION", "DATASETS", "OFFLINE_DATASETS", "METHODS", "CENTRALISED", "GUIDANCE_MODES", "SAMPLERS",
-    "KS", "SELECTION_METRIC", "cell", "paper_rounds", "paper_beta", "load_split", "make_sampler",
-    "SelectionRecorder", "run_cell", "checkpointable", "guidance_rounds", "ldp_epsilon", "config_hash",
+    "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "OFFLINE_DATASETS", "METHODS", "GUIDANCE_MODES", "LDP",
+    "DEFAULT_PARAMS", "SELECTION_METRIC", "cell", "method_label", "grid_cells", "part_cells", "fedrap_code_cells",
+    "load_split", "make_sampler", "SelectionRecorder", "run_cell", "checkpointable", "guidance_rounds", "ldp_epsilon",
+    "config_hash",
 ]
 
 PAPER = "fedrkg"
-VERSION = 1  # bump when a change alters the numbers a cell produces (invalidates cached runs)
-
-#: the paper's dataset names -> registry names of the FedRKG protocol
-DATASETS = {"Amazon-Video": "amazon-video", "FilmTrust": "filmtrust", "LastFM-2K": "hetrec2011-lastfm-2k",
-            "ML-1M": "ml-1m"}
-#: what is in the offline data root (ML-1M needs the full ratings.dat: download)
-OFFLINE_DATASETS = ("Amazon-Video", "FilmTrust", "LastFM-2K")
-
-CENTRALISED = ("MF", "NeuMF")
-METHODS = CENTRALISED + ("FedMF", "FedNCF", "PFedRec", "GPFedRec", "CoFedRec", "FedRAP", "FedDAE", "FedRKG")
-#: FedRKG's ablations (Table 2): mode of :class:`~fedlib.papers.fedrkg.method.KnowledgeGuidance`
-GUIDANCE_MODES = {"adaptive": "FedRKG", "fixed": "w/o AG", "global_only": "w/ GIE", "personal_only": "w/ PIE"}
-SAMPLERS = {"correct": "train", "leaky": "all_rated"}
+#: The grid's parts, defaults and named lists, and the tables' layouts, as data.
+SPEC = load_spec(PAPER)  # spec.toml, next to this module
+VERSION = SPEC.version
+PARTS = SPEC.parts
+#: the paper's dataset names -> registry names of the FedRKG protocol (``synthetic``: the smoke profile's)
+DATASETS = {name: choice["registry"] for name, choice in SPEC.choices("dataset").items() if "registry" in choice}
+OFFLINE_DATASETS = tuple(SPEC.list("offline_datasets"))
+METHODS = tuple(SPEC.list("method"))
+#: FedRKG's modes (:class:`~fedlib.papers.fedrkg.method.KnowledgeGuidance`) -> the paper's row labels
+GUIDANCE_MODES = {mode: choice["label"] for mode, choice in SPEC.choices("guidance").items()}
+LDP = SPEC.list("ldp")[0]  # Table 5's clip and noise
 KS = (5, 10, 20)
-PATIENCE_ROUNDS = 100
 
 
-#: epochs of the centralised baselines (the paper gives none; both converge well within it)
-CENTRAL_EPOCHS = 300
+def _method_defaults(method: str) -> Dict[str, Any]:
+    """``[choices.method]``'s parameters of ``method``; FedRKG's guidance schedule from :class:`KnowledgeGuidance`."""
+    params = dict(SPEC.choice("method", method)["params"])
+    if method == "FedRKG":
+        params.update(interval=KnowledgeGuidance.interval, gate_lr=KnowledgeGuidance.gate_lr,
+                      gate_epochs=KnowledgeGuidance.gate_epochs)
+    return params
 
 
-def paper_rounds(dataset: str, method: Optional[str] = None) -> int:
-    """Maximum rounds (App. C.2): 3,000 on LastFM-2K, 1,000 elsewhere; centralised: 300 epochs."""
-    if method in CENTRALISED:
-        return CENTRAL_EPOCHS
-    return 3000 if dataset == "LastFM-2K" else 1000
+#: every method's hyperparameters of the paper profile (the dataset's β and lr_decay aside)
+DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {method: _method_defaults(method) for method in METHODS}
 
 
-def paper_beta(dataset: str) -> float:
-    """β of Eqs. 3/9 (App. C.2): 0.999 on LastFM-2K, 0.99 elsewhere."""
-    return 0.999 if dataset == "LastFM-2K" else 0.99
-
-
-def paper_lr_decay(dataset: str) -> float:
-    """The code's per-round learning-rate decay (``decay_rate``): 0.99 on Amazon-Video, else 1."""
-    return 0.99 if dataset == "Amazon-Video" else 1.0
-
-
-#: FedRAP parameters beyond :data:`DEFAULT_PARAMS` that only the code-optimiser cells set.
-FEDRAP_CODE_PARAMS = {"weight_decay", "batch_lr_decay", "tol", "curriculum"}
-
-#: Method hyperparameters of the paper profile: the public code's values (its scripts and argparse defaults) where it
-#: has them, the paper's App. C.2 architecture sizes otherwise. The paper "selects learning
-#: rates from {1e-4, …, 1e-1}" without reporting the choice; we keep the code's values.
-DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {
-    # Centralised SGD on the mean BCE of a 256-example batch: the code-style 0.1 leaves MF at its
-    # N(0, 0.01²) init (FilmTrust test R@10 0.02 after 100 epochs). Chosen once on FilmTrust
-    # validation R@10 after 100 epochs: MF lr ∈ {1, 10, 50} → 10 (0.377 / 0.412 / 0.385);
-    # NeuMF: lr 1 (validation R@10 0.377 after 100 epochs; larger rates not tried).
-    "MF": {"lr": 10.0, "epochs_per_round": 1},
-    "NeuMF": {"lr": 1.0, "hidden": (32, 16, 8), "epochs_per_round": 1},
-    "FedMF": {"lr": 1.0},
-    "FedNCF": {"lr": 0.05, "lr_eta": 170.0, "hidden": (32,)},
-    "PFedRec": {"lr": 0.1, "lr_eta": 80.0},
-    "GPFedRec": {"lr": 0.1, "lr_eta": 80.0, "reg": 1.0, "threshold_scale": 0.5, "hidden": (32, 16, 8),
-                 "similarity": "cosine"},
-    # L_sup over the batch's distinct items ("batch"), not the paper's every item ("table"): over
-    # every item a client step holds (I + B)² similarities (FilmTrust 5.4 M, Amazon-Video 67 M,
-    # LastFM-2K 320 M floats per client and step), which costs hours per round on a CPU.
-    "CoFedRec": {"lr": 0.05, "lr_eta": 80.0, "lam": 0.005, "temperature": 0.5, "num_clusters": 30,
-                 "contrastive_rows": "batch"},
-    # FedRAP's code decays its rates by 0.97 per round over 10 local epochs; under FedRKG's
-    # one-epoch protocol that schedule freezes training after ~100 rounds (0.97^100 ≈ 0.05),
-    # so FedRAP gets the protocol's per-dataset decay like every other federated method.
-    "FedRAP": {"lr": 0.5, "lr_items": 200.0, "lam": 0.1, "mu": 0.1},
-    # SGD at the public code's rate 0.1 (an Adam rate there) diverges (NaN) by round 11. Chosen once
-    # on FilmTrust validation R@10 (seed 0, correct sampler) over the paper's grid: 1e-1: 12.6 %
-    # (NaN at round 11), 1e-2: 35.5 % (NaN at round 143; the best evaluation before it counts),
-    # 1e-3: 8.4 % (patience stop at round 570); 1e-4 learns slower still and was not run.
-    "FedDAE": {"lr": 0.01, "beta": 1.0, "hidden": (64,)},
-    # the guidance schedule's defaults are the public code's, written once on KnowledgeGuidance
-    "FedRKG": {"lr": 0.1, "lr_eta": 80.0, "interval": KnowledgeGuidance.interval, "gate_lr": KnowledgeGuidance.gate_lr,
-               "gate_epochs": KnowledgeGuidance.gate_epochs},
-}
-
-
-def cell(dataset: str, method: str, *, guidance: Optional[str] = None, sampler: str = "correct",
-         rounds: Optional[int] = None, eval_every: int = 10, seed: int = 0, params: Optional[Mapping] = None,
-         ldp: Optional[Mapping[str, float]] = None, probe_round: Optional[int] = None, trace_every: int = 0,
-         interval: Optional[int] = None, backbone: str = "FedMF", dim: int = 32, batch_size: int = 256,
-         num_negatives: int = 4) -> Dict[str, Any]:
+def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interval: Optional[int] = None,
+         ldp: Optional[Mapping[str, float]] = None, probe_round: Optional[int | str] = None,
+         fedrap_code: Optional[str] = None, **settings) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
-        dataset: a key of :data:`DATASETS`, or ``"synthetic"`` (smoke profile).
-        method: one of :data:`METHODS`.
-        guidance: FedRKG's mode (a key of :data:`GUIDANCE_MODES`; default ``"adaptive"``).
-        sampler: ``"correct"`` (exclude training items) or ``"leaky"`` (the public code's).
-        rounds: maximum rounds (default :func:`paper_rounds`); centralised methods: epochs.
-        eval_every: evaluate validation (and test) every k rounds.
-        params: overrides of :data:`DEFAULT_PARAMS` (and FedRKG's ``beta``, ``lr_decay``; any
-            federated method also takes ``local_epochs``, default 1: the protocol's).
+        dataset, method: names of ``[choices.dataset]`` (or ``"synthetic"``, the smoke profile's) and ``[choices.method]``.
+        params: overrides of the method's hyperparameters (``[choices.method]``, FedRKG's
+            ``beta``, ``lr_decay``; any federated method also takes ``local_epochs``, default 1).
+        interval: FedRKG's guidance interval ``T_int``; other methods have none and ignore it,
+            so one set of keyword arguments serves a whole grid.
         ldp: ``{"clip": C, "noise_std": s}``: clip each local step's gradient of the private
             item table to L2 norm ``C`` and add ``N(0, s²)`` (Table 5), else ``None``.
         probe_round: evaluate every user's test metrics just before and after the guidance of
-            this round (0-based round index ``t`` of ``run_federated``; Table 4, D.3, D.4).
-        trace_every: > 0 records the leak trace (negative coverage every round, test-item rank
-            every ``trace_every`` rounds).
-        interval: FedRKG's guidance interval ``T_int`` (default 100); other methods have none
-            and ignore it, so one set of keyword arguments serves a whole grid.
-        backbone: FedRKG's backbone (Table 3): ``"FedMF"`` (the paper's main setting),
-            ``"FedNCF"`` or ``"PFedRec"``, each with its item table made personal
-            (:func:`fedlib.papers.fedrkg.guidance.guided_backbone`). Ignored by other methods.
+            this round (0-based round index ``t``; Table 4, D.3, D.4); ``"last"``: the last
+            guidance round of the run (the paper's "round 900").
+        fedrap_code: FedRAP with its public code's local training, ``"epochs"`` (10 local epochs,
+            batch 2048, rates × 0.97 per round) or ``"optimizer"`` (also the code's
+            ``SGD(weight_decay=1e-4)``, ``ExponentialLR(0.95)`` per batch, local epochs stopped at a
+            relative loss change below 1e-4, and the constant ``λ``, ``μ`` its loss really reads).
+        settings: the spec's ``[cell]`` keys (``guidance``, ``backbone``, ``sampler``, ``rounds``,
+            ``eval_every``, ``seed``, ``trace_every``, ``dim``, ...); ``None`` keeps the default.
     """
-    if dataset not in DATASETS and dataset != "synthetic":
-        raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(DATASETS)} or 'synthetic'")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS}")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {sampler!r}")
+    if method != "FedRKG":
+        settings.pop("backbone", None)  # FedRKG's (Table 3); ignored by other methods
+    if fedrap_code is not None:
+        params, settings["batch_size"] = _fedrap_code(method, fedrap_code, params)
+    centralised = SPEC.choice("method", method).get("epochs") if method in SPEC.choices("method") else None
+    if settings.get("rounds") is None and centralised is not None:
+        settings["rounds"] = centralised  # epochs of the centralised baselines
+    config = SPEC.config({"dataset": dataset, "method": method}, settings)
+    valid = {"sampler": SPEC.list("sampler")}
     if method == "FedRKG":
-        guidance = guidance or "adaptive"
-        if guidance not in GUIDANCE_MODES:
-            raise ValueError(f"guidance must be one of {sorted(GUIDANCE_MODES)}, got {guidance!r}")
-    elif guidance is not None:
+        valid.update(guidance=SPEC.list("guidance"), backbone=SPEC.list("guided_backbones"))
+    elif config["guidance"] is not None:
         raise ValueError(f"guidance modes apply to FedRKG only, not to {method}")
-    if method == "FedRKG" and backbone not in GUIDED_BACKBONES:
-        raise ValueError(f"backbone must be one of {GUIDED_BACKBONES}, got {backbone!r}")
-    if int(eval_every) < 1:
-        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-    merged = dict(DEFAULT_PARAMS[method])
+    for key, values in valid.items():
+        if config[key] not in values:
+            raise ValueError(f"{key} must be one of {sorted(values)}, got {config[key]!r}")
+    if config["eval_every"] < 1:
+        raise ValueError(f"eval_every must be >= 1, got {config['eval_every']}")
+    choice = SPEC.choice("dataset", dataset)
+    merged = _method_defaults(method)
     if method == "FedRKG":
-        merged["beta"] = paper_beta(dataset)
+        merged["beta"] = choice["beta"]
         if interval is not None:
             merged["interval"] = int(interval)
-    if method not in CENTRALISED:
-        merged["lr_decay"] = paper_lr_decay(dataset)
-    optional = set() if method in CENTRALISED else {"local_epochs"}
-    if method == "FedRAP":  # the public code's optimiser (fedrap_code_cells); absent from the default cells' hash
-        optional |= FEDRAP_CODE_PARAMS
+    optional = set() if centralised else {"local_epochs"}
+    if not centralised:
+        merged["lr_decay"] = choice["lr_decay"]
+    if method == "FedRAP":  # the public code's optimiser (fedrap_code); absent from the default cells' hash
+        from fedlib.baselines.single_domain.fedrap import FEDRAP_CODE_OPTIMIZER
+        optional |= {*FEDRAP_CODE_OPTIMIZER, "curriculum"}
     unknown = set(params or {}) - set(merged) - optional
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)} for {method}; known: {sorted(merged)}")
     merged.update(params or {})
+    config["params"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(merged.items())}
     if ldp is not None:
         missing = {"clip", "noise_std"} - set(ldp)
         if missing:
             raise ValueError(f"ldp needs keys 'clip' and 'noise_std', missing {sorted(missing)}")
         ldp = {"clip": float(ldp["clip"]), "noise_std": float(ldp["noise_std"])}
-    return {
-        "paper": PAPER, "version": VERSION, "dataset": dataset, "method": method, "guidance": guidance,
-        "backbone": backbone if method == "FedRKG" else None,
-        "sampler": sampler, "rounds": int(rounds if rounds is not None else paper_rounds(dataset, method)),
-        "eval_every": int(eval_every), "patience_rounds": PATIENCE_ROUNDS, "seed": int(seed),
-        "params": {k: (list(v) if isinstance(v, tuple) else v) for k, v in sorted(merged.items())},
-        "ldp": ldp, "probe_round": None if probe_round is None else int(probe_round),
-        "trace_every": int(trace_every), "dim": int(dim), "batch_size": int(batch_size),
-        "num_negatives": int(num_negatives),
-    }
+    if probe_round == "last":
+        scheduled = guidance_rounds(config["rounds"], config["params"]["interval"])
+        if not scheduled:
+            raise ValueError(f"no guidance round in {config['rounds']} rounds with interval {config['params']['interval']}")
+        probe_round = scheduled[-1]
+    config.update(ldp=ldp, probe_round=None if probe_round is None else int(probe_round))
+    return config
+
+
+def _fedrap_code(method: str, variant: str, params: Optional[Mapping]) -> tuple:
+    """``(params, batch_size)`` of FedRAP with its public code's local training (``variant`` of ``[lists] fedrap_code``)."""
+    from fedlib.baselines.single_domain.fedrap import FEDRAP_CODE_CONFIG, FEDRAP_CODE_OPTIMIZER
+
+    if method != "FedRAP" or variant not in SPEC.list("fedrap_code"):
+        raise ValueError(f"fedrap_code is one of {SPEC.list('fedrap_code')} of FedRAP, got {variant!r} for {method}")
+    code = {"local_epochs": FEDRAP_CODE_CONFIG["local_epochs"], "lr_decay": 0.97}
+    if variant == "optimizer":
+        code.update(FEDRAP_CODE_OPTIMIZER, curriculum="constant")
+    return {**dict(params or {}), **code}, FEDRAP_CODE_CONFIG["batch_size"]
 
 
 def method_label(config: Mapping[str, Any]) -> str:
@@ -230,6 +183,25 @@ def method_label(config: Mapping[str, Any]) -> str:
         return label if backbone == "FedMF" else f"{backbone} w/ AG" if config["guidance"] == "adaptive" else \
             f"{backbone} {label}"
     return config["method"]
+
+
+def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
+    """The cells of one part of the paper-profile grid (``[parts]`` of the spec); ``datasets``
+    filters the multi-dataset parts, ``kwargs`` go to each :func:`cell`."""
+    return SPEC.cells(part, cell, {"datasets": list(datasets)}, **kwargs)
+
+
+def part_cells(part: str, **fixed) -> List[Dict[str, Any]]:
+    """The distinct cells of ``part`` with the keywords ``fixed`` replacing the spec's
+    (``dataset="synthetic"``, ``sampler="correct"``, ``rounds=4``), in the part's order."""
+    return grid.unique_cells(SPEC.cells(part, cell, **fixed))
+
+
+def fedrap_code_cells(datasets: Sequence[str], samplers: Sequence[str], variants: Optional[Sequence[str]] = None,
+                      **kwargs) -> List[Dict[str, Any]]:
+    """FedRAP with its public code's local training (:func:`cell`'s ``fedrap_code``), every variant × dataset × sampler."""
+    return [cell(d, "FedRAP", sampler=s, fedrap_code=v, **kwargs)
+            for v in variants or SPEC.list("fedrap_code") for d in datasets for s in samplers]
 
 
 # ======================================================================================
@@ -266,8 +238,7 @@ def synthetic_split(num_users: int = 80, num_items: int = 120, per_user: int = 1
 
 def make_sampler(split, sampler: str) -> NegativeSampler:
     """``"correct"``: exclude training items; ``"leaky"``: every item rated in train, valid or test."""
-    exclude = SAMPLERS[sampler]
-    if exclude == "all_rated":
+    if SPEC.choice("sampler", sampler)["exclude"] == "all_rated":
         return NegativeSampler(split.train, split.num_items, exclude="all_rated",
                                all_rated=union_pairs(split.train, split.valid, split.test))
     return NegativeSampler(split.train, split.num_items)
@@ -399,13 +370,17 @@ def _item_clusters(wanted: int, num_items: int) -> int:
 # ======================================================================================
 # Running one cell
 # ======================================================================================
+def _centralised(config: Mapping[str, Any]) -> bool:
+    return "epochs" in SPEC.choice("method", config["method"])
+
+
 def checkpointable(config: Mapping[str, Any]) -> bool:
     """Whether :func:`run_cell` can save and resume ``config`` mid-run.
 
     Federated cells can. Not: the centralised baselines (minutes per cell), and the probe and
     trace cells, whose measurements accumulate outside the training state.
     """
-    return config["method"] not in CENTRALISED and config["probe_round"] is None and config["trace_every"] == 0
+    return not _centralised(config) and config["probe_round"] is None and config["trace_every"] == 0
 
 
 def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[dict], None]] = None,
@@ -428,7 +403,7 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     evaluator = RankingEvaluator(split.train, split.valid, split.test, ks=KS)
     recorder = SelectionRecorder(evaluator)
     extra: Dict[str, Any] = {}
-    if config["method"] in CENTRALISED:
+    if _centralised(config):
         history = run_centralised(config, split, sampler, recorder, device)
         rounds_run = len(history)
     else:
@@ -503,185 +478,6 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
 
 
 # ======================================================================================
-# The grid: one list of cells per table / figure
-# ======================================================================================
-#: Table 1's comparison; run under both samplers ("leaky" is what the paper's numbers measure)
-TABLE1_METHODS = METHODS
-#: the audit's subset (issue: FedRKG, FedRAP, FedMF, PFedRec, local-only)
-AUDIT_METHODS = (("FedRKG", "adaptive"), ("FedRKG", "personal_only"), ("FedRAP", None), ("FedMF", None),
-                 ("PFedRec", None))
-ABLATION_DATASETS = ("Amazon-Video", "LastFM-2K")
-INTERVALS = (1, 10, 50, 100, 200)  # Figure D.1 / D.2
-GATE_LRS = (1e-4, 1e-3, 1e-2, 1e-1)  # Figure D.2 (the paper's search space)
-BETAS = (0.9, 0.99, 0.999)  # Figure D.2
-LDP = {"clip": 0.1, "noise_std": 0.001}  # "sensitivity 0.1 and σ = 0.001" (Table 5)
-LDP_METHODS = ("FedMF", "PFedRec", "FedRAP", "FedRKG")
-#: (β, T_int) of the guidance-strength sweep: stronger and more frequent guidance than the paper's
-#: (0.99, 100), to ask whether more global knowledge brings FedRKG back under the correct sampler
-GUIDANCE_STRENGTHS = ((0.9, 10), (0.9, 1), (0.5, 10), (0.5, 1))
-PARTS = ("audit", "table1", "table3", "ablation", "probe", "ldp", "interval", "sensitivity", "trace", "figure2",
-         "strength", "fedrap_code")
-
-
-def _fedrkg(dataset, mode="adaptive", **kwargs):
-    return cell(dataset, "FedRKG", guidance=mode, **kwargs)
-
-
-def table1_cells(datasets: Sequence[str] = OFFLINE_DATASETS, samplers: Sequence[str] = ("correct", "leaky"),
-                 methods: Sequence[str] = TABLE1_METHODS, **kwargs) -> List[Dict[str, Any]]:
-    """Every method of Table 1 on every dataset, under each sampler."""
-    return [cell(d, m, sampler=s, **kwargs) for s in samplers for d in datasets for m in methods]
-
-
-def audit_cells(datasets: Sequence[str] = OFFLINE_DATASETS, samplers: Sequence[str] = ("leaky", "correct"),
-                **kwargs) -> List[Dict[str, Any]]:
-    """The evaluation audit: FedRKG, local-only (w/ PIE), FedRAP, FedMF, PFedRec under both samplers."""
-    return [cell(d, m, guidance=g, sampler=s, **kwargs) for d in datasets for s in samplers for m, g in AUDIT_METHODS]
-
-
-def table3_cells(datasets: Sequence[str] = OFFLINE_DATASETS, samplers: Sequence[str] = ("correct", "leaky"),
-                 **kwargs) -> List[Dict[str, Any]]:
-    """Table 3: each backbone without and with Adaptive Guidance (the base runs are Table 1's)."""
-    out = []
-    for s in samplers:
-        for d in datasets:
-            for b in GUIDED_BACKBONES:
-                out += [cell(d, b, sampler=s, **kwargs), cell(d, "FedRKG", backbone=b, sampler=s, **kwargs)]
-    return out
-
-
-def ablation_cells(datasets: Sequence[str] = ABLATION_DATASETS, samplers: Sequence[str] = ("correct", "leaky"),
-                   **kwargs) -> List[Dict[str, Any]]:
-    """Table 2 / D.1: FedRKG and its three variants."""
-    return [_fedrkg(d, mode, sampler=s, **kwargs) for s in samplers for d in datasets for mode in GUIDANCE_MODES]
-
-
-def probe_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs) -> List[Dict[str, Any]]:
-    """Table 4, D.3, D.4: w/ KG (fixed) and w/ AG (adaptive) measured around the last guidance round.
-
-    The paper measures "at round 900", i.e. the guidance applied after round 900; with
-    ``rounds`` rounds and interval T that is the last guidance round before the end.
-    """
-    rounds = kwargs.pop("rounds", None)
-    rounds = int(rounds if rounds is not None else paper_rounds(dataset))
-    interval = kwargs.get("interval") or kwargs.get("params", {}).get("interval") or DEFAULT_PARAMS["FedRKG"]["interval"]
-    scheduled = guidance_rounds(rounds, interval)
-    if not scheduled:
-        raise ValueError(f"no guidance round in {rounds} rounds with interval {interval}")
-    return [_fedrkg(dataset, mode, sampler=sampler, rounds=rounds, probe_round=scheduled[-1], **kwargs)
-            for mode in ("fixed", "adaptive")]
-
-
-def ldp_cells(dataset: str = "FilmTrust", samplers: Sequence[str] = ("correct", "leaky"), **kwargs):
-    """Table 5 / D.2: FedMF, PFedRec, FedRAP, FedRKG with clipping 0.1 and Gaussian noise σ = 0.001."""
-    return [cell(dataset, m, sampler=s, ldp=LDP, **kwargs) for s in samplers for m in LDP_METHODS]
-
-
-def interval_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", intervals: Sequence[int] = INTERVALS,
-                   **kwargs):
-    """Figure D.1: Knowledge Guidance (fixed β) with T_int ∈ {1, 10, 50, 100, 200}."""
-    kwargs.pop("interval", None)
-    return [_fedrkg(dataset, "fixed", sampler=sampler, interval=t, **kwargs) for t in intervals]
-
-
-def sensitivity_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs):
-    """Figure D.2: FedRKG with one of gate lr, β, T_int changed at a time (the others at their defaults)."""
-    params = kwargs.pop("params", {})
-    cells = [_fedrkg(dataset, sampler=sampler, params={**params, "gate_lr": v}, **kwargs) for v in GATE_LRS]
-    cells += [_fedrkg(dataset, sampler=sampler, params={**params, "beta": v}, **kwargs) for v in BETAS]
-    kwargs.pop("interval", None)
-    cells += [_fedrkg(dataset, sampler=sampler, params=params, interval=v, **kwargs) for v in INTERVALS]
-    return cells
-
-
-def trace_cells(dataset: str = "FilmTrust", every: int = 50, **kwargs):
-    """The audit's mechanism: FedRKG under both samplers with the per-round leak trace."""
-    return [_fedrkg(dataset, sampler=s, trace_every=every, **kwargs) for s in ("leaky", "correct")]
-
-
-def figure2_cells(dataset: str = "Amazon-Video", sampler: str = "leaky", **kwargs):
-    """Figure 2: Full Replacement (β = 0 every round), Local Only, FedRAP, Knowledge Guidance (fixed β)."""
-    every_round = {k: v for k, v in kwargs.items() if k != "interval"}
-    return [
-        _fedrkg(dataset, "global_only", sampler=sampler, interval=1, **every_round),
-        _fedrkg(dataset, "personal_only", sampler=sampler, **kwargs),
-        cell(dataset, "FedRAP", sampler=sampler, **kwargs),
-        _fedrkg(dataset, "fixed", sampler=sampler, **kwargs),
-    ]
-
-
-def strength_cells(dataset: str = "FilmTrust", sampler: str = "correct", **kwargs):
-    """Beyond the paper: FedRKG (adaptive and fixed β) with stronger, more frequent guidance.
-
-    Under the correct sampler the paper's setting (β = 0.99 every 100 rounds: 1 % of the
-    global table per guidance step) leaves each personal table almost purely local. These
-    cells move β and ``T_int`` along :data:`GUIDANCE_STRENGTHS`, plus Full Replacement
-    (``global_only`` every round: the personal table *is* the global one), to measure how much
-    of FedMF's accuracy guidance can bring back.
-    """
-    params = kwargs.pop("params", {})
-    kwargs.pop("interval", None)
-    cells = [_fedrkg(dataset, mode, sampler=sampler, interval=t, params={**params, "beta": b}, **kwargs)
-             for mode in ("adaptive", "fixed") for b, t in GUIDANCE_STRENGTHS]
-    cells.append(_fedrkg(dataset, "global_only", sampler=sampler, interval=1, params=params, **kwargs))
-    return cells
-
-
-#: ``fedrap_code_cells`` variants: ``"epochs"`` takes the code's local epochs, batch and per-round
-#: decay into the engine's plain SGD; ``"optimizer"`` adds the rest of the code's client optimiser
-#: (weight decay 1e-4, × 0.95 per batch, early-stopped epochs) and its constant λ, μ.
-FEDRAP_CODE_VARIANTS = ("epochs", "optimizer")
-
-
-def fedrap_code_cells(datasets: Sequence[str] = ("FilmTrust", "Amazon-Video"),
-                      samplers: Sequence[str] = ("leaky", "correct"),
-                      variants: Sequence[str] = FEDRAP_CODE_VARIANTS, **kwargs):
-    """FedRAP with its public code's local training, in two steps (:data:`FEDRAP_CODE_VARIANTS`).
-
-    ``"epochs"``: 10 local epochs, batch 2048, rates × 0.97 per round. ``"optimizer"``: also
-    the code's ``SGD(weight_decay=1e-4)`` on every row, ``ExponentialLR(0.95)`` per batch, local
-    epochs stopped at a relative loss change below 1e-4, and the ``λ``, ``μ`` its loss really
-    reads (constant; :class:`~fedlib.baselines.single_domain.fedrap.FedRAPCodeExecutor`). The paper ran "the
-    official implementation", whose defaults these are; Table 1's FedRAP cells use FedRKG's
-    protocol (one epoch, batch 256) instead. All are reported.
-    """
-    from fedlib.baselines.single_domain.fedrap import FEDRAP_CODE_CONFIG, FEDRAP_CODE_OPTIMIZER
-
-    unknown = set(variants) - set(FEDRAP_CODE_VARIANTS)
-    if unknown:
-        raise ValueError(f"unknown variants {sorted(unknown)}; expected some of {FEDRAP_CODE_VARIANTS}")
-    base = {**kwargs.pop("params", {}), "local_epochs": FEDRAP_CODE_CONFIG["local_epochs"], "lr_decay": 0.97}
-    extra = {"epochs": {}, "optimizer": {**FEDRAP_CODE_OPTIMIZER, "curriculum": "constant"}}
-    kwargs.pop("interval", None)
-    return [cell(d, "FedRAP", sampler=s, batch_size=FEDRAP_CODE_CONFIG["batch_size"], params={**base, **extra[v]},
-                 **kwargs)
-            for v in variants for d in datasets for s in samplers]
-
-
-def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
-    """The cells of one part of the paper-profile grid (``datasets`` filters the multi-dataset parts)."""
-    if part == "table1":
-        return table1_cells(datasets, **kwargs)
-    if part == "table3":
-        return table3_cells(datasets, **kwargs)
-    if part == "audit":
-        return audit_cells(datasets, **kwargs)
-    if part == "fedrap_code":
-        # LastFM-2K: the paper's sampler and the full optimiser only (about 40 s per round)
-        lastfm = fedrap_code_cells(["LastFM-2K"], ["leaky"], ["optimizer"], **kwargs) if "LastFM-2K" in datasets else []
-        return fedrap_code_cells([d for d in ("FilmTrust", "Amazon-Video") if d in datasets], **kwargs) + lastfm
-    if part == "ablation":
-        return ablation_cells([d for d in ABLATION_DATASETS if d in datasets], **kwargs)
-    if part == "probe":
-        return [c for sampler in ("leaky", "correct") for c in probe_cells(sampler=sampler, **kwargs)]
-    single = {"ldp": ldp_cells, "interval": interval_cells, "sensitivity": sensitivity_cells,
-              "trace": trace_cells, "figure2": figure2_cells, "strength": strength_cells}
-    if part in single:
-        return single[part](**kwargs)
-    raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
-
-
-# ======================================================================================
 # Recording runs (resumable paper-profile grid; live quick/smoke runs)
 # ======================================================================================
 def _compact(result: Mapping[str, Any]) -> Dict[str, Any]:
@@ -745,7 +541,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     grid.grid_main(argv, paper=PAPER, title="FedRKG", parts=PARTS, grid_cells=grid_cells, run_grid=run_grid,
                    part_options={"--datasets": dict(nargs="+", default=list(OFFLINE_DATASETS), choices=list(DATASETS))},
                    filters={"--methods": grid.CellFilter("method", METHODS, help="keep only cells of these methods"),
-                            "--samplers": grid.CellFilter("sampler", list(SAMPLERS))})
+                            "--samplers": grid.CellFilter("sampler", SPEC.list("sampler"))})
 
 
 # ======================================================================================

@@ -28,8 +28,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from fedlib.papers.fedrkg.experiment import (BETAS, DEFAULT_PARAMS, GATE_LRS, GUIDANCE_MODES, INTERVALS, PAPER,
-                                             guidance_rounds, method_label, paper_beta, paper_rounds)
+from fedlib.papers.fedrkg.experiment import (DEFAULT_PARAMS, GUIDANCE_MODES, PAPER, SPEC, cell, guidance_rounds,
+                                             method_label)
 from fedlib.papers.fedrkg.tables import curve_frame, warm_cold_frame
 from fedlib.reporting.results import latest_records
 
@@ -59,9 +59,8 @@ def _default_fedrkg(config: Mapping[str, Any]) -> bool:
     """FedRKG cells at the paper's gate lr and β (any interval)."""
     if config["method"] != "FedRKG":
         return True
-    params = config["params"]
-    return (params.get("gate_lr") == DEFAULT_PARAMS["FedRKG"]["gate_lr"]
-            and params.get("beta") == paper_beta(config["dataset"]))
+    params, default = config["params"], cell(config["dataset"], "FedRKG")["params"]
+    return params.get("gate_lr") == default["gate_lr"] and params.get("beta") == default["beta"]
 
 
 def step_gains(curves: pd.DataFrame, rounds_of_guidance: Sequence[int]) -> pd.DataFrame:
@@ -240,7 +239,7 @@ def figure2(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "
 
 
 def interval_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
-                    intervals: Sequence[int] = INTERVALS, metric: str = "Recall@10"):
+                    intervals: Sequence[int] = tuple(SPEC.list("intervals")), metric: str = "Recall@10"):
     """Figure D.1: Knowledge Guidance (w/o AG) with each guidance interval."""
     chosen = [r for r in results if r["config"]["dataset"] == dataset and r["config"]["sampler"] == sampler
               and method_label(r["config"]) == "w/o AG" and _plain(r["config"]) and _default_fedrkg(r["config"])
@@ -262,14 +261,14 @@ def interval_figure(results: Sequence[Mapping[str, Any]], dataset: str, sampler:
 def sensitivity_frame(results: Sequence[Mapping[str, Any]], dataset: str, sampler: str = "leaky",
                       metric: str = "Recall@10") -> pd.DataFrame:
     """Figure D.2's points: ``parameter, value, score`` (test ``metric`` at the best validation, %)."""
-    defaults = {"gate_lr": DEFAULT_PARAMS["FedRKG"]["gate_lr"], "beta": paper_beta(dataset),
-                "interval": DEFAULT_PARAMS["FedRKG"]["interval"]}
-    sweeps = {"gate_lr": GATE_LRS, "beta": BETAS, "interval": INTERVALS}
+    paper = cell(dataset, "FedRKG")
+    defaults = {name: paper["params"][name] for name in ("gate_lr", "beta", "interval")}
+    sweeps = {"gate_lr": SPEC.list("gate_lrs"), "beta": SPEC.list("betas"), "interval": SPEC.list("intervals")}
     rows = []
     for r in results:
         c = r["config"]
         if (c["dataset"] != dataset or c["sampler"] != sampler or c["method"] != "FedRKG"
-                or c["guidance"] != "adaptive" or not _plain(c) or c["rounds"] != paper_rounds(dataset)):
+                or c["guidance"] != "adaptive" or not _plain(c) or c["rounds"] != paper["rounds"]):
             continue
         changed = [k for k, v in defaults.items() if c["params"].get(k) != v]
         if len(changed) > 1:

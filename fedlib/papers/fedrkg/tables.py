@@ -3,6 +3,9 @@
 Every number is read from ``runs.jsonl`` records written by
 :func:`fedlib.papers.fedrkg.experiment.run_grid` or :func:`~fedlib.papers.fedrkg.experiment.run_cells`,
 matched to table cells by the configuration hash of :func:`fedlib.papers.fedrkg.experiment.cell`.
+Tables C.1, 1, 2, 3, 5, D.1 and D.2 are laid out as data (``[tables]`` of ``spec.toml``) and
+built by :func:`fedlib.experiments.spec.build_table`; this module holds what is table-specific:
+the derived rows, the notes, and the probe tables (4, D.3, D.4), which read a run's ``extra``.
 
 **Two columns of ours per paper cell.** The paper's numbers were produced with the public
 code's negative sampler, which never draws a user's validation or test item as a training
@@ -12,50 +15,54 @@ with negatives drawn from every item outside the user's training set — the num
 notebook's headline uses. The paper value is repeated on both rows.
 
 Derived cells (Table 1's ``Improv``, Table 4's relative changes, Tables D.3/D.4's gate
-changes, Figure 5's warm/cold means) carry the ids of the runs they are computed from and a
-note saying how. ``Improv`` is the exception: its ``n_seeds`` and ``run_ids`` are FedRKG's, and
-its note lists the baselines that were recorded, the best one and that baseline's runs.
+changes) carry the ids of the runs they are computed from and a note saying how. ``Improv`` is
+the exception: its ``n_seeds`` and ``run_ids`` are FedRKG's, and its note lists the baselines
+that were recorded, the best one and that baseline's runs.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
 from fedlib.experiments import grid
-from fedlib.papers.fedrkg.experiment import (ABLATION_DATASETS, DATASETS, FEDRAP_CODE_PARAMS, GUIDANCE_MODES, LDP,
-                                             LDP_METHODS, METHODS, OFFLINE_DATASETS, PAPER, cell, grid_cells,
-                                             load_split, method_label, probe_cells, strength_cells)
-from fedlib.papers.fedrkg.guidance import GUIDED_BACKBONES
+from fedlib.experiments.spec import TableContext, build_table, compare, derived_row
+from fedlib.papers.fedrkg.experiment import (METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell, grid_cells, load_split,
+                                             method_label, part_cells)
 from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
-from fedlib.reporting.results import (cell_index as _index, recorded_seeds as _seeds, RUN_ID_SEPARATOR,
-                                      config_hash, latest_records)
+from fedlib.reporting.results import recorded_seeds as _seeds, RUN_ID_SEPARATOR, config_hash, latest_records
 
-__all__ = ["METRICS", "data_statistics_records", "tableC1", "table1", "table3", "ablation_table", "table4", "gate_tables",
-           "table5", "ldp_accounting", "recorded_ldp_accounting", "warm_cold_frame", "all_tables", "write_tables",
-           "curve_frame", "strength_frame", "claims", "CLAIM_COLUMNS"]
+__all__ = ["METRICS", "data_statistics_records", "paper_table", "table4", "gate_tables", "ldp_accounting",
+           "recorded_ldp_accounting", "warm_cold_frame", "all_tables", "write_tables", "curve_frame",
+           "strength_frame", "claims", "CLAIM_COLUMNS"]
 
 #: our metric names -> the paper's
-METRICS = {"NDCG@5": "N@5", "Recall@5": "R@5", "NDCG@10": "N@10", "Recall@10": "R@10"}
-SAMPLER_ORDER = ("leaky", "correct")
-DERIVED = "derived"
+METRICS = SPEC.table("table1_main")["metrics"]["metric"]
+SAMPLERS = tuple(SPEC.data["options"]["samplers"])  # the tables' order: leaky (the paper's protocol), correct
+ABLATION_DATASETS = tuple(SPEC.list("ablation_datasets"))
+#: a derived cell: the ids of the runs it is computed from, their commits and devices, in percent by default
+_derived = functools.partial(derived_row, unit="percent", provenance=True)
 
 
-def _missing_note(row: pd.Series) -> str:
-    if str(row.get("dataset", "")) not in OFFLINE_DATASETS:
-        return NEEDS_DOWNLOAD_NOTE
-    return "not run at this profile"
+def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
+    """Record each dataset's statistics (after the protocol's filters) as a run, once."""
+    return grid.record_split_statistics(PAPER, profile, datasets, load_split, records)
 
 
-def _metric_cells(name: str) -> Optional[dict]:
-    return {"metric": METRICS[name]} if name in METRICS else None
+# ======================================================================================
+# The tables laid out in the spec (C.1, 1, 2, 3, 5, D.1, D.2) and their hooks
+# ======================================================================================
+def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    if len(ours):
+        ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
+    return ours
 
 
-def _aggregate(records, index) -> pd.DataFrame:
-    ours = aggregate_runs(records, lambda r: index.get(r.config_hash), metric_cells=_metric_cells)
-    diverged = {r.config_hash: r.extra["diverged_at_round"] for r in latest_records(records).values()
+def _diverged_notes(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """A cell whose run ended on a NaN loss says at which round (its best finite evaluation counts)."""
+    diverged = {r.config_hash: r.extra["diverged_at_round"] for r in latest_records(context.records).values()
                 if r.extra and r.extra.get("diverged_at_round") is not None}
     if len(ours) and diverged:
         def note(run_ids: str) -> str:
@@ -66,142 +73,68 @@ def _aggregate(records, index) -> pd.DataFrame:
     return ours
 
 
-def _runs_of(records, index, **keys) -> list:
-    out = [r for r in latest_records(records).values()
-           if r.config_hash in index and all(index[r.config_hash].get(k) == v for k, v in keys.items())]
-    return sorted(out, key=lambda r: r.seed)
-
-
-def _with_samplers(paper: pd.DataFrame, samplers: Sequence[str]) -> pd.DataFrame:
-    """The paper's rows once per sampler (the same paper value is compared with both of ours)."""
-    return pd.concat([paper.assign(sampler=s) for s in samplers], ignore_index=True)
-
-
-def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, paper: Optional[pd.DataFrame] = None,
-             samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
-    paper = load_paper_table(PAPER, table_id) if paper is None else paper
-    if "sampler" in keys:
-        paper = _with_samplers(paper, samplers)
-    if ours.empty:
-        ours = pd.DataFrame(columns=[*keys, "value"])
-    out = compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
-    # Rows the paper does not report (e.g. Table 5's "w/o DP") would stay in our fractions; show
-    # them in the paper's unit when the whole paper table uses one score unit.
-    paper_units = set(paper["unit"].dropna().astype(str))
-    if len(paper_units) == 1 and (target := paper_units.pop()) == "percent":
-        unmatched = out["value_paper"].isna() & out["value_ours"].notna() & (out["unit"] == "fraction")
-        for column in ("value_ours", "std_ours"):
-            out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
-        out.loc[unmatched, "unit"] = target
-    return out
-
-
-def _derived(keys: dict, value: float, runs: Sequence, note: str, unit: str = "percent") -> dict:
-    """A derived cell from ``runs`` (records): their ids, and their commits and devices as provenance."""
-    provenance = {column: RUN_ID_SEPARATOR.join(sorted({str(getattr(r, column)) for r in runs if getattr(r, column)}))
-                  for column in ("commit", "device")}
-    return {**keys, "value": float(value), "n_seeds": len(runs),
-            "run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs), "run_metric": "", "ours_unit": unit,
-            "note": f"{DERIVED}: {note}", **provenance}
-
-
-# ======================================================================================
-# Table C.1: data statistics
-# ======================================================================================
-STATISTICS = {"users": "#users", "items": "#items", "interactions": "#interactions", "sparsity": "sparsity"}
-
-
-def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
-    """Record each dataset's statistics (after the protocol's filters) as a run, once."""
-    return grid.record_split_statistics(PAPER, profile, datasets, load_split, records)
-
-
-def tableC1(records, profile: str) -> pd.DataFrame:
-    index = {config_hash({"paper": PAPER, "kind": "data_statistics", "dataset": d, "seed": 0}): {"dataset": d}
-             for d in DATASETS}
-    ours = aggregate_runs(records, lambda r: index.get(r.config_hash),
-                          metric_cells=lambda name: {"metric": STATISTICS[name]} if name in STATISTICS else None)
-    if len(ours):
-        ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
-        ours["method"] = ""
-    paper = load_paper_table(PAPER, "tableC1_dataset_stats")
-    paper["method"] = paper["method"].fillna("")
-    return _compare(ours, "tableC1_dataset_stats", ["dataset", "method", "metric"], profile, paper=paper)
-
-
-# ======================================================================================
-# Table 1: main comparison (+ Improv), both samplers
-# ======================================================================================
-def table1(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-           samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
-    pairs = [({"dataset": d, "method": m, "sampler": s, "stat": "score"}, cell(d, m, sampler=s, **cell_kwargs))
-             for s in samplers for d in datasets for m in METHODS]
-    index = _index(records, pairs)
-    ours = _aggregate(records, index)
+def _improvement_over_best_baseline(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """Table 1's ``Improv`` rows: ``100·(FedRKG / best baseline − 1)`` per dataset, sampler and metric."""
+    ours = _diverged_notes(ours, context)
     rows = []
+    for (d, s), group in (ours.groupby(["dataset", "sampler"]) if len(ours) else []):
+        for metric in METRICS.values():
+            values = group[group["metric"] == metric].set_index("method")["value"]
+            baselines = values.drop("FedRKG", errors="ignore").dropna()
+            if "FedRKG" not in values or baselines.empty or baselines.max() <= 0:
+                continue
+            best = baselines.idxmax()
+            best_runs = context.runs_of(dataset=d, sampler=s, method=best)
+            available = [m for m in METHODS if m in baselines.index]  # the paper's row order
+            # n_seeds and run_ids are FedRKG's (the consistency check ties n_seeds to run_ids);
+            # the best baseline's runs are named in the note.
+            note = (f"100·(FedRKG / best baseline − 1); best of {len(available)} recorded baseline"
+                    f"{'s' if len(available) != 1 else ''}: {', '.join(available)} → {best} "
+                    f"({len(best_runs)} seed{'s' if len(best_runs) != 1 else ''}, "
+                    f"run{'s' if len(best_runs) != 1 else ''} {RUN_ID_SEPARATOR.join(r.config_hash for r in best_runs)})"
+                    "; n_seeds and run_ids are FedRKG's")
+            rows.append(_derived({"dataset": d, "method": "FedRKG", "sampler": s, "metric": metric,
+                                  "stat": "Improv (vs best baseline)"}, 100.0 * (values["FedRKG"] / baselines.max() - 1.0),
+                                 context.runs_of(dataset=d, sampler=s, method="FedRKG"), note))
+    return pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
+
+
+def _epsilon_notes(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    """Tables 5 / D.2: each private cell's ε at δ = 1/#users, as its runs recorded it."""
     if len(ours):
-        for (d, s), group in ours.groupby(["dataset", "sampler"]):
-            for metric in METRICS.values():
-                values = group[group["metric"] == metric].set_index("method")["value"]
-                baselines = values.drop("FedRKG", errors="ignore").dropna()
-                if "FedRKG" not in values or baselines.empty or baselines.max() <= 0:
-                    continue
-                best = baselines.idxmax()
-                fedrkg_runs = _runs_of(records, index, dataset=d, sampler=s, method="FedRKG")
-                best_runs = _runs_of(records, index, dataset=d, sampler=s, method=best)
-                available = [m for m in METHODS if m in baselines.index]  # the paper's row order
-                # n_seeds and run_ids are FedRKG's (the consistency check ties n_seeds to run_ids);
-                # the best baseline's runs are named in the note.
-                rows.append(_derived({"dataset": d, "method": "FedRKG", "sampler": s, "metric": metric,
-                                      "stat": "Improv (vs best baseline)"},
-                                     100.0 * (values["FedRKG"] / baselines.max() - 1.0), fedrkg_runs,
-                                     _improv_note(available, best, best_runs)))
-    ours = pd.concat([ours, pd.DataFrame(rows)], ignore_index=True) if rows else ours
-    paper = load_paper_table(PAPER, "table1_main")
-    return _compare(ours, "table1_main", ["dataset", "method", "metric", "stat", "sampler"], profile, paper=paper,
-                    samplers=samplers)
+        epsilons = {(context.index[r.config_hash]["method"], context.index[r.config_hash]["sampler"]):
+                    r.metrics.get("ldp_epsilon") for r in context.runs_of(setting="w/ DP")}
+        ours["note"] = [
+            (f"clip 0.1, noise std 0.001 (multiplier 0.01): ε = {epsilons[(m, s)]:.3g} at δ = 1/#users"
+             if setting == "w/ DP" and epsilons.get((m, s)) is not None else "")
+            for m, s, setting in zip(ours["method"], ours["sampler"], ours["setting"])]
+    return ours
 
 
-def _improv_note(available: Sequence[str], best: str, best_runs: Sequence) -> str:
-    """How an Improv cell was derived: which baselines were recorded, which was best, its runs."""
-    return (f"100·(FedRKG / best baseline − 1); best of {len(available)} recorded baseline"
-            f"{'s' if len(available) != 1 else ''}: {', '.join(available)} → {best} "
-            f"({len(best_runs)} seed{'s' if len(best_runs) != 1 else ''}, run{'s' if len(best_runs) != 1 else ''} "
-            f"{RUN_ID_SEPARATOR.join(r.config_hash for r in best_runs)}); n_seeds and run_ids are FedRKG's")
+#: The functions the table layouts of the spec name (``derive``).
+TABLE_HOOKS = {"statistics_units": _statistics_units, "diverged_notes": _diverged_notes,
+               "improvement_over_best_baseline": _improvement_over_best_baseline, "epsilon_notes": _epsilon_notes}
 
 
-# ======================================================================================
-# Table 3: backbones with and without Adaptive Guidance
-# ======================================================================================
-def table3(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-           samplers: Sequence[str] = SAMPLER_ORDER) -> pd.DataFrame:
-    pairs = []
-    for s in samplers:
-        for d in datasets:
-            for b in GUIDED_BACKBONES:
-                pairs.append(({"dataset": d, "backbone": b, "method": b, "setting": "base", "sampler": s},
-                              cell(d, b, sampler=s, **cell_kwargs)))
-                pairs.append(({"dataset": d, "backbone": b, "method": "w/ AG", "setting": "w/ AG", "sampler": s},
-                              cell(d, "FedRKG", backbone=b, sampler=s, **cell_kwargs)))
-    ours = _aggregate(records, _index(records, pairs))
-    if len(ours):
-        ours = ours[ours["metric"].isin(["N@10", "R@10"])]
-    return _compare(ours, "table3_model_agnostic", ["dataset", "backbone", "setting", "metric", "sampler"], profile,
-                    samplers=samplers)
+def paper_table(table_id: str, records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS,
+                cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLERS,
+                ablation_datasets: Sequence[str] = ABLATION_DATASETS, ldp_dataset: str = "FilmTrust") -> pd.DataFrame:
+    """One table laid out in the spec (``table1_main``, ``tableD1_full_ablation`` ...): paper vs ours.
+
+    ``cell_kwargs`` go to every row's :func:`~fedlib.papers.fedrkg.experiment.cell` (``rounds=``);
+    ``samplers`` are the samplers of our rows, each beside the same paper value.
+    """
+    statistics = table_id.startswith("tableC1")
+    builder = functools.partial(grid.statistics_config, PAPER) if statistics else cell
+    options = {"datasets": list(datasets), "samplers": list(samplers), "ablation_datasets": list(ablation_datasets),
+               "ldp_dataset": [ldp_dataset]}
+    return build_table(SPEC, table_id, records, profile, builder=builder, hooks=TABLE_HOOKS, options=options,
+                       cell_kwargs={} if statistics else dict(cell_kwargs))
 
 
-# ======================================================================================
-# Table 2 / D.1: ablations
-# ======================================================================================
-def ablation_table(records, profile: str, table_id: str = "tableD1_full_ablation", cell_kwargs: Mapping = {},
-                   samplers: Sequence[str] = SAMPLER_ORDER, datasets: Sequence[str] = ABLATION_DATASETS
-                   ) -> pd.DataFrame:
-    """Table D.1 (Table 2 is its N@5/R@5 subset): FedRKG, w/o AG, w/ GIE, w/ PIE."""
-    pairs = [({"dataset": d, "backbone": "FedMF", "method": label, "sampler": s},
-              cell(d, "FedRKG", guidance=mode, sampler=s, **cell_kwargs))
-             for s in samplers for d in datasets for mode, label in GUIDANCE_MODES.items()]
-    ours = _aggregate(records, _index(records, pairs))
-    return _compare(ours, table_id, ["dataset", "backbone", "method", "metric", "sampler"], profile, samplers=samplers)
+def _compare(ours: list, table_id: str, keys: Sequence[str], profile: str, samplers: Sequence[str]) -> pd.DataFrame:
+    return compare(SPEC, pd.DataFrame(ours), table_id, keys, profile, repeat_paper={"sampler": list(samplers)},
+                   unmatched_in_paper_unit=True)
 
 
 # ======================================================================================
@@ -210,14 +143,14 @@ def ablation_table(records, profile: str, table_id: str = "tableD1_full_ablation
 def _probe_records(records, cell_kwargs: Mapping, sampler: str, dataset: str) -> Dict[str, Any]:
     known = latest_records(records)
     out = {}
-    for config in probe_cells(dataset, sampler=sampler, **dict(cell_kwargs)):
+    for config in part_cells("probe", dataset=dataset, sampler=sampler, **dict(cell_kwargs)):
         record = known.get(config_hash({**config, "seed": _seeds(records)[0]}))
         if record is not None and "probe" in (record.extra or {}) and "before" in record.extra["probe"]:
             out[config["guidance"]] = record
     return out
 
 
-def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
+def table4(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLERS,
            group_size: int = 100, seed: int = 0, dataset: str = "Amazon-Video") -> pd.DataFrame:
     """Relative change of distinct users' and followers' metrics across the guidance of the probe round."""
     from fedlib.metrics.user_groups import improved_declined, relative_change
@@ -300,7 +233,7 @@ def _group_size(split, wanted: int) -> int:
     return int(min(wanted, max(1, split.num_users // 2)))
 
 
-def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLER_ORDER,
+def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequence[str] = SAMPLERS,
                 seed: int = 0, dataset: str = "Amazon-Video") -> Dict[str, pd.DataFrame]:
     """Tables D.3 (distinct → followers, popular items) and D.4 (cold → warm, all items).
 
@@ -343,31 +276,8 @@ def gate_tables(records, profile: str, cell_kwargs: Mapping = {}, samplers: Sequ
 
 
 # ======================================================================================
-# Table 5 / D.2: local differential privacy on FilmTrust
+# Tables 5 / D.2: the LDP accounting
 # ======================================================================================
-def table5(records, profile: str, table_id: str = "tableD2_ldp_filmtrust", cell_kwargs: Mapping = {},
-           samplers: Sequence[str] = SAMPLER_ORDER, dataset: str = "FilmTrust") -> pd.DataFrame:
-    pairs = []
-    for s in samplers:
-        for m in LDP_METHODS:
-            pairs.append(({"dataset": dataset, "method": m, "setting": "w/ DP", "sampler": s},
-                          cell(dataset, m, sampler=s, ldp=LDP, **cell_kwargs)))
-            pairs.append(({"dataset": dataset, "method": m, "setting": "w/o DP", "sampler": s},
-                          cell(dataset, m, sampler=s, **cell_kwargs)))
-    index = _index(records, pairs)
-    ours = _aggregate(records, index)
-    if len(ours):
-        epsilons = {}
-        for record in _runs_of(records, index, setting="w/ DP"):
-            keys = index[record.config_hash]
-            epsilons[(keys["method"], keys["sampler"])] = record.metrics.get("ldp_epsilon")
-        ours["note"] = [
-            (f"clip 0.1, noise std 0.001 (multiplier 0.01): ε = {epsilons[(m, s)]:.3g} at δ = 1/#users"
-             if setting == "w/ DP" and epsilons.get((m, s)) is not None else "")
-            for m, s, setting in zip(ours["method"], ours["sampler"], ours["setting"])]
-    return _compare(ours, table_id, ["dataset", "method", "setting", "metric", "sampler"], profile, samplers=samplers)
-
-
 LDP_COLUMNS = ["dataset", "method", "sampler", "seed", "rounds", "noised tables", "clip C", "noise std s",
                "multiplier s/C", "δ", "ε", "run_id"]
 
@@ -435,7 +345,7 @@ def warm_cold_frame(records, cell_kwargs: Mapping = {}, sampler: str = "correct"
 
 def strength_frame(records, cell_kwargs: Mapping = {}, dataset: str = "FilmTrust", sampler: str = "correct"
                    ) -> pd.DataFrame:
-    """The guidance-strength sweep (:func:`~fedlib.papers.fedrkg.experiment.strength_cells`; beyond the paper).
+    """The guidance-strength sweep (the ``strength`` part; beyond the paper).
 
     One row per recorded cell, with FedRKG at the paper's setting and FedMF as references:
     ``setting, beta, interval, R@10, N@10`` (percent, seed-mean), ``best_round``, ``rounds_run``,
@@ -446,7 +356,7 @@ def strength_frame(records, cell_kwargs: Mapping = {}, dataset: str = "FilmTrust
                  ("FedMF (shared item table)", cell(dataset, "FedMF", sampler=sampler, **cell_kwargs))]
     sweep = [(f"{method_label(c)} β {c['params']['beta']} T_int {c['params']['interval']}"
               if c["guidance"] != "global_only" else "Full Replacement (w/ GIE, T_int 1)", c)
-             for c in strength_cells(dataset, sampler, **cell_kwargs)]
+             for c in part_cells("strength", dataset=dataset, sampler=sampler, **cell_kwargs)]
     rows = []
     for setting, config in reference + sweep:
         found = [known[h] for h in (config_hash({**config, "seed": seed}) for seed in _seeds(records)) if h in known]
@@ -477,27 +387,20 @@ def curve_frame(results: Sequence[Mapping[str, Any]], metric: str = "Recall@10",
 # Everything
 # ======================================================================================
 def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-               samplers: Sequence[str] = SAMPLER_ORDER, probe_dataset: str = "Amazon-Video",
+               samplers: Sequence[str] = SAMPLERS, probe_dataset: str = "Amazon-Video",
                ldp_dataset: str = "FilmTrust", ablation_datasets: Sequence[str] = ABLATION_DATASETS
                ) -> Dict[str, pd.DataFrame]:
-    tables = {"tableC1_dataset_stats": tableC1(records, profile),
-              "table1_main": table1(records, profile, datasets, cell_kwargs, samplers),
-              "table3_model_agnostic": table3(records, profile, datasets, cell_kwargs, samplers),
-              "tableD1_full_ablation": ablation_table(records, profile, "tableD1_full_ablation", cell_kwargs, samplers,
-                                                      ablation_datasets),
-              "table2_ablation": ablation_table(records, profile, "table2_ablation", cell_kwargs, samplers,
-                                                ablation_datasets),
-              "table4_guidance_effect": table4(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
-              **gate_tables(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
-              "table5_ldp_filmtrust": table5(records, profile, "table5_ldp_filmtrust", cell_kwargs, samplers,
-                                             ldp_dataset),
-              "tableD2_ldp_filmtrust": table5(records, profile, "tableD2_ldp_filmtrust", cell_kwargs, samplers,
-                                              ldp_dataset)}
-    return tables
+    laid_out = {table_id: paper_table(table_id, records, profile, datasets, cell_kwargs, samplers, ablation_datasets,
+                                      ldp_dataset) for table_id in SPEC.data["tables"]}
+    return {**{k: laid_out[k] for k in ("tableC1_dataset_stats", "table1_main", "table3_model_agnostic",
+                                         "tableD1_full_ablation", "table2_ablation")},
+            "table4_guidance_effect": table4(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
+            **gate_tables(records, profile, cell_kwargs, samplers, dataset=probe_dataset),
+            "table5_ldp_filmtrust": laid_out["table5_ldp_filmtrust"], "tableD2_ldp_filmtrust": laid_out["tableD2_ldp_filmtrust"]}
 
 
 def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
-                 samplers: Sequence[str] = SAMPLER_ORDER, **placement) -> Dict[str, pd.DataFrame]:
+                 samplers: Sequence[str] = SAMPLERS, **placement) -> Dict[str, pd.DataFrame]:
     """Record the data statistics if needed, build every table and write ``results/fedrkg[/profile]/``."""
     from fedlib.reporting import read_runs, write_results_table
 
@@ -751,7 +654,7 @@ def fedrap_local_training(records) -> pd.DataFrame:
             if not code:
                 continue
             runs = [("protocol (1 epoch, batch 256)", cell(dataset, "FedRAP", sampler=sampler))] + [
-                (variants["optimizer" if FEDRAP_CODE_PARAMS & set(c["params"]) else "epochs"], c) for c in code]
+                (variants["optimizer" if "curriculum" in c["params"] else "epochs"], c) for c in code]
             for label, config in runs:
                 record = known.get(config_hash(config))
                 rows.append({"dataset": dataset, "sampler": sampler, "local training": label,
