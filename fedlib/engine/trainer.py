@@ -103,6 +103,16 @@ class RunResult(Generic[StateT]):
         stopped_early: the run ended before ``rounds`` (patience, or a callback stopped it).
         wall_seconds: wall time of the rounds run by this process (earlier sessions of a
             resumed run: :attr:`~fedlib.engine.checkpoint.Checkpointer.earlier_seconds`).
+        method: the method's name as its family labels it (e.g. ``"FedCSR"``,
+            ``"FedProx-TiSASRec"``); set by the family's entry point, ``None`` from :func:`train`.
+        artifacts: what the family hands out besides the numbers (e.g. ``"models"``, the
+            selected networks; ``"graphs"``; ``"config"``); the family's entry point fills it
+            and documents its keys. Neither ``method`` nor ``artifacts`` is checkpointed: the
+            entry point rebuilds them after a resumed run, so a checkpoint holds only the run.
+
+    The selection's and the audit's evaluations are read through the properties below, the
+    same for every family; a family's own layout of them (per-domain blocks, history curves)
+    is a plain function of a ``RunResult`` in the family's module.
     """
 
     state: StateT
@@ -114,9 +124,12 @@ class RunResult(Generic[StateT]):
     test_metrics: Optional[Dict[str, float]] = None
     stopped_early: bool = False
     wall_seconds: float = 0.0
+    method: Optional[str] = None
+    artifacts: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def best_round(self) -> Optional[int]:
+        """The 1-based round of the selected evaluation (``None`` before any evaluation)."""
         return self.selection.best_round
 
     @property
@@ -136,6 +149,29 @@ class RunResult(Generic[StateT]):
         if self.selection.best_metrics is None:
             return None
         return {k[len("test/"):]: v for k, v in self.selection.best_metrics.items() if k.startswith("test/")} or None
+
+    @property
+    def selected_evaluation(self) -> Optional[Dict[str, float]]:
+        """Every metric of the selected evaluation as recorded: ``valid/<metric>`` and, with
+        ``test_every_evaluation``, ``test/<metric>`` (``None`` before any evaluation)."""
+        return self.selection.best_metrics
+
+    @property
+    def audit_round(self) -> Optional[int]:
+        """The 1-based round of the audit's evaluation (best test ``audit_metric``); ``None``
+        without an audit or before any evaluation."""
+        return None if self.audit is None else self.audit.best_round
+
+    @property
+    def audit_evaluation(self) -> Optional[Dict[str, float]]:
+        """Every metric of the audit's evaluation as recorded (``valid/...`` and ``test/...``);
+        ``None`` without an audit or before any evaluation."""
+        return None if self.audit is None else self.audit.best_metrics
+
+    @property
+    def selected_state(self) -> StateT:
+        """The selected state: the kept best state (``keep_best_state``), else the last one."""
+        return self.best_state if self.best_state is not None else self.state
 
 
 def _new_selection(schedule: Schedule) -> Selection:
