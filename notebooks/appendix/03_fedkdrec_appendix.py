@@ -179,7 +179,7 @@ if len(init_pairs):
 # sends and receives per round (the paper's Table 3 counts only what a client receives):
 
 # %%
-table1_hashes = {experiments.config_hash(c): c for s in range(5) for c in experiments.table1_cells(seed=s)}
+table1_hashes = {experiments.config_hash(c): c for s in range(5) for c in experiments.grid_cells("table1", seed=s)}
 leak = []
 for record in paper_runs:
     config = table1_hashes.get(record.config_hash)

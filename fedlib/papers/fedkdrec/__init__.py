@@ -18,12 +18,13 @@ Files in reading order. The method is the first three; the rest is the experimen
    upload, train server, learn), the lesson's step-by-step
    :class:`~fedlib.papers.fedkdrec.method.FedKDRecSession` and
    :func:`~fedlib.papers.fedkdrec.method.train_fedkdrec` (the trainer runs the rounds).
-4. ``experiment.py``: the experiment as data and one entry point: the cell configuration
-   (datasets, methods, backbones, variants, the tuned learning rates), ``run_cell`` (FedKDRec,
-   the parameter-transfer baselines, FedPerGNN and the centralised backbones, evaluated under
-   both protocols), the grid's parts and the grid command (``python -m fedlib grid fedkdrec
-   <parts>``).
-5. ``tables.py``: the paper's Tables 1–5 (paper vs ours) and its claims, from the recorded runs.
+4. ``spec.toml``: the experiment as data: every cell default once with its reason (datasets,
+   methods, backbones, the learning rates chosen on validation), the grid's parts and the
+   layouts of Tables 1–5.
+5. ``experiment.py``: the cell builder, ``run_cell`` (FedKDRec, the parameter-transfer
+   baselines, FedPerGNN and the centralised backbones, evaluated under both protocols) and the
+   grid command (``python -m fedlib grid fedkdrec <parts>``); ``tables.py``: the tables' hooks
+   (derived rows, byte units) and the paper's claims, from the recorded runs.
 6. ``figures.py``: Figures 2–4, the item-initialisation comparison and the learning curves.
 7. ``lesson.py``: what notebook 03 trains live (``LiveRun``, one run opened up round by round)
    and its small tables.

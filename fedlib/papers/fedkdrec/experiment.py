@@ -6,9 +6,11 @@ Reference:
     no public code. The choices the paper leaves open are listed in
     :mod:`fedlib.papers.fedkdrec.method`.
 
-A **cell** is a plain dict (hashable by :func:`~fedlib.reporting.config_hash`) fixing one run:
-dataset, method, backbone, FedKDRec variant, item initialisation, learning rate, α, β range,
-rounds and seed. :func:`run_cell` trains it and returns
+The grid is data: ``spec.toml`` (next to this module) declares each part, every default of a
+cell once with its justification (rounds, evaluation, learning rates chosen on validation), and
+the tables' layouts; :func:`cell` and :func:`grid_cells` read it through
+:mod:`fedlib.experiments.spec`. A **cell** is a plain dict (hashable by
+:func:`~fedlib.reporting.config_hash`) fixing one run. :func:`run_cell` trains it and returns
 
 * ``metrics``: the **test** metrics at the best-validation evaluation, under both protocols
   (``sampled/HR@10``, ``sampled/NDCG@10``: the held-out item against 99 sampled negatives;
@@ -18,27 +20,15 @@ rounds and seed. :func:`run_cell` trains it and returns
   evaluation) and, for the prediction-transfer methods, the per-round history (server loss,
   predictions sent and uploaded per client, agent losses): Figure 2.
 
-Protocol (the paper states none; see :mod:`fedlib.data.protocols.fedkdrec`):
-
-* leave-one-out by time; validation = second latest, test = latest interaction;
-* selection on validation ``sampled/NDCG@10`` (earliest best wins), evaluated every 10
-  rounds; the test metrics reported are those of the selected evaluation;
-* every method: 10 % of the clients per round, 200 rounds, 2 client epochs (4 server epochs
-  for the prediction-transfer methods), d = 32, Adam with weight decay 1e-6, 4 training
-  negatives per positive drawn afresh each epoch, client batch 256, server batch 1024;
-* the learning rate: the paper searches {1e-3, 5e-3, 1e-2} without reporting the choice; the
-  ``tuning`` part runs each method family at the three values (seed 0) and :data:`SELECTED`
-  fixes the value with the best validation ``sampled/NDCG@10``;
-* centralised baselines: the same backbone trained on the pooled data with Adam for up to
-  100 epochs (the round count has no centralised meaning), batch 4,096, evaluated every
-  epoch, patience 10 evaluations.
+The split (:mod:`fedlib.data.protocols.fedkdrec`) is leave-one-out by time: validation is the
+second latest interaction, test the latest. The centralised baselines train the backbone on the
+pooled data (batch :data:`CENTRAL_BATCH`, patience :data:`CENTRAL_PATIENCE` evaluations).
 """
 from __future__ import annotations
 
 import functools
 import math
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -47,12 +37,14 @@ import torch
 
 from fedlib.data.protocols import build_split
 from fedlib.device import default_device
-from fedlib.engine import CommunicationLedger, FederatedConfig, fedmf_method, fedncf_method, run_federated
+from fedlib.engine import (CommunicationLedger, FederatedConfig, fedmf_method, fedncf_method, init_train_state,
+                           run_federated)
 from fedlib.engine.centralised import Centralised
 from fedlib.engine.method import LocalOptimizer
 from fedlib.engine.trainer import Schedule, train
 from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
+from fedlib.experiments.spec import load_spec
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
 from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.models.stacked import Backbone, paper_hidden
@@ -61,110 +53,76 @@ from fedlib.papers.fedkdrec.method import train_fedkdrec
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "VERSION", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "METHODS", "PREDICTION_TRANSFER", "SELECTED",
-    "LEARNING_RATES", "ALPHAS", "BETA_RANGES", "cell", "method_label", "load_split", "DualProtocolRecorder",
-    "run_cell", "grid_cells", "run_grid", "run_cells",
+    "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "SELECTED", "LEARNING_RATES",
+    "ALPHAS", "BETA_RANGES", "cell", "family", "method_label", "load_split", "DualProtocolRecorder", "run_cell",
+    "grid_cells", "tuning_cells", "selected_from_records", "run_grid", "run_cells",
 ]
 
 PAPER = "fedkdrec"
-VERSION = 1  # bump when a change alters the numbers a cell produces (invalidates cached runs)
-
-#: the paper's dataset names -> registry names of the FedKDRec protocol
-DATASETS = {"ML-100K": "ml-100k", "ML-1M": "ml-1m", "Industrial": "amazon-industrial"}
-#: in the offline data root (ML-1M needs the full ratings.dat; Amazon Industrial its reviews)
-OFFLINE_DATASETS = ("ML-100K",)
+#: The grid's parts, defaults and named lists, and the tables' layouts, as data.
+SPEC = load_spec(PAPER)  # spec.toml, next to this module
+VERSION = SPEC.version
+PARTS = SPEC.parts
+#: the paper's dataset names -> registry names of the FedKDRec protocol (``"synthetic"``: smoke profile)
+DATASETS = {name: choice["registry"] for name, choice in SPEC.choices("dataset").items() if "registry" in choice}
+OFFLINE_DATASETS = tuple(SPEC.list("offline_datasets"))
 #: the paper's backbone names -> :class:`~fedlib.models.stacked.Backbone` kinds
-BACKBONES = {"NeuMF": "neumf", "NeuNCF": "ncf", "LightGCN": "lightgcn"}
-#: Table 1's methods; ``PTF-FedRec`` is FedKDRec's ``-m-c~s`` variant (the paper's Tables 1
-#: and 2 print the same numbers for both), so it is a FedKDRec cell with that variant
-METHODS = ("Centralized", "FedMF", "FedNCF", "FedPerGNN", "FedKDRec")
-PREDICTION_TRANSFER = ("FedKDRec",)
-#: the parameter-transfer baselines' models: (backbone the paper compares them with)
-PARAMETER_BASELINE_REFERENCE = {"FedMF": "NeuMF", "FedNCF": "NeuNCF", "FedPerGNN": "LightGCN"}
-
-LEARNING_RATES = (1e-3, 5e-3, 1e-2)
-WEIGHT_DECAY = 1e-6
-ALPHAS = (0.0, 0.25, 0.5, 0.75, 1.0)
-BETA_RANGES = ((0.1, 0.5), (0.2, 0.6), (0.3, 0.7), (0.4, 0.8), (0.5, 0.9))
+BACKBONES = {name: choice["kind"] for name, choice in SPEC.choices("backbone").items()}
+#: Learning rate per method family, chosen on validation by the ``tuning`` part (``[selected.lr]``).
+SELECTED: Dict[str, float] = SPEC.data["selected"]["lr"]
+LEARNING_RATES = tuple(SPEC.list("learning_rates"))
+WEIGHT_DECAY = SPEC.data["cell"]["weight_decay"]
+TABLE4_VARIANTS = tuple(SPEC.list("table4_variants"))
+ALPHAS = tuple(case["alpha"] for case in SPEC.list("sensitivity") if "alpha" in case)
+BETA_RANGES = tuple(tuple(case["beta_range"]) for case in SPEC.list("sensitivity") if "beta_range" in case)
 SELECTION = "valid/sampled/NDCG@10"
-CENTRAL_EPOCHS = 100
-CENTRAL_PATIENCE = 10  # evaluations
 #: centralised batch: LightGCN propagates the whole graph once per batch, so a 1,024 batch
 #: costs 23 s per ML-100K epoch on 2 CPU cores; 4,096 brings it to about 6 s
 CENTRAL_BATCH = 4096
-
-#: Learning rate per method family, chosen once on validation ``sampled/NDCG@10`` by the
-#: ``tuning`` part (ML-100K, seed 0, the NeuMF backbone for the prediction-transfer methods;
-#: :func:`selected_from_records` re-derives it from the recorded runs and a test checks it).
-SELECTED: Dict[str, float] = {
-    # validation sampled N@10 at 1e-3 / 5e-3 / 1e-2 (ML-100K, seed 0, 200 rounds; centralised 100 epochs)
-    "Centralized": 1e-3,  # 0.4044 / 0.3959 / 0.3987
-    "FedMF": 5e-3,        # 0.2337 / 0.2446 / 0.2386
-    "FedNCF": 1e-2,       # 0.2332 / 0.2314 / 0.2334
-    "FedPerGNN": 1e-2,    # 0.2163 / 0.3331 / 0.3470
-    "FedKDRec": 5e-3,     # 0.3290 / 0.3387 / 0.3197
-    "PTF-FedRec": 1e-2,   # 0.2750 / 0.3125 / 0.3141
-}
+CENTRAL_PATIENCE = 10  # evaluations
 
 
 def family(config: Mapping[str, Any]) -> str:
     """The learning-rate family of a cell (PTF-FedRec's variant is tuned separately)."""
-    if config["method"] == "FedKDRec" and config.get("variant") == "-m-c~s":
-        return "PTF-FedRec"
-    return config["method"]
+    return "PTF-FedRec" if config["method"] == "FedKDRec" and config.get("variant") == "-m-c~s" else config["method"]
 
 
 def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: str = "FedKDRec",
-         init: str = "random", lr: Optional[float] = None, alpha: float = 0.5, beta_range=(0.3, 0.7),
-         rounds: Optional[int] = None, central_epochs: Optional[int] = None, eval_every: int = 10, seed: int = 0,
-         client_fraction: float = 0.1, dim: int = 32) -> Dict[str, Any]:
+         lr: Optional[float] = None, rounds: Optional[int] = None, central_epochs: Optional[int] = None,
+         **settings) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
-        dataset: a key of :data:`DATASETS`, or ``"synthetic"`` (smoke profile).
-        method: one of :data:`METHODS`; ``"PTF-FedRec"`` is accepted as FedKDRec's ``-m-c~s``.
+        dataset: a ``[choices.dataset]`` of the spec (``"synthetic"``: smoke profile).
+        method: a ``[choices.method]``; ``"PTF-FedRec"`` is accepted as FedKDRec's ``-m-c~s``.
         backbone: ``"NeuMF"``, ``"NeuNCF"`` or ``"LightGCN"`` (Centralized and FedKDRec; the
             parameter-transfer baselines have their own models and take none).
         variant: a key of :data:`~fedlib.papers.fedkdrec.clients.VARIANTS` (FedKDRec only).
-        init: ``"random"`` or ``"text"`` (item tables from the side-information autoencoder).
         lr: Adam step size (default :data:`SELECTED` of the family).
-        alpha, beta_range: Eq. 4's α and the sample ratio range (FedKDRec only).
-        rounds: communication rounds of the federated methods (default 200).
-        central_epochs: epochs of the centralised baselines (default :data:`CENTRAL_EPOCHS`);
-            each method ignores the other's, so one set of keyword arguments serves a grid.
+        rounds: communication rounds of the federated methods; central_epochs: epochs of the
+            centralised baselines (``None``: the spec's); each method ignores the other's, so one
+            set of keyword arguments serves a grid.
+        settings: the spec's other ``[cell]`` keys (``init``, ``seed``, ``eval_every``, ``dim``,
+            ``client_fraction``, ``alpha``, ``beta_range`` (FedKDRec), ...).
     """
     if method == "PTF-FedRec":
         method, variant = "FedKDRec", "-m-c~s"
-    if dataset not in DATASETS and dataset != "synthetic":
-        raise ValueError(f"unknown dataset {dataset!r}; expected one of {sorted(DATASETS)} or 'synthetic'")
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; expected one of {METHODS} or 'PTF-FedRec'")
-    if method in ("Centralized", "FedKDRec"):
-        if backbone not in BACKBONES:
-            raise ValueError(f"{method} needs backbone= one of {sorted(BACKBONES)}, got {backbone!r}")
-    elif backbone is not None:
+    settings["rounds"] = central_epochs if method == "Centralized" else rounds
+    if "beta_range" in settings:
+        settings["beta_range"] = [float(b) for b in settings["beta_range"]]
+    config = SPEC.config({"dataset": dataset, "method": method}, {**settings, "backbone": backbone})
+    if "compared_with" in SPEC.choice("method", method) and backbone is not None:
         raise ValueError(f"{method} has its own model; pass backbone=None (got {backbone!r})")
-    if method == "FedKDRec":
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown FedKDRec variant {variant!r}; expected one of {sorted(VARIANTS)}")
-        variant = "-m-c~s" if variant == "PTF-FedRec" else variant
-    else:
-        variant = None
-    if init not in ("random", "text"):
-        raise ValueError(f"init must be 'random' or 'text', got {init!r}")
-    if int(eval_every) < 1:
-        raise ValueError(f"eval_every must be >= 1, got {eval_every}")
-    config = {"paper": PAPER, "version": VERSION, "dataset": dataset, "method": method, "backbone": backbone,
-              "variant": variant, "init": init, "seed": int(seed), "eval_every": int(eval_every), "dim": int(dim),
-              "client_fraction": float(client_fraction), "weight_decay": WEIGHT_DECAY}
+    if "compared_with" not in SPEC.choice("method", method) and backbone not in BACKBONES:
+        raise ValueError(f"{method} needs backbone= one of {sorted(BACKBONES)}, got {backbone!r}")
+    if method == "FedKDRec" and variant not in VARIANTS:
+        raise ValueError(f"unknown FedKDRec variant {variant!r}; expected one of {sorted(VARIANTS)}")
+    config["variant"] = ("-m-c~s" if variant == "PTF-FedRec" else variant) if method == "FedKDRec" else None
+    if config["init"] not in ("random", "text"):
+        raise ValueError(f"init must be 'random' or 'text', got {config['init']!r}")
+    if config["eval_every"] < 1:
+        raise ValueError(f"eval_every must be >= 1, got {config['eval_every']}")
     config["lr"] = float(lr if lr is not None else SELECTED[family(config)])
-    if method == "Centralized":
-        config["rounds"] = int(central_epochs if central_epochs is not None else CENTRAL_EPOCHS)
-    else:
-        config["rounds"] = int(rounds if rounds is not None else 200)
-    if method == "FedKDRec":
-        lo, hi = (float(b) for b in beta_range)
-        config.update(alpha=float(alpha), beta_range=[lo, hi])
     return config
 
 
@@ -241,18 +199,12 @@ class DualProtocolRecorder:
             # an MLP tower over all U × I pairs is the expensive part (FedNCF: ~8 s on ML-100K).
             everyone = torch.arange(self.split.num_users, device=device)
             all_scores = torch.cat([score_fn(everyone[s:s + chunk]) for s in range(0, everyone.numel(), chunk)])
-
-            def cached(users: torch.Tensor) -> torch.Tensor:
-                return all_scores[users.to(all_scores.device)]
-
-            score_fn = cached
+            score_fn = lambda users: all_scores[users.to(all_scores.device)]  # noqa: E731 (reads the (U, I) scores)
             for which in ("valid", "test"):
                 targets, masked = self._targets[which], self._masks[which]
                 sampled = candidate_set_metrics(score_fn, targets.users, self.split.extra[f"{which}_candidates"],
                                                 ks=self.ks, pair_fn=pair_fn, device=device)
-                for key in (f"HR@{k}" for k in self.ks):
-                    out[f"{which}/sampled/{key}"] = float(sampled[key].float().mean())
-                for key in (f"NDCG@{k}" for k in self.ks):
+                for key in [f"HR@{k}" for k in self.ks] + [f"NDCG@{k}" for k in self.ks]:
                     out[f"{which}/sampled/{key}"] = float(sampled[key].float().mean())
                 users = targets.active_users()
                 full = full_ranking_metrics_from_score_fn(
@@ -329,12 +281,9 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
     fed = FederatedConfig(rounds=config["rounds"], seed=config["seed"], num_negatives=4, batch_size=256,
                           local_epochs=2, clients_per_round=per_round, eval_every=config["eval_every"],
                           selection_metric="selection", test_at_end=False)
-    from fedlib.engine import init_train_state
     state = init_train_state(method, fed, device=device)
     if init is not None:
         state.global_state["item_emb"] = init.to(state.global_state["item_emb"])
-    model = method.model
-
     evaluations = []
 
     def evaluator(_model, global_state, private_state, which="valid"):
@@ -342,16 +291,14 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
         # so the i-th evaluation follows round min(i * eval_every, rounds) (the trainer's RunResult, not the
         # starting TrainState, counts the rounds).
         evaluations.append(min((len(evaluations) + 1) * fed.eval_every, fed.rounds))
-        value = recorder(evaluations[-1], lambda users: model.score_users(global_state, private_state, users),
+        value = recorder(evaluations[-1], lambda users: method.model.score_users(global_state, private_state, users),
                          None, device)
         return {"selection": value}
 
     ledger = CommunicationLedger()
-    hooks = []
-    if progress is not None:
-        hooks.append(lambda st, record: progress(int(record["round"])))
     run_federated(method, split.train, fed, evaluator=evaluator, state=state, device=device, keep_best_state=False,
-                  ledger=ledger, on_round_end=(lambda st, record: [h(st, record) for h in hooks]) if hooks else None)
+                  ledger=ledger, on_round_end=None if progress is None else (
+                      lambda st, record: progress(int(record["round"]))))
     return ledger, {}
 
 
@@ -406,9 +353,9 @@ _RUNNERS = {"Centralized": _run_centralised, "FedMF": _run_parameter_transfer, "
             "FedPerGNN": _run_fedpergnn, "FedKDRec": _run_fedkdrec}
 
 
-def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable[[int], None]] = None
+def run_cell(config: Mapping[str, Any], progress: Optional[Callable[[int], None]] = None, device=None
              ) -> Dict[str, Any]:
-    """Train one cell: ``{"metrics": {...}, "extra": {"curve", ...}}`` (module docstring)."""
+    """Train one cell: ``{"metrics": {...}, "extra": {"curve", ...}}`` (module docstring); ``progress(round)``."""
     device = torch.device(device) if device is not None else default_device()
     started = time.perf_counter()
     split = load_split(config["dataset"])
@@ -431,91 +378,14 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
 # ======================================================================================
 # The grid
 # ======================================================================================
-def tuning_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
-    """Each family at every learning rate of the paper's range (seed 0)."""
-    cells = []
-    for lr in LEARNING_RATES:
-        cells += [cell(dataset, "Centralized", backbone="NeuMF", lr=lr, **kwargs),
-                  cell(dataset, "FedMF", lr=lr, **kwargs), cell(dataset, "FedNCF", lr=lr, **kwargs),
-                  cell(dataset, "FedPerGNN", lr=lr, **kwargs),
-                  cell(dataset, "FedKDRec", backbone="NeuMF", lr=lr, **kwargs),
-                  cell(dataset, "PTF-FedRec", backbone="NeuMF", lr=lr, **kwargs)]
-    return cells
-
-
-def table1_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
-    cells = [cell(dataset, m, **kwargs) for m in ("FedMF", "FedNCF", "FedPerGNN")]
-    for backbone in BACKBONES:
-        cells += [cell(dataset, "Centralized", backbone=backbone, **kwargs),
-                  cell(dataset, "PTF-FedRec", backbone=backbone, **kwargs),
-                  cell(dataset, "FedKDRec", backbone=backbone, **kwargs)]
-    return cells
-
-
-TABLE2_VARIANTS = ("FedKDRec", "-m", "-c", "-s", "~s", "-m-c~s")
-TABLE4_VARIANTS = ("FedKDRec", "w/o sample size", "w/o statistics info", "w/o BCE loss", "w/o R_i", "w/o R_i^s",
-                   "w/o R_i^l")
-
-
-def ablation_cells(dataset: str = "ML-100K", backbones: Sequence[str] = tuple(BACKBONES), **kwargs):
-    """Table 2: the component ablations on every backbone."""
-    return [cell(dataset, "FedKDRec", backbone=b, variant=v, **kwargs) for b in backbones for v in TABLE2_VARIANTS]
-
-
-def agent_cells(dataset: str = "ML-100K", **kwargs):
-    """Table 4: the agent-design ablations (NeuNCF, as the paper)."""
-    return [cell(dataset, "FedKDRec", backbone="NeuNCF", variant=v, **kwargs) for v in TABLE4_VARIANTS]
-
-
-def sensitivity_cells(dataset: str = "ML-100K", backbones: Sequence[str] = tuple(BACKBONES), **kwargs):
-    """Figures 3 and 4: α and the β range, one at a time around (0.5, [0.3, 0.7])."""
-    cells = []
-    for b in backbones:
-        cells += [cell(dataset, "FedKDRec", backbone=b, alpha=a, **kwargs) for a in ALPHAS]
-        cells += [cell(dataset, "FedKDRec", backbone=b, beta_range=r, **kwargs) for r in BETA_RANGES]
-    return cells
-
-
-def init_cells(dataset: str = "ML-100K", **kwargs):
-    """Item initialisation: random vs the side-information autoencoder (NeuMF backbone)."""
-    return [cell(dataset, m, backbone="NeuMF", init=i, **kwargs) for i in ("random", "text")
-            for m in ("Centralized", "PTF-FedRec", "FedKDRec")]
-
-
-PARTS = ("tuning", "table1", "ablation", "agent", "sensitivity", "init")
-
-
 def grid_cells(part: str, dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
-    """The cells of one part of the paper-profile grid."""
-    makers = {"tuning": tuning_cells, "table1": table1_cells, "ablation": ablation_cells, "agent": agent_cells,
-              "sensitivity": sensitivity_cells, "init": init_cells}
-    if part not in makers:
-        raise ValueError(f"unknown part {part!r}; expected one of {PARTS}")
-    return makers[part](dataset, **kwargs)
+    """The cells of one part of the paper-profile grid (``[parts]`` of the spec); ``kwargs`` go to each :func:`cell`."""
+    return SPEC.cells(part, cell, {"datasets": [dataset]}, **kwargs)
 
 
-def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir: Path = Path(".cache/fedkdrec"),
-             worker: int = 0, workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
-
-    A fresh clone resumes from the committed ``results/fedkdrec[/profile]/runs.jsonl``.
-    """
-    return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress, rerun=rerun)
-
-
-def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:
-    """What the notebook calls: train each cell (progress bars) and record it at ``profile``.
-
-    ``paper``: through :func:`run_grid` (recorded cells are not trained again). Otherwise each
-    cell is trained live and appended to ``results/fedkdrec/<profile>/runs.jsonl``. Returns one
-    ``{"config", "metrics", "extra"}`` per cell, in order.
-    """
-    return grid.run_cells(PAPER, cells, profile, _train, method_label, description)
-
-
-def _train(config: Mapping[str, Any], progress=None) -> Dict[str, Any]:
-    return run_cell(config, progress=progress)
+def tuning_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
+    """Each family at every learning rate of the paper's range (the ``tuning`` part)."""
+    return grid_cells("tuning", dataset, **kwargs)
 
 
 def selected_from_records(records) -> Dict[str, float]:
@@ -524,14 +394,24 @@ def selected_from_records(records) -> Dict[str, float]:
     wanted = {config_hash(c): c for c in tuning_cells()}
     best: Dict[str, tuple] = {}
     for key, record in latest_records(records).items():
-        if key not in wanted:
-            continue
-        config = wanted[key]
-        value = record.metrics.get(SELECTION, float("nan"))
-        fam = family(config)
-        if math.isfinite(value) and (fam not in best or value > best[fam][0]):
-            best[fam] = (value, config["lr"])
+        value, config = record.metrics.get(SELECTION, float("nan")), wanted.get(key)
+        if config is not None and math.isfinite(value) and (family(config) not in best
+                                                             or value > best[family(config)][0]):
+            best[family(config)] = (value, config["lr"])
     return {fam: lr for fam, (_, lr) in best.items()}
+
+
+def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir=".cache/fedkdrec",
+             **kwargs) -> pd.DataFrame:
+    """Run every cell without a recorded result, appending each to runs.jsonl (a fresh clone resumes from the
+    committed records; :func:`fedlib.experiments.grid.run_recorded_grid`: ``worker``, ``workers``, ``rerun``)."""
+    return grid.run_recorded_grid(PAPER, unique_cells(cells), run_cell, profile, cache_dir=cache_dir, **kwargs)
+
+
+def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:
+    """What the notebook calls: train each cell (progress bars) and record it at ``profile``
+    (:func:`fedlib.experiments.grid.run_cells`); one ``{"config", "metrics", "extra"}`` per cell, in order."""
+    return grid.run_cells(PAPER, cells, profile, run_cell, method_label, description)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -544,4 +424,3 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     grid.grid_main(argv, paper=PAPER, title="FedKDRec", parts=PARTS, grid_cells=grid_cells, label=method_label,
                    run_grid=run_grid, part_options={"--dataset": dict(default="ML-100K", choices=list(DATASETS))},
                    filters={"--backbones": grid.CellFilter("backbone", list(BACKBONES), keep_missing=True)})
-
