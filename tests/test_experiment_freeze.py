@@ -126,7 +126,7 @@ EXPECTED_RECORD_COUNTS: Dict[str, Dict[str, int]] = {
 }
 
 #: Datasets whose statistics the tables record as runs (``grid.statistics_config``; F3CRec's
-#: ``f3crec_tables.data_statistics_records`` writes its own ``kind: data_blocks`` config).
+#: ``fedlib.papers.f3crec.tables.data_statistics_records`` writes its own ``kind: data_blocks`` config).
 STATISTICS_DATASETS: Dict[str, Tuple[str, ...]] = {
     "fedrkg": ("Amazon-Video", "FilmTrust", "LastFM-2K"),
     "f3crec": ("ML-100K", "ML-Latest-Small", "Lastfm-2K"),
@@ -407,7 +407,7 @@ def test_grid_specification_frozen(paper):
 def statistics_configs(paper: str) -> List[Dict[str, Any]]:
     from fedlib.experiments.grid import statistics_config
 
-    if paper == "f3crec":  # f3crec_tables.data_statistics_records: block statistics of the continual stream
+    if paper == "f3crec":  # papers.f3crec.tables.data_statistics_records: block statistics of the continual stream
         return [{"paper": paper, "kind": "data_blocks", "dataset": d, "seed": 0} for d in STATISTICS_DATASETS[paper]]
     return [statistics_config(paper, d) for d in STATISTICS_DATASETS[paper]]
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import fedlib.papers.fedrkg.experiment as X
+from fedlib.baselines.single_domain import cofedrec as CF
 from fedlib.engine.centralised import train_centralised
 from fedlib.models.mf import MF
 
@@ -251,12 +252,12 @@ def test_fedrap_code_cells_use_the_code_local_training_and_train():
 def test_cofedrec_chunks_bound_the_contrastive_similarity_memory():
     # every client of a chunk holds SUPCON_COPIES (rows, rows) float matrices in L_sup
     for rows in (256, 2071 + 256, 7957 + 256):
-        chunk = X.supcon_chunk(rows)
+        chunk = CF.supcon_chunk(rows)
         assert chunk >= 1
-        assert chunk == 1 or chunk * X.SUPCON_COPIES * rows * rows <= X.SUPCON_BUDGET_FLOATS
-    assert X.supcon_chunk(256) > X.supcon_chunk(2327) > 1          # FilmTrust's whole table still fits > 1 client
+        assert chunk == 1 or chunk * CF.SUPCON_COPIES * rows * rows <= CF.SUPCON_BUDGET_FLOATS
+    assert CF.supcon_chunk(256) > CF.supcon_chunk(2327) > 1          # FilmTrust's whole table still fits > 1 client
     with pytest.raises(ValueError, match="rows must be >= 1"):
-        X.supcon_chunk(0)
+        CF.supcon_chunk(0)
 
 
 def test_cofedrec_paper_cells_contrast_the_batch_rows_and_accept_the_table_reading():
@@ -265,7 +266,7 @@ def test_cofedrec_paper_cells_contrast_the_batch_rows_and_accept_the_table_readi
     method, executor = X.make_federated(table, X.load_split("synthetic"), X.make_sampler(X.load_split("synthetic"),
                                         "correct"), X.federated_config(table))
     assert method.client_loss.contrastive_rows == "table"
-    assert executor.inner.chunk_size == X.supcon_chunk(table["batch_size"] + X.load_split("synthetic").num_items)
+    assert executor.inner.chunk_size == CF.supcon_chunk(table["batch_size"] + X.load_split("synthetic").num_items)
 
 
 def test_gpfedrec_cells_record_the_graph_round_by_round():

@@ -193,17 +193,26 @@ def _gpfedrec(split, config, *, dim, device=None, hidden=None, **params):
 @register("CoFedRec", "single-domain", "fedlib.baselines.single_domain.cofedrec")
 def _cofedrec(split, config, *, dim, device=None, **params):
     from fedlib.baselines.continual.continual import PlanAugmentingExecutor
-    from fedlib.baselines.single_domain.cofedrec import CoFedRecModel, cofedrec_method
+    from fedlib.baselines.single_domain.cofedrec import CoFedRecModel, cofedrec_method, supcon_chunk
     model = CoFedRecModel(split.num_users, split.num_items, dim)
     method = cofedrec_method(model, split.train, config, **params)
-    return averaging(method, split, config, executor=PlanAugmentingExecutor(BatchedExecutor()), device=device)
+    # L_sup compares every row of a step with every other: chunk the clients to bound memory
+    rows = config.batch_size + (split.num_items if params.get("contrastive_rows", "table") == "table" else 0)
+    executor = PlanAugmentingExecutor(BatchedExecutor(chunk_size=supcon_chunk(rows)))
+    return averaging(method, split, config, executor=executor, device=device)
 
 
 @register("FedRAP", "single-domain", "fedlib.baselines.single_domain.fedrap")
 def _fedrap(split, config, *, dim, device=None, **params):
-    from fedlib.baselines.single_domain.fedrap import FedRAP, fedrap_method
+    """``weight_decay``, ``batch_lr_decay``, ``tol`` among ``params`` select the public code's optimiser."""
+    from fedlib.baselines.single_domain.fedrap import FedRAP, FedRAPCodeExecutor, fedrap_method
+    code_optimizer = {k: params.pop(k) for k in ("weight_decay", "batch_lr_decay", "tol") if k in params}
+    if code_optimizer and params.get("gradient_noise") is not None:
+        raise ValueError("FedRAP's code optimiser (weight_decay, batch_lr_decay, tol) runs without LDP noise: "
+                         "drop those parameters or the ldp setting")
+    executor = FedRAPCodeExecutor(**code_optimizer) if code_optimizer else None
     return averaging(fedrap_method(FedRAP(split.num_users, split.num_items, dim), **params), split, config,
-                     device=device)
+                     executor=executor, device=device)
 
 
 @register("FedDAE", "single-domain", "fedlib.baselines.single_domain.feddae")
@@ -212,7 +221,10 @@ def _feddae(split, config, *, dim, device=None, hidden=None, **params):
     from fedlib.baselines.single_domain.feddae_executor import FedDAEExecutor
     model = FedDAEModel(split.num_users, split.num_items, train=split.train, latent_dim=dim,
                         hidden=tuple(hidden or (2 * dim,)))
-    return averaging(feddae_method(model, **params), split, config, executor=FedDAEExecutor(), device=device)
+    # one local step per round: shared global parameters, the first layers at the user's items only
+    # (the reference path, used otherwise, copies ~4·h·I numbers per client)
+    return averaging(feddae_method(model, **params), split, config,
+                     executor=FedDAEExecutor(chunk_size=256, reference_chunk_size=64), device=device)
 
 
 @register("FedPerGNN", "single-domain", "fedlib.baselines.single_domain.fedpergnn")

@@ -15,6 +15,8 @@ communication round of a federated one. The shared pieces:
 * :func:`train_cross_domain`: the family's :class:`~fedlib.engine.trainer.Schedule` (select on
   the **mean validation** HR@10 with patience, and the audit: the evaluation with the best mean
   **test** HR@10, the FedPCL-CDR code's rule; test numbers at every evaluation);
+* :class:`CrossDomainConfig`: the settings every method's config shares, each default written
+  once (size, learning rate, the schedule's patience, evaluation interval and selection split, seed);
 * :class:`CDRResult`: what a run returns, whatever the method, a view of the trainer's
   :class:`~fedlib.engine.trainer.RunResult` (:meth:`CDRResult.from_run`).
 
@@ -40,7 +42,7 @@ from fedlib.engine.algorithm import RoundContext
 from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
-__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CDRResult", "CrossDomainAlgorithm",
+__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CrossDomainConfig", "CDRResult", "CrossDomainAlgorithm",
            "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SELECTION_METRIC",
            "check_positive_ints", "check_training_loop", "Progress"]
 
@@ -115,6 +117,31 @@ def history_row(record: Mapping[str, Any], domains: Sequence[str]) -> Dict[str, 
         row.update({f"{domain}/{key}": value for key, value in block.items()})
     row.update({f"{role}/{SELECTION_METRIC}": record[f"{role}/{SELECTION_METRIC}"] for role in ROLES})
     return row
+
+
+@dataclass(frozen=True)
+class CrossDomainConfig:
+    """What every cross-domain method's config shares, each default written once.
+
+    The methods' configs derive from it and override a default only where the method's
+    paper or code differs (FedNCF evaluates every 10 rounds). The FedPCL-CDR comparison trains
+    every method at this size and step size unless its tuning selected another rate.
+
+    Attributes:
+        dim: embedding size ``d`` (64: FedPCL-CDR's public code, §5.1).
+        lr: Adam's step size.
+        patience: evaluations without a better mean validation HR@10 before stopping.
+        eval_every: rounds (epochs) between evaluations.
+        select_on: ``"valid"`` (ours) or ``"test"`` (the audit of the code's rule).
+        seed: the run's only source of randomness.
+    """
+
+    dim: int = 64
+    lr: float = 1e-3
+    patience: int = 10
+    eval_every: int = 1
+    select_on: str = "valid"
+    seed: int = 0
 
 
 @dataclass

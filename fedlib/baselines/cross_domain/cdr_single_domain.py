@@ -118,7 +118,7 @@ from fedlib.engine.method import FederatedMethod, fedncf_method
 from fedlib.engine.optim import adam
 from fedlib.engine.plan import round_generator
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
                                        train_cross_domain)
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
@@ -158,7 +158,7 @@ def _check_hidden(hidden) -> Tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class NeuMFConfig:
+class NeuMFConfig(CrossDomainConfig):
     """NeuMF trained on each domain alone.
 
     Attributes:
@@ -171,16 +171,10 @@ class NeuMFConfig:
         select_on: ``"valid"`` (ours) or ``"test"`` (audit). seed: the only randomness.
     """
 
-    dim: int = 64
     hidden: Tuple[int, ...] = (64, 32, 16)
-    lr: float = 1e-3
     batch_size: int = 256
     num_negatives: int = 4
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
@@ -193,7 +187,7 @@ class NeuMFConfig:
 
 
 @dataclass(frozen=True)
-class LightGCNConfig:
+class LightGCNConfig(CrossDomainConfig):
     """LightGCN trained on each domain's training graph alone.
 
     Attributes:
@@ -209,19 +203,13 @@ class LightGCNConfig:
         epochs, patience, eval_every, select_on, seed: as :class:`NeuMFConfig`.
     """
 
-    dim: int = 64
     num_layers: int = 3
-    lr: float = 1e-3
     batch_size: int = 2048
     loss: str = "bpr"
     l2: float = 1e-4
     num_negatives: int = 1
     init_std: float = 0.1
     epochs: int = 300
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
@@ -239,7 +227,7 @@ class LightGCNConfig:
 
 
 @dataclass(frozen=True)
-class FedNCFConfig:
+class FedNCFConfig(CrossDomainConfig):
     """FedNCF (users are clients) in each domain alone.
 
     Attributes:
@@ -258,18 +246,13 @@ class FedNCFConfig:
         select_on, seed: as :class:`NeuMFConfig`.
     """
 
-    dim: int = 64
     hidden: Tuple[int, ...] = (64, 32, 16)
-    lr: float = 1e-3
     batch_size: int = 64
     local_epochs: int = 2
     num_negatives: int = 4
     client_fraction: float = 0.1
     rounds: int = 400
-    patience: int = 10
     eval_every: int = 10
-    select_on: str = "valid"
-    seed: int = 0
     executor: str = "batched"
     chunk_size: int = 1024
     dtype: str = "float32"

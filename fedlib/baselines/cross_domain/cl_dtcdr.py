@@ -76,7 +76,7 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
                                        checkpoint_config_of, train_cross_domain)
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
@@ -89,7 +89,7 @@ INTER_POSITIVES = ("overlap_neighbour", "nearest")
 
 
 @dataclass(frozen=True)
-class CLDTCDRConfig:
+class CLDTCDRConfig(CrossDomainConfig):
     """Every setting of one CL-DTCDR run.
 
     Attributes:
@@ -106,7 +106,6 @@ class CLDTCDRConfig:
         seed: initialisation, batches, negatives and views.
     """
 
-    dim: int = 64
     num_layers: int = 2
     edge_drop: float = 0.1
     intra_weight: float = 0.1
@@ -115,15 +114,10 @@ class CLDTCDRConfig:
     inter_tau: float = 0.2
     inter_positive: str = "overlap_neighbour"
     fuse_overlap: bool = True
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     train_negatives: int = 1
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)

@@ -116,7 +116,7 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
                                        checkpoint_config_of, train_cross_domain)
 from fedlib.models.base import normal_
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
@@ -133,7 +133,7 @@ _DENSE_SVD_MAX_CELLS = 1 << 22
 
 
 @dataclass(frozen=True)
-class GAConfig:
+class GAConfig(CrossDomainConfig):
     """Every setting of one GA run (GA-DTCDR defaults; :class:`GAMTCDRPConfig` for GA-MTCDR-P).
 
     Attributes:
@@ -158,7 +158,6 @@ class GAConfig:
         seed: initialisation, the randomised SVD, shuffling and negatives.
     """
 
-    dim: int = 64
     embedding: str = "spectral"
     num_layers: int = 3
     init_std: float = 0.1
@@ -169,14 +168,9 @@ class GAConfig:
     output_l2: float = 1e-3
     eps: float = 1e-6
     num_negatives: int = 1
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     epochs: int = 50
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         if self.embedding not in EMBEDDINGS:

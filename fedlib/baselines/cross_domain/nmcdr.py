@@ -91,7 +91,7 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
                                        checkpoint_config_of, train_cross_domain)
 
 __all__ = [
@@ -102,7 +102,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class NMCDRConfig:
+class NMCDRConfig(CrossDomainConfig):
     """Every setting of one NMCDR run.
 
     Attributes:
@@ -122,7 +122,6 @@ class NMCDRConfig:
         seed: initialisation, batches, negatives and candidate samples.
     """
 
-    dim: int = 64
     encoder_layers: int = 2
     intra_layers: int = 2
     inter_layers: int = 2
@@ -132,15 +131,10 @@ class NMCDRConfig:
     head_min_interactions: int = 7
     hidden: int = 32
     stage_loss_weight: float = 1.0
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     train_negatives: int = 1
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self, ("num_user_candidates", "num_item_candidates", "hidden"))

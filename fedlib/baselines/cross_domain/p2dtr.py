@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from fedlib.data.splits import DomainSplit
-from fedlib.baselines.cross_domain.cdr_common import CDRResult, check_training_loop
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
 from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    mean_logs, normal_table, train_dual_target, training_batches)
@@ -61,7 +61,7 @@ __all__ = ["P2DTRConfig", "user_identities", "private_set_intersection", "match_
 
 
 @dataclass(frozen=True)
-class P2DTRConfig:
+class P2DTRConfig(CrossDomainConfig):
     """One P²DTR run.
 
     Attributes:
@@ -73,8 +73,6 @@ class P2DTRConfig:
             keys the simulated PSI).
     """
 
-    dim: int = 64
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     train_negatives: int = 1
@@ -82,10 +80,6 @@ class P2DTRConfig:
     propagation_weight: float = 0.3
     kmeans_restarts: int = 1
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)

@@ -43,7 +43,7 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.privacy import add_laplace, clip_per_sample, l1_sensitivity_of_l2_clip, laplace_epsilon
-from fedlib.baselines.cross_domain.cdr_common import CDRResult, check_training_loop
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
                                    training_batches)
@@ -53,7 +53,7 @@ __all__ = ["P2FCDRConfig", "laplace_scale_for_epsilon", "ldp_message", "orthogon
 
 
 @dataclass(frozen=True)
-class P2FCDRConfig:
+class P2FCDRConfig(CrossDomainConfig):
     """One P2FCDR run.
 
     Attributes:
@@ -66,8 +66,6 @@ class P2FCDRConfig:
         epochs (= rounds, one local epoch each), patience, eval_every, select_on, seed.
     """
 
-    dim: int = 64
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     train_negatives: int = 1
@@ -76,10 +74,6 @@ class P2FCDRConfig:
     ldp: bool = True
     ortho_weight: float = 0.1
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)

@@ -59,7 +59,7 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.engine.privacy import gaussian_noise_like, noise_multiplier_for_epsilon, rdp_epsilon
-from fedlib.baselines.cross_domain.cdr_common import CDRResult, check_training_loop
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
                                    training_batches)
@@ -72,7 +72,7 @@ PUBLISH_METHODS = ("sjlt", "jlt")
 
 
 @dataclass(frozen=True)
-class PriCDRConfig:
+class PriCDRConfig(CrossDomainConfig):
     """One PriCDR run.
 
     Attributes:
@@ -88,8 +88,6 @@ class PriCDRConfig:
         epochs, patience, eval_every, select_on, seed: the loop (100, 10, 1, "valid", 0).
     """
 
-    dim: int = 64
-    lr: float = 1e-3
     weight_decay: float = 0.0
     batch_size: int = 256
     train_negatives: int = 1
@@ -103,10 +101,6 @@ class PriCDRConfig:
     align_weight: float = 0.1
     dropout: float = 0.1
     epochs: int = 100
-    patience: int = 10
-    eval_every: int = 1
-    select_on: str = "valid"
-    seed: int = 0
 
     def __post_init__(self):
         check_training_loop(self)

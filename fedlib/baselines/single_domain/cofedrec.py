@@ -102,7 +102,7 @@ __all__ = [
     "SUPCON_VARIANTS", "CONTRASTIVE_ROWS", "SERVER_STREAM", "MEMBERSHIP_KEY", "STATS_KEY",
     "server_uniforms", "kmeans", "kmeans_reference", "category_similarity", "elbow_split",
     "CoClusterResult", "co_cluster_step", "co_cluster_step_reference",
-    "supcon_loss", "supcon_loss_dense", "supcon_loss_reference", "SUPCON_WIDTH_GROUPS",
+    "supcon_loss", "supcon_loss_dense", "supcon_loss_reference", "SUPCON_WIDTH_GROUPS", "supcon_chunk",
     "CoFedRecModel", "CoFedRecLoss", "CoClusteringServer", "cofedrec_method",
 ]
 
@@ -666,6 +666,28 @@ class CoClusteringServer:
             "category": result.category, "category_size": int((result.membership == result.category).sum()),
             "similar": int(result.similar.numel()), "kmeans_iterations": result.kmeans_iterations,
         }
+
+
+#: floats the clients of one CoFedRec chunk may hold in their L_sup similarity matrices (1 GiB)
+SUPCON_BUDGET_FLOATS = 1 << 28
+#: (B, B) tensors alive per client in L_sup's forward and backward, counted with margin from
+#: :func:`supcon_loss` (similarities, masks, masked copies, exponentials
+#: of the log-sum-exps, their gradients)
+SUPCON_COPIES = 12
+
+
+def supcon_chunk(rows: int) -> int:
+    """Clients per batched chunk for CoFedRec, whose L_sup compares every row of a step with every other.
+
+    ``rows`` per client and step: the batch, plus every item with ``contrastive_rows="table"``
+    (FilmTrust: 2,327 rows, ``(B, B)`` matrices of 5.4 M floats; the executor's default chunk of
+    up to 1,024 clients would need ~100 GB). The chunk size bounds memory only; clients are
+    independent, so it does not change what they learn.
+    """
+    rows = int(rows)
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1 (rows per client and local step), got {rows}")
+    return max(1, SUPCON_BUDGET_FLOATS // (SUPCON_COPIES * rows * rows))
 
 
 def cofedrec_method(model: CoFedRecModel, train: Pairs, config, lr: float = 0.05, lr_eta: float = 80.0,

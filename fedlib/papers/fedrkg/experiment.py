@@ -45,15 +45,14 @@ import torch
 from fedlib.data.protocols import build_split
 from fedlib.data.sampling import NegativeSampler
 from fedlib.device import default_device
-from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, fedmf_method, fedncf_method,
-                           personal_table_method, pfedrec_method, run_federated, union_pairs)
+from fedlib.engine import FederatedConfig, RankingEvaluator, run_federated, union_pairs
 from fedlib.engine.method import GradientNoise
 from fedlib.experiments import grid
+from fedlib.baselines import registry
 from fedlib.experiments.spec import load_spec
-from fedlib.papers.fedrkg.guidance import guided_backbone
 from fedlib.papers.fedrkg.measures import (SELECTION_METRIC, SelectionRecorder, guidance_probe, ldp_epsilon, ldp_params,
                                            run_centralised)
-from fedlib.papers.fedrkg.method import LOG_KEY, KnowledgeGuidance, guided_method
+from fedlib.papers.fedrkg.method import LOG_KEY, KnowledgeGuidance
 from fedlib.reporting.results import config_hash
 
 __all__ = [
@@ -267,99 +266,26 @@ def guidance_rounds(rounds: int, interval: int) -> List[int]:
 
 
 def make_federated(config: Mapping[str, Any], split, sampler: NegativeSampler, fed_config: FederatedConfig):
-    """``(method, executor)`` of a federated cell."""
-    from fedlib.baselines.continual.continual import PlanAugmentingExecutor
+    """``(method, executor)`` of a federated cell, built by the method registry.
 
-    name, p = config["method"], dict(config["params"])
-    num_users, num_items, dim = split.num_users, split.num_items, config["dim"]
-    decay = p.pop("lr_decay", 1.0)
-    p.pop("local_epochs", None)  # read by federated_config
-    gradient_noise = None
+    The cell's ``params`` are the method's keywords; what the cell adds: the dataset's learning-rate
+    decay (1 where it has none), LDP noise on the gradients, CoFedRec's item clusters on tiny data,
+    and FedRKG's guidance (its mode, backbone and sampler; the gradient clip that LDP replaces)."""
+    name, params = config["method"], dict(config["params"])
+    params.pop("local_epochs", None)  # read by federated_config
+    params["lr_decay"] = params.get("lr_decay", 1.0)
     if config["ldp"] is not None:
-        gradient_noise = GradientNoise.from_std(clip_norm=config["ldp"]["clip"], noise_std=config["ldp"]["noise_std"],
-                                                params=ldp_params(name))
-    kwargs = {"lr_decay": decay}
-    if gradient_noise is not None:
-        kwargs["gradient_noise"] = gradient_noise
-    executor = BatchedExecutor()
-    if name == "FedMF":
-        from fedlib.models import FedMF
-        method = fedmf_method(FedMF(num_users, num_items, dim), lr=p["lr"], **kwargs)
-    elif name == "FedNCF":
-        from fedlib.models import FedNCF
-        model = FedNCF(num_users, num_items, dim, variant="mlp", hidden=tuple(p["hidden"]))
-        method = fedncf_method(model, lr=p["lr"], lr_eta=p["lr_eta"], **kwargs)
-    elif name == "PFedRec":
-        from fedlib.models import PFedRec
-        method = pfedrec_method(PFedRec(num_users, num_items, dim), lr=p["lr"], lr_eta=p["lr_eta"], **kwargs)
-    elif name == "GPFedRec":
-        from fedlib.baselines.single_domain.gpfedrec import GPFedRecExecutor, GPFedRecModel, gpfedrec_method
-        model = GPFedRecModel(num_users, num_items, dim, hidden=tuple(p["hidden"]))
-        method = gpfedrec_method(model, lr=p["lr"], lr_eta=p["lr_eta"], reg=p["reg"],
-                                 threshold_scale=p["threshold_scale"], similarity=p["similarity"], **kwargs)
-        executor = GPFedRecExecutor()  # the whole-table regulariser in closed form (falls back under LDP)
-    elif name == "CoFedRec":
-        from fedlib.baselines.single_domain.cofedrec import CoFedRecModel, cofedrec_method
-        method = cofedrec_method(CoFedRecModel(num_users, num_items, dim), split.train, fed_config, lr=p["lr"],
-                                 lr_eta=p["lr_eta"], lam=p["lam"], temperature=p["temperature"],
-                                 num_clusters=_item_clusters(int(p["num_clusters"]), num_items),
-                                 contrastive_rows=p["contrastive_rows"], **kwargs)
-        rows = config["batch_size"] + (num_items if p["contrastive_rows"] == "table" else 0)
-        executor = PlanAugmentingExecutor(BatchedExecutor(chunk_size=supcon_chunk(rows)))
-    elif name == "FedRAP":
-        from fedlib.baselines.single_domain.fedrap import FedRAP, FedRAPCodeExecutor, fedrap_method
-        method = fedrap_method(FedRAP(num_users, num_items, dim), lr=p["lr"], lr_items=p["lr_items"], lam=p["lam"],
-                               mu=p["mu"], lr_decay=decay, curriculum=p.get("curriculum", "tanh"),
-                               **{k: v for k, v in kwargs.items() if k != "lr_decay"})
-        code_optimizer = {k: p[k] for k in ("weight_decay", "batch_lr_decay", "tol") if k in p}
-        if code_optimizer:  # the public code's SGD: weight decay, per-batch decay, early-stopped epochs
-            if gradient_noise is not None:
-                raise ValueError("FedRAP's code optimiser (weight_decay, batch_lr_decay, tol) runs without LDP noise: "
-                                 "drop those parameters or the ldp setting")
-            executor = FedRAPCodeExecutor(**code_optimizer)
-    elif name == "FedDAE":
-        from fedlib.baselines.single_domain.feddae import FedDAEModel, feddae_method
-        from fedlib.baselines.single_domain.feddae_executor import FedDAEExecutor
-        model = FedDAEModel(num_users, num_items, train=split.train, latent_dim=dim, hidden=tuple(p["hidden"]))
-        method = feddae_method(model, lr=p["lr"], beta=p["beta"], **kwargs)
-        # one local step per round: shared global parameters, the first layers at the user's items
-        # only (the reference path, used otherwise, copies ~4·h·I numbers per client)
-        executor = FedDAEExecutor(chunk_size=256, reference_chunk_size=64)
-    elif name == "FedRKG":
-        model = guided_backbone(config.get("backbone") or "FedMF", num_users, num_items, dim)
-        clip = None if gradient_noise is not None else 1.0  # GradientNoise clips (to its own bound)
-        if (config.get("backbone") or "FedMF") == "FedMF":
-            base = personal_table_method(model, lr=p["lr"], lr_eta=p["lr_eta"], grad_clip_norm=clip, **kwargs)
-        else:
-            base = guided_method(model, lr=p["lr"], lr_eta=p["lr_eta"], grad_clip_norm=clip, **kwargs)
-        guidance = KnowledgeGuidance(beta=p["beta"], interval=int(p["interval"]), mode=config["guidance"],
-                                     gate_lr=p["gate_lr"], gate_epochs=int(p["gate_epochs"]))
-        method = guidance.attach(base, split.train, fed_config, sampler)
-    else:  # pragma: no cover - cell() validates
-        raise ValueError(name)
-    return method, executor
-
-
-#: floats the clients of one CoFedRec chunk may hold in their L_sup similarity matrices (1 GiB)
-SUPCON_BUDGET_FLOATS = 1 << 28
-#: (B, B) tensors alive per client in L_sup's forward and backward, counted with margin from
-#: :func:`fedlib.baselines.single_domain.cofedrec.supcon_loss` (similarities, masks, masked copies, exponentials
-#: of the log-sum-exps, their gradients)
-SUPCON_COPIES = 12
-
-
-def supcon_chunk(rows: int) -> int:
-    """Clients per batched chunk for CoFedRec, whose L_sup compares every row of a step with every other.
-
-    ``rows`` per client and step: the batch, plus every item with ``contrastive_rows="table"``
-    (FilmTrust: 2,327 rows, ``(B, B)`` matrices of 5.4 M floats; the executor's default chunk of
-    up to 1,024 clients would need ~100 GB). The chunk size bounds memory only; clients are
-    independent, so it does not change what they learn.
-    """
-    rows = int(rows)
-    if rows < 1:
-        raise ValueError(f"rows must be >= 1 (rows per client and local step), got {rows}")
-    return max(1, SUPCON_BUDGET_FLOATS // (SUPCON_COPIES * rows * rows))
+        params["gradient_noise"] = GradientNoise.from_std(clip_norm=config["ldp"]["clip"],
+                                                          noise_std=config["ldp"]["noise_std"], params=ldp_params(name))
+    if name == "CoFedRec":
+        params["num_clusters"] = _item_clusters(int(params["num_clusters"]), split.num_items)
+    if name == "FedRKG":
+        guidance = {k: params.pop(k) for k in ("beta", "interval", "gate_lr", "gate_epochs")}
+        guidance.update(interval=int(guidance["interval"]), gate_epochs=int(guidance["gate_epochs"]))
+        params.update(backbone=config.get("backbone") or "FedMF", mode=config["guidance"], sampler=sampler,
+                      guidance=guidance, grad_clip_norm=None if config["ldp"] is not None else 1.0)  # LDP clips
+    job = registry.get(name, "single-domain").build(split, fed_config, dim=config["dim"], **params)
+    return job.algorithm.method, job.algorithm.executor
 
 
 def _item_clusters(wanted: int, num_items: int) -> int:
