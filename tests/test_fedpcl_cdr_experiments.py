@@ -54,7 +54,7 @@ def test_parts_cover_every_table_and_share_cells():
     tuning = X.grid_cells("tuning")
     for method in X.BASELINES:  # the starting grid, plus whatever the recorded runs widened it by
         rates = {c["lr"] for c in tuning if c["method"] == method}
-        assert set(X.LEARNING_RATES) <= rates <= set(X.LR_LADDER)
+        assert set(X.SPEC.list("learning_rates")) <= rates <= set(X.LR_LADDER)
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("table9")
 

@@ -15,9 +15,9 @@ Files in reading order. The method is the first two; the rest is the experiment.
    the messages (what a domain uploads, what the server returns, what a domain trains
    with), the server's aggregation (Eqs. 12–14, vectorised and the code's per-cluster
    reference) and the contrastive losses (Eqs. 7–9, with a reference of the local one).
-3. ``experiment.py``: the experiment as data and one entry point: the tasks (substitutes,
-   Douban with Movie, the original format with reviews), the cell configuration (methods,
-   variants, ε, α, K, overlap; justified defaults), ``run_cell`` (FedPCL-CDR or one of the
+3. ``spec.toml`` and ``experiment.py``: the experiment as data and one entry point: the tasks
+   (substitutes, Douban with Movie, the original format with reviews), the cell configuration
+   (methods, variants, ε, α, K, overlap; justified defaults), ``run_cell`` (FedPCL-CDR or one of the
    cross-domain baselines of :mod:`fedlib.baselines.cross_domain`, then the reconstruction attack), the
    learning-rate tuning, the grid's parts and the grid command
    (``python -m fedlib grid fedpcl_cdr <parts>``).
@@ -25,9 +25,9 @@ Files in reading order. The method is the first two; the rest is the experiment.
 5. ``lesson.py``: what notebook 04 trains live and shows (the prototypes' signal against
    the noise, the server's view, the live curves).
 
-The path from the notebook to the training step (three files):
-``notebooks/04_fedpcl_cdr.py`` -> ``experiment.run_cells`` / ``experiment.run_cell``
-(``_run_fedpcl`` builds the ``FedPCLConfig`` of the cell) -> ``method.train_fedpcl_cdr`` ->
+The path from the notebook to the training step:
+``notebooks/04_fedpcl_cdr.py`` -> ``lesson.train_live`` (the grid: ``experiment.run_cell``), which
+builds the cell's ``FedPCLConfig`` (``experiment.fedpcl_config``) -> ``method.train_fedpcl_cdr`` ->
 ``method.FedPCLAlgorithm.run_round`` (``_local_update`` and ``_make_upload`` per domain, then
 ``prototypes.aggregate_prototypes`` and ``complete_prototypes``), iterated by the one trainer
 (:func:`fedlib.baselines.cross_domain.cdr_common.train_cross_domain` -> :func:`fedlib.engine.train`).

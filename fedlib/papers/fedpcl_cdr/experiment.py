@@ -5,8 +5,8 @@ Reference:
     Privacy-Preserving Cross-domain Recommendation", L. Wang, Q. Wu, M. Xu, arXiv:2409.03294
     (2024), https://arxiv.org/abs/2409.03294; public code https://github.com/Lili1013/FedPCL_CDR.
 
-A **cell** is a plain dict fixing one run: task, method, FedPCL-CDR variant, overlap ratio,
-privacy budget ε, α, K, rounds and seed. :func:`run_cell` trains it and returns
+A **cell** is a plain dict fixing one run (task, method, its hyperparameters, overlap ratio,
+rounds, seed). :func:`run_cell` trains it and returns
 
 * ``metrics``: per domain, the validation and **test** HR@N / NDCG@N / MRR at the round with
   the best mean validation HR@10 (``"<domain>/test/HR@10"``), the same read at the round with
@@ -22,15 +22,12 @@ Methods that transmit something about users (FedPCL-CDR's representative prototy
 and P²DTR's messages) are also attacked after training (:func:`~fedlib.metrics.reconstruction.reconstruction_attack`):
 ``"attack/<domain>/mse"`` and ``"attack/<domain>/normalised_mse"`` (Table 5).
 
-The grid itself is data: ``spec.toml`` (next to this module) declares the tasks (substitutes in
-the shared data root, Douban with Movie, FedPCL-CDR's original format with review text, the
-paper task each stands for), the methods with their defaults and the reasons for them, each part
-(tasks × methods × settings) and the tables' layouts; :func:`cell` and :func:`grid_cells` read it
-through :mod:`fedlib.experiments.spec`. What is logic stays here: which tasks' files are present
-(:func:`available_tasks`; the grid skips the others and their table rows read "needs download"),
-loading a task, the learning-rate search that widens the ``tuning`` part (:func:`tuning_cells`),
-and training a cell (FedPCL-CDR with the review branch on exactly when the task has review text,
-Doc2Vec from training reviews only, :data:`REVIEW_DIM`).
+The grid is data: ``spec.toml`` (next to this module) declares the tasks (substitutes, Douban
+with Movie, FedPCL-CDR's original format with review text), the methods and every default with
+its reason, the parts and the tables' layouts; :func:`cell` and :func:`grid_cells` read it through
+:mod:`fedlib.experiments.spec`. The logic stays here: which tasks' files are present
+(:func:`available_tasks`; the grid skips the others), loading a task, the learning-rate search
+that widens the ``tuning`` part (:func:`tuning_cells`), and training a cell.
 """
 from __future__ import annotations
 
@@ -53,12 +50,9 @@ from fedlib.metrics.reconstruction import reconstruction_attack
 from fedlib.papers.fedpcl_cdr.method import SELECTIONS, VARIANTS, FedPCLConfig, train_fedpcl_cdr, variant_config
 from fedlib.reporting.results import config_hash, latest_records, read_runs
 
-__all__ = [
-    "PAPER", "SPEC", "VERSION", "PARTS", "TASKS", "SUBSTITUTE_TASKS", "METHODS", "BASELINES", "SELECTED_LR",
-    "LEARNING_RATES", "LR_LADDER", "KS", "REVIEW_DIM", "cell", "method_label", "task_files", "available_tasks",
-    "needs_download", "load_task", "load_split", "fedpcl_config", "baseline_config", "run_cell", "grid_cells",
-    "tuning_cells", "selected_from_records", "tuning_frame", "run_grid", "run_cells", "main",
-]
+__all__ = ["PAPER", "SPEC", "PARTS", "TASKS", "SUBSTITUTE_TASKS", "METHODS", "BASELINES", "SELECTED_LR", "cell",
+           "method_label", "grid_cells", "available_tasks", "needs_download", "load_task", "load_split", "fedpcl_config",
+           "baseline_config", "run_cell", "tuning_cells", "selected_from_records", "tuning_frame", "run_grid", "main"]
 
 PAPER = "fedpcl_cdr"
 #: The grid's parts, tasks, methods and defaults, and the tables' layouts, as data.
@@ -72,7 +66,7 @@ METHODS = tuple(SPEC.list("method"))  # Table 2's order: the baselines, then Fed
 BASELINES = tuple(SPEC.list("baselines"))
 #: Each baseline's Adam step, chosen on validation by the tuning part (:func:`selected_from_records`).
 SELECTED_LR = {method: SPEC.choice("method", method)["cell"]["lr"] for method in BASELINES}
-LEARNING_RATES, LR_LADDER = tuple(SPEC.list("learning_rates")), tuple(SPEC.list("lr_ladder"))
+LR_LADDER = tuple(SPEC.list("lr_ladder"))  # where tuning_cells widens a baseline's learning-rate grid
 KS = tuple(sorted(set(SPEC.list("list_lengths")) | {5, 10}))  # every run is evaluated at these list lengths
 REVIEW_DIM = 64  # Doc2Vec vector size of the original-format tasks (the code's review_embed_dim)
 
@@ -201,14 +195,6 @@ def fedpcl_config(config: Mapping[str, Any]) -> FedPCLConfig:
     return variant_config(config["variant"], base)
 
 
-def review_vectors(split, texts, seed: int = 0) -> Dict[str, tuple]:
-    """``{domain: (user (U, REVIEW_DIM), item (I, REVIEW_DIM))}`` frozen Doc2Vec vectors built
-    from each domain's **training** reviews only (the code also uses the held-out ones)."""
-    from fedlib.models.review_text import review_embeddings
-
-    return {d: review_embeddings(split[d], texts[d], REVIEW_DIM, seed=seed) for d in split.domains}
-
-
 #: baseline -> (module, training function, config class); each trains on the whole DomainSplit
 BASELINE_SPECS = {
     "NeuMF": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_neumf", "NeuMFConfig"),
@@ -248,7 +234,12 @@ def run_cell(config: Mapping[str, Any], progress: Optional[Callable[[int], None]
     split, texts = load_task(config["task"], config["overlap_ratio"], config["num_negatives"], config["seed"])
     each_round = (lambda r, row: progress(r)) if progress is not None else None
     if config["method"] == "FedPCL-CDR":  # the review branch is on exactly when the task has review text
-        reviews = review_vectors(split, texts, config["seed"]) if texts is not None else None
+        from fedlib.models.review_text import review_embeddings
+
+        # {domain: (user (U, REVIEW_DIM), item (I, REVIEW_DIM))}: frozen Doc2Vec vectors of each domain's
+        # training reviews only (the code also uses the held-out ones)
+        reviews = None if texts is None else {d: review_embeddings(split[d], texts[d], REVIEW_DIM, seed=config["seed"])
+                                              for d in split.domains}
         result = train_fedpcl_cdr(split, fedpcl_config(config), reviews=reviews, device=device, ks=KS,
                                   progress=each_round)
     else:
@@ -356,11 +347,6 @@ def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
     """Run every cell without a recorded result, appending each to runs.jsonl
     (:func:`fedlib.experiments.grid.run_recorded_grid`: ``worker``, ``workers``, ``progress``, ``rerun``)."""
     return grid.run_recorded_grid(PAPER, cells, run_cell, profile, cache_dir=cache_dir, **kwargs)
-
-
-def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:
-    """What the notebook calls: train each cell and record it at ``profile`` (see :func:`fedlib.experiments.grid.run_cells`)."""
-    return grid.run_cells(PAPER, cells, profile, run_cell, method_label, description)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

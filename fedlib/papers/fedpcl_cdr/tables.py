@@ -1,30 +1,20 @@
 """FedPCL-CDR: from recorded runs to the paper's Tables 1–5 (paper vs ours) and Figures 3–6.
 
 Every number is read from ``runs.jsonl`` records written by
-:func:`fedlib.papers.fedpcl_cdr.experiment.run_grid` or :func:`~fedlib.papers.fedpcl_cdr.experiment.run_cells`,
+:func:`fedlib.papers.fedpcl_cdr.experiment.run_grid` or :func:`~fedlib.papers.fedpcl_cdr.lesson.train_live`,
 matched to table cells by the configuration hash of :func:`fedlib.papers.fedpcl_cdr.experiment.cell`
 (seed means; ``std_ours`` the sample standard deviation over seeds). The tables are laid out as data
 (``[tables]`` of ``spec.toml``) and built by :func:`fedlib.experiments.spec.build_table`; this module
 holds what is table-specific: the paper's domain names, each row's note on its data, Table 2's
 ``Imp`` rows, the units, and which missing paper cells need a download.
 
-**Substitute tasks.** Our three substitute tasks have two domains each and no review text;
-each row of ours is compared with the paper row of the same domain in the paper task it
-stands in for (the spec's ``[choices.task]``), and its note says it is a substitute:
-
-* Phone-Sport → Task 1 (Phone, Sport);
-* Elec-Cloth → Task 2's Elec and Cloth rows (Task 2's Phone row: "needs download");
-* Book-Music → Task 4's Book and Music rows (Movie: "needs download"); Task 3 (Movie-Music)
-  reads "needs download" everywhere.
-
-Once Douban Movie (or FedPCL-CDR's original files) are under the data root, the tasks built
-from them (Movie-Music, Book-Movie-Music, "<task> (original)") are available and take the
-paper task's rows over from the substitute (:func:`comparison_tasks`); the "needs download"
-notes follow the files present (:func:`~fedlib.papers.fedpcl_cdr.experiment.needs_download`).
-
-Scores are the **test** HR@10 / NDCG@10 at the round with the best mean validation HR@10
-(fractions, as the paper). Table 2's ``Imp (vs best baseline)`` rows are derived like the
-paper's: FedPCL-CDR minus the best baseline recorded for that cell, in percentage points.
+**Substitute tasks.** Our two-domain substitutes stand for paper tasks (the spec's
+``[choices.task]``): Phone-Sport for Task 1, Elec-Cloth for Task 2's Elec and Cloth rows,
+Book-Music for Task 4's Book and Music rows; each row's note says so, and the other paper rows
+read "needs download" (:func:`missing_note`). Once Douban Movie or FedPCL-CDR's original files
+are under the data root, the tasks built from them take their paper task's rows over
+(:func:`comparison_tasks`). Scores are the **test** HR@10 / NDCG@10 at the round with the best
+mean validation HR@10 (fractions, as the paper).
 """
 from __future__ import annotations
 
