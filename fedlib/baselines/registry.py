@@ -254,11 +254,13 @@ def cross_domain(algorithm_class, config_class, select_on_field: str = "select_o
 
 
 def _register_cross_domain() -> None:
-    from fedlib.baselines.cross_domain import cdr_single_domain as single, cl_dtcdr, ga_cdr, nmcdr, p2dtr, p2fcdr, pricdr
+    from fedlib.baselines.cross_domain import cl_dtcdr, ga_cdr, nmcdr, p2dtr, p2fcdr, pricdr
+    from fedlib.baselines.cross_domain import cdr_single_domain as single
 
     for name, source, config_class, domain_class, train in (
             ("NeuMF", "fedlib.models.ncf", single.NeuMFConfig, single._NeuMFDomain, single.train_neumf),
-            ("LightGCN", "fedlib.models.lightgcn", single.LightGCNConfig, single._LightGCNDomain, single.train_lightgcn),
+            ("LightGCN", "fedlib.models.lightgcn", single.LightGCNConfig, single._LightGCNDomain,
+             single.train_lightgcn),
             ("FedNCF", "fedlib.models.ncf", single.FedNCFConfig, single._FedNCFDomain, single.train_fedncf)):
         register(name, "cross-domain", source, config=config_class, train=train)(cross_domain(
             lambda split, config, device, ks, domain_class=domain_class:

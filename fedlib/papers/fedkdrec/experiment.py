@@ -37,8 +37,8 @@ import torch
 
 from fedlib.data.protocols import build_split
 from fedlib.device import default_device
-from fedlib.engine import (CommunicationLedger, FederatedConfig, fedmf_method, fedncf_method, init_train_state,
-                           run_federated)
+from fedlib.engine import CommunicationLedger, FederatedConfig, init_train_state, run_federated
+from fedlib.baselines import registry
 from fedlib.engine.centralised import Centralised
 from fedlib.engine.method import LocalOptimizer
 from fedlib.engine.trainer import Schedule, train
@@ -265,22 +265,18 @@ def _run_fedkdrec(config, split, recorder, init, device, progress):
 
 
 def _run_parameter_transfer(config, split, recorder, init, device, progress):
-    """FedMF / FedNCF through the engine (Adam, 10 % of the clients per round)."""
-    from fedlib.models import FedMF
-    from fedlib.models.ncf import FedNCF
-
-    optimizer = LocalOptimizer("adam", weight_decay=config["weight_decay"])
-    num_users, num_items, dim = split.num_users, split.num_items, config["dim"]
-    if config["method"] == "FedMF":
-        method = fedmf_method(FedMF(num_users, num_items, dim), lr=config["lr"], optimizer=optimizer)
-    else:  # FedNCF: the NeuNCF tower the paper compares it with
-        hidden = paper_hidden("ncf", DATASETS.get(config["dataset"], "ml-100k"))
-        method = fedncf_method(FedNCF(num_users, num_items, dim, variant="mlp", hidden=hidden), lr=config["lr"],
-                               optimizer=optimizer)
+    """FedMF / FedNCF from the method registry, through the engine (Adam, 10 % of the clients per round)."""
     per_round = max(1, int(round(config["client_fraction"] * split.train.active_users().size)))
     fed = FederatedConfig(rounds=config["rounds"], seed=config["seed"], num_negatives=4, batch_size=256,
                           local_epochs=2, clients_per_round=per_round, eval_every=config["eval_every"],
                           selection_metric="selection", test_at_end=False)
+    # FedNCF: the NeuNCF tower the paper compares it with
+    tower = {"hidden": paper_hidden("ncf", DATASETS.get(config["dataset"], "ml-100k"))
+             } if config["method"] == "FedNCF" else {}
+    optimizer = LocalOptimizer("adam", weight_decay=config["weight_decay"])
+    job = registry.get(config["method"], "single-domain").build(split, fed, dim=config["dim"], lr=config["lr"],
+                                                                optimizer=optimizer, **tower)
+    method = job.algorithm.method
     state = init_train_state(method, fed, device=device)
     if init is not None:
         state.global_state["item_emb"] = init.to(state.global_state["item_emb"])
