@@ -30,6 +30,8 @@ PAPER_METHODS = {"fedrkg": "FedRKG", "f3crec": "F3CRec", "fedkdrec": "FedKDRec",
 #: Small settings where a method's defaults are sized for real data (its own hyperparameters otherwise).
 SMALL = {
     ("single-domain", "CoFedRec"): {"num_clusters": 4},
+    ("single-domain", "MF"): {"lr": 1.0},          # centralised SGD: no default step size
+    ("single-domain", "NeuMF"): {"lr": 1.0},
     ("single-domain", "FedKDRec"): {"hidden": (8, 4), "eval_every": 1},
     ("single-domain", "FedPerGNN"): {"pseudo_items": 5, "eval_every": 1},
     ("cross-domain", "FedPCL-CDR"): {"num_clusters": 3, "num_layers": 1},

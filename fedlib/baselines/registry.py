@@ -36,6 +36,8 @@ import importlib
 import re
 from typing import Any, Callable, Dict, NamedTuple, Optional, Tuple
 
+import torch
+
 from fedlib.engine.algorithm import Algorithm
 from fedlib.engine.executors import BatchedExecutor
 from fedlib.engine.loop import FederatedConfig, ParameterAveraging
@@ -232,6 +234,33 @@ def _fedpergnn(split, config, *, dim, device=None, **params):
     from fedlib.baselines.single_domain.fedpergnn import FedPerGNN, FedPerGNNConfig
     gnn = FedPerGNNConfig(dim=dim, rounds=config.rounds, seed=config.seed, **params)
     return Trainable(FedPerGNN(split, gnn), Schedule(rounds=config.rounds, eval_every=gnn.eval_every))
+
+
+def centralised(module, split, config: FederatedConfig, *, lr: float, epochs_per_round: int = 1,
+                device=None) -> Trainable:
+    """An ``nn.Module`` trained on the pooled data, the one-client case: one round is
+    ``epochs_per_round`` epochs of SGD over every training pair (``config``'s batch and negatives)."""
+    from fedlib.engine.centralised import sgd_centralised
+    module = module.to(device if device is not None else "cpu")
+    algorithm = sgd_centralised(module, split.train, split.num_items, lr=lr, batch_size=config.batch_size,
+                                num_negatives=config.num_negatives, epochs_per_round=epochs_per_round)
+    return Trainable(algorithm, config.schedule())
+
+
+@register("MF", "single-domain", "fedlib.models.mf")
+def _mf(split, config, *, dim, device=None, **params):
+    from fedlib.models.mf import MF
+    generator = torch.Generator().manual_seed(int(config.seed))
+    return centralised(MF(split.num_users, split.num_items, dim, generator=generator), split, config, device=device,
+                       **params)
+
+
+@register("NeuMF", "single-domain", "fedlib.models.ncf")
+def _neumf(split, config, *, dim, device=None, hidden=None, **params):
+    from fedlib.models.ncf import NeuMF
+    generator = torch.Generator().manual_seed(int(config.seed))
+    module = NeuMF(split.num_users, split.num_items, dim, hidden=tuple(hidden or (dim,)), generator=generator)
+    return centralised(module, split, config, device=device, **params)
 
 
 # ======================================================================================

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
 import math
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import pandas as pd
 import torch
 
+from fedlib.baselines import registry
 from fedlib.data.protocols import fedpcl_cdr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
@@ -196,30 +196,17 @@ def fedpcl_config(config: Mapping[str, Any]) -> FedPCLConfig:
 
 
 #: baseline -> (module, training function, config class); each trains on the whole DomainSplit
-BASELINE_SPECS = {
-    "NeuMF": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_neumf", "NeuMFConfig"),
-    "LightGCN": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_lightgcn", "LightGCNConfig"),
-    "FedNCF": ("fedlib.baselines.cross_domain.cdr_single_domain", "train_fedncf", "FedNCFConfig"),
-    "GA-DTCDR": ("fedlib.baselines.cross_domain.ga_cdr", "train_ga_dtcdr", "GADTCDRConfig"),
-    "GA-MTCDR-P": ("fedlib.baselines.cross_domain.ga_cdr", "train_ga_mtcdr_p", "GAMTCDRPConfig"),
-    "NMCDR": ("fedlib.baselines.cross_domain.nmcdr", "train_nmcdr", "NMCDRConfig"),
-    "CL-DTCDR": ("fedlib.baselines.cross_domain.cl_dtcdr", "train_cl_dtcdr", "CLDTCDRConfig"),
-    "PriCDR": ("fedlib.baselines.cross_domain.pricdr", "train_pricdr", "PriCDRConfig"),
-    "P2FCDR": ("fedlib.baselines.cross_domain.p2fcdr", "train_p2fcdr", "P2FCDRConfig"),
-    "P2DTR": ("fedlib.baselines.cross_domain.p2dtr", "train_p2dtr", "P2DTRConfig"),
-}
-
-
 def baseline_config(config: Mapping[str, Any]):
-    """The baseline's own config object for a cell: size, epochs (= the cell's rounds), lr, patience, seed."""
-    module_name, _, class_name = BASELINE_SPECS[config["method"]]
-    config_class = getattr(importlib.import_module(module_name), class_name)
+    """The baseline's own config object (the registry's) for a cell: size, epochs (= the cell's rounds), lr,
+    patience, seed."""
+    config_class = registry.get(config["method"], "cross-domain").config
     names = {f.name for f in dataclasses.fields(config_class)}
     wanted = {"dim": config["dim"], "patience": config["patience"], "seed": config["seed"], "lr": config["lr"]}
     wanted["rounds" if "rounds" in names and "epochs" not in names else "epochs"] = config["rounds"]
     missing = sorted(set(wanted) - names)
     if missing:
-        raise TypeError(f"{class_name} has no field(s) {missing}; the grid sets dim, epochs/rounds, lr, patience, seed")
+        raise TypeError(f"{config_class.__name__} has no field(s) {missing}; the grid sets dim, epochs/rounds, lr, "
+                        f"patience, seed")
     return config_class(**wanted)
 
 
@@ -243,8 +230,7 @@ def run_cell(config: Mapping[str, Any], progress: Optional[Callable[[int], None]
         result = train_fedpcl_cdr(split, fedpcl_config(config), reviews=reviews, device=device, ks=KS,
                                   progress=each_round)
     else:
-        module_name, function_name, _ = BASELINE_SPECS[config["method"]]
-        train = getattr(importlib.import_module(module_name), function_name)
+        train = registry.get(config["method"], "cross-domain").train
         result = train(split, baseline_config(config), device=device, progress=each_round)
     metrics = result.flat_metrics()
     for domain, pair in result.artifacts.get("transmitted", {}).items():  # Table 5
