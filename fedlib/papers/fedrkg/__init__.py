@@ -24,10 +24,10 @@ Files in reading order. The method is the first three; the rest is the experimen
 6. ``tables.py``, ``figures.py``: the paper's tables and figures from the recorded runs.
 
 The path from the notebook to the training step (three files):
-``notebooks/01_fedrkg.py`` -> ``experiment.run_cells`` / ``experiment.run_cell`` (builds
-``method.guided_method(guidance.guided_backbone(...))`` and
-``method.KnowledgeGuidance(...).attach(...)`` in ``make_federated``) -> ``method.py``
-(``KnowledgeGuidance.before_round_hook`` -> ``guide``, calling ``gates.py`` and
+``notebooks/01_fedrkg.py`` -> ``experiment.run_cells`` / ``experiment.run_cell``
+(``make_federated`` asks the method registry for FedRKG) -> ``method.py`` (``build_fedrkg``
+builds ``guided_method(guidance.guided_backbone(...))`` with ``KnowledgeGuidance(...).attach(...)``;
+each round ``KnowledgeGuidance.before_round_hook`` -> ``guide``, calling ``gates.py`` and
 ``guidance.py``) -> the engine's training step (``fedlib.engine.run_federated``).
 
 Why this cut. The method is about 1,700 lines, so it needs three files under the 800-line
