@@ -3,14 +3,14 @@
 A paper's folder (``fedlib/papers/<slug>/``) holds everything of that paper that no other
 paper or baseline uses: the method's equations and its engine hooks, the model pieces only
 it trains, the experiment specification (cells, parts, ``run_cell``, its grid command), and
-the tables and figures built from its records. Shared pieces sit in the layers below
+the tables and figures built from its records; importing the folder registers the paper's
+method by name in :mod:`fedlib.baselines.registry`. Shared pieces sit in the layers below
 (``fedlib.experiments.grid``, ``fedlib.baselines``, ``fedlib.engine``, ...); the paper folders
 never import each other (an import-linter ``independence`` contract in pyproject.toml).
 
 :data:`GRID_COMMANDS` is the registry behind ``python -m fedlib grid <paper> <parts>
-[--pending] [--rerun] [--seeds 0 1 2] ...``: paper slug -> the paper's grid command. Papers
-not yet moved into a folder are still served from ``fedlib.experiments.<paper>`` (a
-downward import).
+[--pending] [--rerun] [--seeds 0 1 2] ...``: paper slug -> the paper's grid command.
+:func:`all_methods` is the whole method registry, every paper's own method included.
 """
 from __future__ import annotations
 
