@@ -15,7 +15,8 @@ from fedlib.baselines.sequential.ccdr import CCDRConfig
 from fedlib.baselines.sequential.clsr import CLSRConfig
 from fedlib.baselines.sequential.conet import CoNetConfig
 from fedlib.baselines.sequential.sequences import make_batch
-from fedlib.baselines.sequential.sequence_training import platform_graphs, rank_metrics
+from fedlib.baselines.sequential.sequence_training import (audit_blocks, history_rows, platform_blocks, platform_graphs,
+                                                           rank_metrics, selected_blocks)
 from fedlib.baselines.sequential.mifn import MIFNConfig
 from fedlib.baselines.sequential.pinet import PiNetConfig
 from fedlib.baselines.sequential.psjnet import PSJNetConfig
@@ -88,11 +89,11 @@ def test_two_local_sgd_steps_with_the_proximal_pull_hand_computed(split):
     w1 = w0 - lr * (w0 - c)                                   # step 1: w = w_global, no proximal gradient
     w2 = w1 - lr * ((w1 - c) + mu * (w1 - w0))                 # step 2: + μ (w − w_global)
     res = FB.train_federated_baseline(lambda: Toy(w0), one, _tc(mu=mu))
-    assert res.model.w.item() == pytest.approx(w2, abs=1e-6)
+    assert res.artifacts["models"][0].w.item() == pytest.approx(w2, abs=1e-6)
     assert res.history[0]["local_steps"] == 2
     assert res.history[0]["prox"] == pytest.approx(0.5 * (0.0 + 0.5 * mu * (w1 - w0) ** 2), abs=1e-7)
     plain = FB.train_federated_baseline(lambda: Toy(w0), one, _tc(mu=0.0))
-    assert abs(plain.model.w.item() - w2) > 1e-4               # the proximal term changed the update
+    assert abs(plain.artifacts["models"][0].w.item() - w2) > 1e-4   # the proximal term changed the update
 
 
 def test_mu_zero_is_fedavg_weighted_by_users(split):
@@ -106,10 +107,10 @@ def test_mu_zero_is_fedavg_weighted_by_users(split):
         weights.append(np.unique(split.train.users[rows]).size)
     fedavg = float(np.average(locals_, weights=weights))
     res = FB.train_federated_baseline(lambda: Toy(w0), split, _tc(mu=0.0))
-    assert res.model.w.item() == pytest.approx(fedavg, abs=1e-6)
+    assert res.artifacts["models"][0].w.item() == pytest.approx(fedavg, abs=1e-6)
     assert res.method == "FedAvg-Toy"
     prox = FB.train_federated_baseline(lambda: Toy(w0), split, _tc(mu=5.0))
-    assert abs(prox.model.w.item() - w0) < abs(fedavg - w0)     # FedProx stays closer to w_global
+    assert abs(prox.artifacts["models"][0].w.item() - w0) < abs(fedavg - w0)   # FedProx stays closer to w_global
 
 
 def test_each_platform_trains_with_its_own_graphs(split):
@@ -139,15 +140,21 @@ def test_fedprox_tisasrec_loop_records_history_and_is_deterministic(split):
     seen = []
     a = FB.train_federated_baseline(factory, split, tc, progress=seen.append)
     b = FB.train_federated_baseline(factory, split, tc)
-    assert len(a.history) == 2 and seen == a.history
-    assert [r["loss"] for r in a.history] == [r["loss"] for r in b.history]
-    assert a.history[1]["loss"] < a.history[0]["loss"]
+    rows = history_rows(a)
+    assert len(rows) == 2 and seen == rows
+    assert [r["loss"] for r in rows] == [r["loss"] for r in history_rows(b)]
+    assert rows[1]["loss"] < rows[0]["loss"]
     for key in ("valid/MRR", "test/MRR", "A/test/NDCG@10", "B/valid/HR@1", "prox", "bytes_up"):
-        assert key in a.history[0] and math.isfinite(a.history[0][key]), key
-    assert set(a.selected) == {"A", "B"} and "test/MRR" in a.selected["A"]
-    assert a.selected_round in (1, 2) and a.test_selected_round in (1, 2)
-    best = max(a.history, key=lambda r: r["valid/MRR"])
-    assert a.selected["A"]["valid/MRR"] == pytest.approx(best["A/valid/MRR"])
+        assert key in rows[0] and math.isfinite(rows[0][key]), key
+    selected = selected_blocks(a)
+    assert set(selected) == {"A", "B"} and "test/MRR" in selected["A"]
+    assert a.best_round in (1, 2) and a.audit_round in (1, 2)
+    best = max(rows, key=lambda r: r["valid/MRR"])
+    assert selected["A"]["valid/MRR"] == pytest.approx(best["A/valid/MRR"])
+    audited = max(rows, key=lambda r: r["test/MRR"])                  # the audit: best mean test MRR
+    assert a.audit_round == audited["round"]
+    assert audit_blocks(a)["B"]["test/MRR"] == pytest.approx(audited["B/test/MRR"])
+    assert platform_blocks(a) == []                               # the baselines score no platform on its own
     assert a.method == "FedProx-TiSASRec"
 
 
@@ -174,12 +181,13 @@ def test_a_fedprox_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_nu
                                     checkpointer=Checkpointer(tmp_path, name="cell", every=2))
     again = Checkpointer(tmp_path, name="cell", every=2)
     resumed = FB.train_federated_baseline(factory, split, tc, checkpointer=again)
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
     assert again.resumed_at == [2] and len(resumed.history) == len(whole.history) >= 3
-    assert strip(resumed.history) == strip(whole.history)
-    assert (resumed.selected, resumed.selected_round) == (whole.selected, whole.selected_round)
-    assert (resumed.test_selected, resumed.test_selected_round) == (whole.test_selected, whole.test_selected_round)
-    for (name, x), y in zip(resumed.model.state_dict().items(), whole.model.state_dict().values()):
+    assert strip(resumed) == strip(whole)
+    assert (selected_blocks(resumed), resumed.best_round) == (selected_blocks(whole), whole.best_round)
+    assert (audit_blocks(resumed), resumed.audit_round) == (audit_blocks(whole), whole.audit_round)
+    [resumed_model], [whole_model] = resumed.artifacts["models"], whole.artifacts["models"]
+    for (name, x), y in zip(resumed_model.state_dict().items(), whole_model.state_dict().values()):
         assert torch.equal(x, y), name
     with pytest.raises(ValueError, match="different configuration.*mu"):
         FB.train_federated_baseline(factory, split, dataclasses.replace(tc, mu=0.1),
@@ -193,9 +201,9 @@ def test_patience_stops_the_run_and_the_selection_is_the_first_best_validation_r
                                                                        lr=0.05, seed=2, patience=1))
     valid = [row["valid/MRR"] for row in res.history]
     first_best = valid.index(max(valid)) + 1
-    assert res.selected_round == first_best and len(valid) == first_best + 1 < 8   # one round without gain
+    assert res.best_round == first_best and len(valid) == first_best + 1 < 8   # one round without gain
     test = [row["test/MRR"] for row in res.history]
-    assert res.test_selected_round == test.index(max(test)) + 1
+    assert res.audit_round == test.index(max(test)) + 1
 
 
 def test_config_validation():

@@ -147,18 +147,37 @@ def _strip(history):
     return [{k: v for k, v in row.items() if k != "seconds"} for row in history]
 
 
+def _curve(run):
+    """The run's history rows without their wall times (which differ between equal runs)."""
+    return _strip(ST.history_rows(run))
+
+
 def test_two_rounds_are_finite_deterministic_and_report_bytes(split):
     r1 = T.train_fedcsr(split, CFG, TC)
     r2 = T.train_fedcsr(split, CFG, TC)
-    assert len(r1.history) == 2
-    assert all(math.isfinite(row["loss"]) and math.isfinite(row["valid/MRR"]) for row in r1.history)
-    assert _strip(r1.history) == _strip(r2.history)
-    n_params = sum(p.numel() for p in r1.models[0].parameters())
-    assert r1.history[0]["bytes_up"] == r1.history[0]["bytes_down"] == 4 * n_params * len(split.platforms)
-    assert set(r1.selected) == {"A", "B"} and "test/MRR" in r1.selected["A"]
-    assert r1.test_selected_round in (1, 2) and len(r1.per_platform) == len(split.platforms)
+    rows = ST.history_rows(r1)
+    assert len(rows) == 2 and r1.method == "FedCSR"
+    assert all(math.isfinite(row["loss"]) and math.isfinite(row["valid/MRR"]) for row in rows)
+    assert _curve(r1) == _curve(r2)
+    n_params = sum(p.numel() for p in r1.artifacts["models"][0].parameters())
+    assert rows[0]["bytes_up"] == rows[0]["bytes_down"] == 4 * n_params * len(split.platforms)
+    selected = ST.selected_blocks(r1)
+    assert set(selected) == {"A", "B"} and "test/MRR" in selected["A"]
+    best = max(rows, key=lambda row: row["valid/MRR"])                  # the first best on ties
+    assert r1.best_round == best["round"] and selected["B"]["test/MRR"] == best["B/test/MRR"]
+    audited = max(rows, key=lambda row: row["test/MRR"])
+    assert r1.audit_round == audited["round"] and ST.audit_blocks(r1)["A"]["test/MRR"] == audited["A/test/MRR"]
+    per_platform = ST.platform_blocks(r1)
+    assert len(per_platform) == len(split.platforms)
+    counts = [block["A"]["test/count"] for block in per_platform]       # platforms' rows pool into the domain
+    assert sum(counts) == selected["A"]["test/count"]
+    pooled = sum(b["A"]["test/MRR"] * c for b, c in zip(per_platform, counts) if c) / sum(counts)
+    assert pooled == pytest.approx(selected["A"]["test/MRR"], abs=1e-12)
     r3 = T.train_fedcsr(split, CFG, T.FedCSRTrainConfig(rounds=2, local_epochs=1, batch_size=32, seed=4))
-    assert _strip(r3.history) != _strip(r1.history)
+    assert _curve(r3) != _curve(r1)
+    r1.artifacts.pop("domains")
+    with pytest.raises(ValueError, match="domains"):
+        ST.selected_blocks(r1)
 
 
 def test_training_beats_a_random_model_on_validation(split):
@@ -169,16 +188,17 @@ def test_training_beats_a_random_model_on_validation(split):
     base_mrr = np.mean([base[d]["MRR"] for d in ("A", "B")])
     res = T.train_fedcsr(split, FedCSRConfig(dim=16, maxlen=8, dropout=0.0, use_scl=False),
                          T.FedCSRTrainConfig(rounds=6, local_epochs=3, batch_size=32, lr=5e-3, seed=0))
-    best = max(row["valid/MRR"] for row in res.history)
+    best = max(row["valid/MRR"] for row in ST.history_rows(res))
     assert best > base_mrr
 
 
 def test_individual_training_runs_without_communication(split):
     res = T.train_individual(split, CFG, TC)
-    assert res.method == "FedCSR-individual" and len(res.models) == len(split.platforms)
-    assert all(row["bytes_up"] == 0 == row["bytes_down"] for row in res.history)
-    assert all(math.isfinite(row["loss"]) for row in res.history)
-    w0, w1 = (m.head_a.weight for m in res.models[:2])
+    models = res.artifacts["models"]
+    assert res.method == "FedCSR-individual" and len(models) == len(split.platforms)
+    assert all(row["bytes_up"] == 0 == row["bytes_down"] for row in ST.history_rows(res))
+    assert all(math.isfinite(row["loss"]) for row in ST.history_rows(res))
+    w0, w1 = (m.head_a.weight for m in models[:2])
     assert not torch.equal(w0, w1)           # same init, different local data → different models
     with pytest.raises(ValueError, match="individual"):
         T.train_individual(split, CFG, T.FedCSRTrainConfig(rounds=1, shared_optimizer=True))
@@ -194,12 +214,13 @@ def test_shared_optimizer_keeps_one_adam_state_across_platforms_and_rounds(split
     assert state_steps == {steps}             # every platform's step advanced the same moments
     fresh = T.train_fedcsr(split, CFG, TC)
     assert fresh.artifacts["shared_optimizer"] is None
-    assert _strip(fresh.history) != _strip(res.history)
+    assert _curve(fresh) != _curve(res)
 
 
 def test_central_graph_flag_uses_one_graph(split):
     res = T.train_fedcsr(split, CFG, T.FedCSRTrainConfig(rounds=1, local_epochs=1, batch_size=32, central_graph=True))
-    assert res.method == "FedCSR-central-graph" and all(g is res.graphs[0] for g in res.graphs)
+    graphs = res.artifacts["graphs"]
+    assert res.method == "FedCSR-central-graph" and all(g is graphs[0] for g in graphs)
 
 
 @pytest.mark.parametrize("individual, shared", [(False, True), (True, False)])
@@ -268,10 +289,11 @@ def test_a_run_killed_after_a_snapshot_resumes_to_the_uninterrupted_numbers(spli
     resumed = T.train_fedcsr(split, cfg, tc, individual=individual, checkpointer=second)
     assert second.resumed_at == [2] and second.earlier_seconds > 0
     assert [row["round"] for row in resumed.history] == [1, 2, 3, 4]
-    assert _strip(resumed.history) == _strip(whole.history)
-    assert resumed.selected == whole.selected and resumed.selected_round == whole.selected_round
-    assert resumed.test_selected == whole.test_selected and resumed.per_platform == whole.per_platform
-    for a, b in zip(resumed.models, whole.models):
+    assert _curve(resumed) == _curve(whole)
+    assert ST.selected_blocks(resumed) == ST.selected_blocks(whole) and resumed.best_round == whole.best_round
+    assert ST.audit_blocks(resumed) == ST.audit_blocks(whole) and resumed.audit_round == whole.audit_round
+    assert ST.platform_blocks(resumed) == ST.platform_blocks(whole)
+    for a, b in zip(resumed.artifacts["models"], whole.artifacts["models"]):
         for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
             assert torch.equal(x, y), name
 
@@ -282,7 +304,7 @@ def test_a_finished_snapshot_is_not_trained_again_and_a_changed_setting_is_refus
     done = T.train_fedcsr(split, CFG, TC, checkpointer=Checkpointer(tmp_path, name="cell", every=None,
                                                                     every_seconds=3600.0))
     again = T.train_fedcsr(split, CFG, TC, checkpointer=Checkpointer(tmp_path, name="cell", every=1))
-    assert _strip(again.history) == _strip(done.history) and again.selected == done.selected
+    assert _curve(again) == _curve(done) and ST.selected_blocks(again) == ST.selected_blocks(done)
     with pytest.raises(ValueError, match="different configuration.*lr"):
         T.train_fedcsr(split, CFG, T.FedCSRTrainConfig(rounds=2, local_epochs=1, batch_size=32, seed=3, lr=5e-3),
                        checkpointer=Checkpointer(tmp_path, name="cell", every=1))

@@ -33,7 +33,7 @@ Evaluation is that of :mod:`fedlib.baselines.sequential.sequence_training`: each
 latest ``maxlen`` items) is scored on its 1 + N candidates of the ground truth's domain with
 ``model.score``; ``ranks_from_scores`` (GT in column 0, optimistic ties by default) and
 ``rank_metrics`` give MRR, NDCG@5/10, HR@1/5/10 per GT domain, pooled over platforms.
-The round with the best mean **test** MRR is kept too (``test_selected``, audit only).
+The round with the best mean **test** MRR is kept too (the run's ``audit_round``, audit only).
 
 Choices (the papers are silent): a fresh optimiser per platform and round (optimiser state is
 local and not communicated, as in :func:`fedlib.papers.fedcsr.training.train_fedcsr`); Adam by
@@ -45,8 +45,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -57,12 +57,12 @@ from fedlib.engine.algorithm import RoundContext, RoundReport, clone_dataclass, 
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, train
 from fedlib.baselines.sequential.sequences import make_batch, transition_graphs
-from fedlib.baselines.sequential.sequence_training import (METRICS, TIE_RULES, PlatformPlan, clone_tensors, curve_row, domain_blocks,
+from fedlib.baselines.sequential.sequence_training import (METRICS, TIE_RULES, PlatformPlan, clone_tensors,
                                               fedavg, flat_evaluation, generator_states, generators_of, platform_graphs,
                                               platform_rows, platform_schedule, rank_metrics, round_callback,
                                               sequence_ranks, state_bytes)
 
-__all__ = ["FedProxConfig", "BaselineResult", "FedProxState", "FedProxAlgorithm", "proximal_term", "local_update",
+__all__ = ["FedProxConfig", "FedProxState", "FedProxAlgorithm", "proximal_term", "local_update",
            "evaluate_baseline", "gather_domain_scores", "train_federated_baseline"]
 
 
@@ -102,52 +102,6 @@ class FedProxConfig:
             raise ValueError(f"FedProxConfig.tie_rule must be one of {TIE_RULES}, got {self.tie_rule!r}")
         if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
             raise ValueError(f"FedProxConfig.weight_decay must be >= 0, got {self.weight_decay!r}")
-
-
-@dataclass
-class BaselineResult:
-    """A finished FedProx run.
-
-    Attributes:
-        selected: ``{domain: {"valid/MRR", ..., "test/MRR", ...}}`` at ``selected_round``
-            (best mean validation MRR).
-        test_selected: the same at ``test_selected_round`` (best mean test MRR; audit only).
-        history: one row per round: ``round``, ``loss`` (platform-weighted mean of the local
-            objective without the proximal term), ``prox`` (mean proximal term), ``local_steps``,
-            ``valid/MRR``, ``test/MRR`` (means over domains), ``<domain>/<role>/<metric>``,
-            ``bytes_up``, ``bytes_down``, ``seconds``.
-        model: the selected global model.
-    """
-
-    method: str
-    selected: Dict[str, Dict[str, float]]
-    selected_round: int
-    test_selected: Dict[str, Dict[str, float]]
-    test_selected_round: int
-    history: List[Dict[str, float]]
-    wall_seconds: float
-    train_config: Any = None
-    model: Optional[nn.Module] = field(repr=False, default=None)
-    artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
-
-    @classmethod
-    def from_run(cls, run: RunResult, algorithm: "FedProxAlgorithm") -> "BaselineResult":
-        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult` of ``algorithm``.
-
-        ``selected``: the selection's evaluation (valid and test numbers of that round);
-        ``test_selected``: the audit's (best mean test MRR); ``history``: the trainer's records
-        as :func:`~fedlib.baselines.sequential.sequence_training.curve_row` rows; ``model``: a copy of the selected model.
-        """
-        names, best = algorithm.names, run.selection.best_metrics
-        audit = run.audit.best_metrics if run.audit is not None else None
-        kept = run.best_state if run.best_state is not None else run.state
-        return cls(method=algorithm.method, selected=domain_blocks(best, names),
-                   selected_round=int(run.selection.best_round or 0), test_selected=domain_blocks(audit, names),
-                   test_selected_round=int(run.audit.best_round or 0) if run.audit is not None else 0,
-                   history=[curve_row(record, names) for record in run.history], wall_seconds=run.wall_seconds,
-                   train_config=algorithm.train_config, model=copy.deepcopy(algorithm.network(kept)),
-                   artifacts={"weights": algorithm.counts, "active_platforms": algorithm.active,
-                              "model_bytes": algorithm.model_bytes, "graphs": algorithm.graphs, "metrics": METRICS})
 
 
 # ----------------------------------------------------------------------------- FedProx pieces
@@ -347,7 +301,7 @@ class FedProxAlgorithm:
 def train_federated_baseline(model_factory: Callable[[], nn.Module], split: SequenceSplit,
                              train_config: FedProxConfig = FedProxConfig(), *, device=None,
                              progress: Optional[Callable[[Dict[str, float]], None]] = None,
-                             checkpointer=None) -> BaselineResult:
+                             checkpointer=None) -> RunResult[FedProxState]:
     """FedProx over ``split.platforms`` (module docstring), trained by :func:`fedlib.engine.train`.
 
     Args:
@@ -356,12 +310,29 @@ def train_federated_baseline(model_factory: Callable[[], nn.Module], split: Sequ
         progress: called with every round's history row.
         checkpointer: a :class:`~fedlib.engine.Checkpointer`: resume from its checkpoint, save on
             its schedule (the state holds the weights and both generators: resumed = uninterrupted).
+
+    Returns:
+        The trainer's :class:`~fedlib.engine.trainer.RunResult`: ``best_round`` and
+        ``selected_evaluation`` (best mean validation MRR, with that round's test numbers),
+        ``audit_round`` and ``audit_evaluation`` (best mean **test** MRR; audit only), the raw
+        ``history`` (each round also logs ``prox``, the mean proximal term); ``method``
+        (``"FedProx-<Model>"``, ``"FedAvg-<Model>"`` with ``mu = 0``) and ``artifacts``:
+        ``domains`` (the domain names of the metrics' keys), ``models`` (``[a copy of the
+        selected global model]``), ``graphs`` (the platforms', ``None`` for a model without
+        graphs), ``train_config``, ``weights`` (FedAvg's ``N_k``), ``active_platforms``,
+        ``model_bytes``, ``metrics`` (the metric names). Per-domain blocks and history rows:
+        :func:`~fedlib.baselines.sequential.sequence_training.selected_blocks`, ``audit_blocks``,
+        ``history_rows``.
     """
     tc = train_config
     algorithm = FedProxAlgorithm(model_factory, split, tc, device=device)
     run = train(algorithm, platform_schedule(tc.rounds, tc.patience), seed=tc.seed, checkpointer=checkpointer,
                 checkpoint_config=_checkpoint_config(algorithm), on_round_end=round_callback(algorithm.names, progress))
-    return BaselineResult.from_run(run, algorithm)
+    run.method = algorithm.method
+    run.artifacts = {"domains": algorithm.names, "models": [copy.deepcopy(algorithm.network(run.selected_state))],
+                     "graphs": algorithm.graphs, "train_config": tc, "weights": algorithm.counts,
+                     "active_platforms": algorithm.active, "model_bytes": algorithm.model_bytes, "metrics": METRICS}
+    return run
 
 
 def _checkpoint_config(algorithm: FedProxAlgorithm) -> Dict[str, Any]:

@@ -34,13 +34,13 @@ import torch
 from fedlib.data.splits import SequenceSplit
 from fedlib.engine.aggregation import client_weights
 from fedlib.engine.aggregation import fedavg as engine_fedavg
-from fedlib.engine.trainer import Schedule
+from fedlib.engine.trainer import RunResult, Schedule
 from fedlib.baselines.sequential.sequences import TransitionGraphs, make_batch, transition_graphs
 
 __all__ = ["TIE_RULES", "METRICS", "SCORES", "ranks_from_scores", "rank_metrics", "sequence_ranks", "evaluate_sequences",
            "fedavg", "state_bytes", "platform_graphs", "platform_rows", "PlatformPlan", "generators_of",
            "generator_states", "platform_device", "domain_names", "deep_clone", "clone_tensors", "flat_evaluation", "domain_blocks", "curve_row",
-           "platform_schedule", "round_callback"]
+           "selected_blocks", "audit_blocks", "platform_blocks", "history_rows", "platform_schedule", "round_callback"]
 
 TIE_RULES = ("optimistic", "pessimistic", "code")
 METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
@@ -362,6 +362,45 @@ def curve_row(record: Mapping[str, Any], names) -> Dict[str, Any]:
                     for m in SCORES})
     row.update({"valid/MRR": record["valid/MRR"], "test/MRR": record["test/MRR"], "seconds": record["seconds"]})
     return row
+
+
+# The family's layouts of a finished run (train_fedcsr, train_federated_baseline return the trainer's
+# RunResult; its artifacts["domains"] names the domains in the metrics' keys).
+def _domains(run: RunResult) -> Tuple[str, ...]:
+    if "domains" not in run.artifacts:
+        raise ValueError("run.artifacts has no 'domains': pass the RunResult of train_fedcsr or "
+                         "train_federated_baseline (or set run.artifacts['domains'] to the split's domain names)")
+    return tuple(run.artifacts["domains"])
+
+
+def selected_blocks(run: RunResult) -> Dict[str, Dict[str, float]]:
+    """``{domain: {"valid/MRR", ..., "test/count"}}`` of the selected evaluation (best mean
+    validation MRR, round :attr:`~fedlib.engine.trainer.RunResult.best_round`); ``{}`` before any."""
+    return domain_blocks(run.selected_evaluation, _domains(run))
+
+
+def audit_blocks(run: RunResult) -> Dict[str, Dict[str, float]]:
+    """The same blocks at the audit's evaluation (best mean **test** MRR, round
+    :attr:`~fedlib.engine.trainer.RunResult.audit_round`; the audit of the papers' code)."""
+    return domain_blocks(run.audit_evaluation, _domains(run))
+
+
+def platform_blocks(run: RunResult) -> List[Dict[str, Dict[str, float]]]:
+    """Per platform ``k``, the selected evaluation's blocks of platform ``k``'s own rows
+    (``platform<k>/`` metrics; FedCSR records them, the baselines do not: ``[]``)."""
+    metrics, names = run.selected_evaluation, _domains(run)
+    if metrics is None:
+        return []
+    platforms = 0
+    while f"valid/platform{platforms}/{names[0]}/MRR" in metrics:
+        platforms += 1
+    return [domain_blocks(metrics, names, f"platform{k}/") for k in range(platforms)]
+
+
+def history_rows(run: RunResult) -> List[Dict[str, Any]]:
+    """Every round of the run as the family's history row (:func:`curve_row`)."""
+    names = _domains(run)
+    return [curve_row(record, names) for record in run.history]
 
 
 def platform_schedule(rounds: int, patience: int) -> Schedule:

@@ -52,7 +52,8 @@ import torch
 
 from fedlib.baselines import registry
 from fedlib.baselines.sequential.fedcsr_baselines import FedProxConfig, evaluate_baseline, train_federated_baseline
-from fedlib.baselines.sequential.sequence_training import evaluate_sequences, platform_graphs
+from fedlib.baselines.sequential.sequence_training import (audit_blocks, evaluate_sequences, history_rows, platform_blocks,
+                                                           platform_graphs, selected_blocks)
 from fedlib.data.protocols import fedcsr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
@@ -290,27 +291,27 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
         model_config, train_config = fedcsr_configs(config, device)
         trained_on = centralized_split(split) if method == "Centralized" else split
         on_round = (lambda row: progress(row["round"])) if progress else None
-        result = train_fedcsr(trained_on, model_config, train_config, individual=method == "Individual",
-                              progress=on_round, checkpointer=checkpointer)
+        run = train_fedcsr(trained_on, model_config, train_config, individual=method == "Individual",
+                           progress=on_round, checkpointer=checkpointer)
         # each platform's own test rows, scored by its own model (Individual) or by the one
         # federated model (FedCSR): Table 9 / Figure 4 compare the two platform by platform
-        per_platform = result.per_platform if method in ("FedCSR", "Individual") else []
-        models = result.models
-        full = evaluate_sequences(models[0], trained_on, "test", result.graphs,
+        per_platform = platform_blocks(run) if method in ("FedCSR", "Individual") else []
+        models, graphs = run.artifacts["models"], run.artifacts["graphs"]
+        full = evaluate_sequences(models[0], trained_on, "test", graphs,
                                   models=models if len(models) > 1 else None, full_ranking=True)
-        ties_against = evaluate_sequences(models[0], trained_on, "test", result.graphs,
+        ties_against = evaluate_sequences(models[0], trained_on, "test", graphs,
                                           models=models if len(models) > 1 else None, tie_rule="pessimistic")
     else:
-        result = train_federated_baseline(baseline_factory(config, split), split,
-                                          baseline_train_config(config, device), device=_device_name(device),
-                                          progress=(lambda row: progress(row["round"])) if progress else None,
-                                          checkpointer=checkpointer)
+        run = train_federated_baseline(baseline_factory(config, split), split,
+                                       baseline_train_config(config, device), device=_device_name(device),
+                                       progress=(lambda row: progress(row["round"])) if progress else None,
+                                       checkpointer=checkpointer)
         per_platform = []
-        full = evaluate_baseline(result.model, split, "test", result.artifacts.get("graphs"), full_ranking=True)
-        ties_against = evaluate_baseline(result.model, split, "test", result.artifacts.get("graphs"),
-                                         tie_rule="pessimistic")
-    metrics = _flat(result.selected)
-    metrics.update(_flat(result.test_selected, "test_selected/"))
+        model, graphs = run.artifacts["models"][0], run.artifacts["graphs"]
+        full = evaluate_baseline(model, split, "test", graphs, full_ranking=True)
+        ties_against = evaluate_baseline(model, split, "test", graphs, tie_rule="pessimistic")
+    metrics = _flat(selected_blocks(run))
+    metrics.update(_flat(audit_blocks(run), "test_selected/"))
     names = split.extra.get("domain_names", ("A", "B"))
     metrics.update({f"full/{d}/test/{m}": float(v) for d in names for m, v in full[d].items() if m != "count"})
     # The sampled protocol again with ties counted against the ground truth: equal to the
@@ -320,8 +321,8 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
                     for m, v in ties_against[d].items() if m != "count"})
     for k, block in enumerate(per_platform):
         metrics.update(_flat(block, f"platform{k}/"))
-    history = result.history
-    metrics.update(selected_round=int(result.selected_round), test_selected_round=int(result.test_selected_round),
+    history = history_rows(run)
+    metrics.update(selected_round=int(run.best_round or 0), test_selected_round=int(run.audit_round or 0),
                    rounds_run=len(history),
                    bytes_per_round=float(history[0]["bytes_up"] + history[0]["bytes_down"]) if history else 0.0,
                    seconds=time.perf_counter() - started + (checkpointer.earlier_seconds if checkpointer else 0.0))

@@ -24,8 +24,9 @@ weights, ``N_k`` the weight of platform ``k``)::
 
 :class:`FedCSRAlgorithm` is one round of this (``init``, ``run_round``, ``evaluate`` over a
 :class:`FedCSRState`); :func:`train_fedcsr` hands it to the one trainer,
-:func:`fedlib.engine.train`, with :func:`platform_schedule`, and returns the
-:class:`FedCSRResult` view of the run. The round's randomness (batch order, augmentation,
+:func:`fedlib.engine.train`, with :func:`platform_schedule`, and returns the trainer's
+:class:`~fedlib.engine.trainer.RunResult` (its per-domain blocks and history rows:
+:func:`~fedlib.baselines.sequential.sequence_training.selected_blocks` and its siblings). The round's randomness (batch order, augmentation,
 sampled negatives: one numpy stream; dropout masks: torch's generator) continues from round
 to round, as in the code, so both generators' states live in the state, and a checkpoint
 (the trainer's) resumes them exactly.
@@ -73,7 +74,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -84,17 +85,17 @@ from fedlib.data.splits import SequenceSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, train
-from fedlib.baselines.sequential.sequence_training import (TIE_RULES, PlatformPlan, clone_tensors, curve_row, deep_clone, domain_blocks,
+from fedlib.baselines.sequential.sequence_training import (TIE_RULES, PlatformPlan, clone_tensors, deep_clone,
                                               domain_names, evaluate_sequences, fedavg, flat_evaluation, generator_states,
                                               generators_of, platform_device, platform_graphs, platform_rows,
                                               platform_schedule, round_callback, state_bytes)
-from fedlib.baselines.sequential.sequences import TransitionGraphs, make_batch
+from fedlib.baselines.sequential.sequences import make_batch
 from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel, fedcsr_loss, frozen_copy
 
-__all__ = ["FedCSRTrainConfig", "FedCSRResult", "FedCSRState", "FedCSRAlgorithm", "train_fedcsr", "train_individual"]
+__all__ = ["FedCSRTrainConfig", "FedCSRState", "FedCSRAlgorithm", "train_fedcsr", "train_individual"]
 
 
-# ----------------------------------------------------------------------------- config / result
+# ----------------------------------------------------------------------------- config
 @dataclass(frozen=True)
 class FedCSRTrainConfig:
     """Round-loop settings (paper / code defaults).
@@ -139,60 +140,6 @@ class FedCSRTrainConfig:
             raise ValueError(f"FedCSRTrainConfig.seed must be an integer >= 0, got {self.seed!r}")
         if str(self.device).split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"FedCSRTrainConfig.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
-
-
-@dataclass
-class FedCSRResult:
-    """A finished run.
-
-    Attributes:
-        selected: ``{domain: {"valid/MRR", ..., "test/MRR", "test/NDCG@10", ...}}`` at
-            ``selected_round`` (best mean validation MRR).
-        test_selected: the same at ``test_selected_round`` (best mean **test** MRR; audit only).
-        per_platform: at ``selected_round``, ``[{domain: {"test/MRR", ...}}]`` per platform.
-        history: one row per round: ``round``, ``loss`` (and ``loss/<part>``), ``local_steps``,
-            ``valid/MRR``, ``test/MRR`` (means over domains), ``<domain>/<role>/<metric>``,
-            ``bytes_up``, ``bytes_down``, ``seconds``.
-        models: the selected global model (``[model]``) or, individually, one per platform.
-        graphs: the platforms' graphs; artifacts: the shared optimizer (audit mode), weights.
-    """
-
-    method: str
-    selected: Dict[str, Dict[str, float]]
-    selected_round: int
-    test_selected: Dict[str, Dict[str, float]]
-    test_selected_round: int
-    per_platform: List[Dict[str, Dict[str, float]]]
-    history: List[Dict[str, float]]
-    wall_seconds: float
-    config: Any = None
-    train_config: Any = None
-    models: List[FedCSRModel] = field(repr=False, default_factory=list)
-    graphs: List[TransitionGraphs] = field(repr=False, default_factory=list)
-    artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
-
-    @classmethod
-    def from_run(cls, run: RunResult, algorithm: "FedCSRAlgorithm") -> "FedCSRResult":
-        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult` of ``algorithm``.
-
-        ``selected``/``per_platform``: the selection's evaluation (valid and test numbers of that
-        round); ``test_selected``: the audit's (best mean test MRR); ``history``: the trainer's
-        records as :func:`curve_row` rows; ``models``: the selected state's networks (copies).
-        """
-        names, best = algorithm.names, run.selection.best_metrics
-        audit = run.audit.best_metrics if run.audit is not None else None
-        kept = run.best_state if run.best_state is not None else run.state
-        return cls(method=algorithm.method, selected=domain_blocks(best, names),
-                   selected_round=int(run.selection.best_round or 0),
-                   test_selected=domain_blocks(audit, names),
-                   test_selected_round=int(run.audit.best_round or 0) if run.audit is not None else 0,
-                   per_platform=[] if best is None else [domain_blocks(best, names, f"platform{k}/")
-                                                         for k in range(len(algorithm.graphs))],
-                   history=[curve_row(record, names) for record in run.history], wall_seconds=run.wall_seconds,
-                   config=algorithm.config, train_config=algorithm.train_config,
-                   models=[copy.deepcopy(net) for net in algorithm.networks(kept)], graphs=algorithm.graphs,
-                   artifacts={"shared_optimizer": algorithm.shared_optimizer(run.state), "weights": algorithm.counts,
-                              "model_bytes": algorithm.model_bytes, "active_platforms": algorithm.active})
 
 
 # ----------------------------------------------------------------------------- FedCSR as an Algorithm
@@ -398,7 +345,7 @@ def _local_epochs(model: FedCSRModel, optimizer: torch.optim.Optimizer, split: S
 def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
                  train_config: FedCSRTrainConfig = FedCSRTrainConfig(), *, individual: bool = False,
                  verbose: bool = False, progress: Optional[Callable[[Dict[str, float]], None]] = None,
-                 checkpointer=None) -> FedCSRResult:
+                 checkpointer=None) -> RunResult[FedCSRState]:
     """FedCSR (module docstring) trained by :func:`fedlib.engine.train`; ``individual=True`` trains each platform alone.
 
     ``progress`` is called with each round's history row (e.g. to advance a progress bar).
@@ -407,6 +354,19 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
     the run stops. The state holds the models, the Adam states that outlive a round (the shared
     Adam, the individual platforms' Adams) and the numpy and torch generator states, so a resumed
     run gives the numbers of an uninterrupted one.
+
+    Returns:
+        The trainer's :class:`~fedlib.engine.trainer.RunResult`: ``best_round`` and
+        ``selected_evaluation`` (best mean validation MRR, with that round's test numbers),
+        ``audit_round`` and ``audit_evaluation`` (best mean **test** MRR; audit only), the raw
+        ``history``; ``method`` (``"FedCSR"``, ``"FedCSR-central-graph"``, ``"FedCSR-individual"``)
+        and ``artifacts``: ``domains`` (the domain names of the metrics' keys), ``models`` (copies
+        of the selected networks: ``[global]``, or one per platform individually), ``graphs`` (the
+        platforms'), ``config``, ``train_config``, ``shared_optimizer`` (the shared Adam with
+        ``shared_optimizer``, else ``None``), ``weights`` (FedAvg's ``N_k``), ``model_bytes``,
+        ``active_platforms``. Per-domain blocks and history rows:
+        :func:`~fedlib.baselines.sequential.sequence_training.selected_blocks`, ``audit_blocks``,
+        ``platform_blocks``, ``history_rows``.
 
     Raises:
         ValueError: no platform with training sequences, platform/valid/test platform counts
@@ -417,7 +377,13 @@ def train_fedcsr(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
     run = train(algorithm, platform_schedule(tc.rounds, tc.patience), seed=tc.seed, checkpointer=checkpointer,
                 checkpoint_config=_snapshot_config(config, tc, individual),
                 on_round_end=round_callback(algorithm.names, progress, verbose))
-    return FedCSRResult.from_run(run, algorithm)
+    run.method = algorithm.method
+    run.artifacts = {"domains": algorithm.names,
+                     "models": [copy.deepcopy(net) for net in algorithm.networks(run.selected_state)],
+                     "graphs": algorithm.graphs, "config": config, "train_config": tc,
+                     "shared_optimizer": algorithm.shared_optimizer(run.state), "weights": algorithm.counts,
+                     "model_bytes": algorithm.model_bytes, "active_platforms": algorithm.active}
+    return run
 
 
 def _snapshot_config(config: FedCSRConfig, tc: FedCSRTrainConfig, individual: bool) -> Dict[str, Any]:
@@ -432,7 +398,7 @@ def _snapshot_config(config: FedCSRConfig, tc: FedCSRTrainConfig, individual: bo
 
 
 def train_individual(split: SequenceSplit, config: FedCSRConfig = FedCSRConfig(),
-                     train_config: FedCSRTrainConfig = FedCSRTrainConfig(), **kwargs) -> FedCSRResult:
+                     train_config: FedCSRTrainConfig = FedCSRTrainConfig(), **kwargs) -> RunResult[FedCSRState]:
     """Paper Figure 4 / Table 9: every platform trains alone; same as ``train_fedcsr(..., individual=True)``."""
     return train_fedcsr(split, config, train_config, individual=True, **kwargs)
 
