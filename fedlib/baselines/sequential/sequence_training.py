@@ -39,8 +39,9 @@ from fedlib.baselines.sequential.sequences import TransitionGraphs, make_batch, 
 
 __all__ = ["TIE_RULES", "METRICS", "SCORES", "ranks_from_scores", "rank_metrics", "sequence_ranks", "evaluate_sequences",
            "fedavg", "state_bytes", "platform_graphs", "platform_rows", "PlatformPlan", "generators_of",
-           "generator_states", "platform_device", "domain_names", "deep_clone", "clone_tensors", "flat_evaluation", "domain_blocks", "curve_row",
-           "selected_blocks", "audit_blocks", "platform_blocks", "history_rows", "platform_schedule", "round_callback"]
+           "generator_states", "platform_device", "domain_names", "deep_clone", "clone_tensors", "flat_evaluation",
+           "domain_blocks", "curve_row", "selected_blocks", "audit_blocks", "platform_blocks", "history_rows",
+           "platform_schedule", "round_callback"]
 
 TIE_RULES = ("optimistic", "pessimistic", "code")
 METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")

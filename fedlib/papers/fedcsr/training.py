@@ -26,10 +26,10 @@ weights, ``N_k`` the weight of platform ``k``)::
 :class:`FedCSRState`); :func:`train_fedcsr` hands it to the one trainer,
 :func:`fedlib.engine.train`, with :func:`platform_schedule`, and returns the trainer's
 :class:`~fedlib.engine.trainer.RunResult` (its per-domain blocks and history rows:
-:func:`~fedlib.baselines.sequential.sequence_training.selected_blocks` and its siblings). The round's randomness (batch order, augmentation,
-sampled negatives: one numpy stream; dropout masks: torch's generator) continues from round
-to round, as in the code, so both generators' states live in the state, and a checkpoint
-(the trainer's) resumes them exactly.
+:func:`~fedlib.baselines.sequential.sequence_training.selected_blocks` and its siblings).
+The round's randomness (batch order, augmentation, sampled negatives: one numpy stream;
+dropout masks: torch's generator) continues from round to round, as in the code, so both
+generators' states live in the state, and a checkpoint (the trainer's) resumes them exactly.
 
 Evaluation, FedAvg (Eq. 19), the platforms' graphs and rows, the schedule and the history rows
 are shared with the FedProx baselines: :mod:`fedlib.baselines.sequential.sequence_training`.
@@ -54,8 +54,8 @@ Choices (where the paper is silent):
 * **Selection**: best mean (over domains) validation MRR, the first best on ties, patience
   counted from the best round (the code counts from the previous round): the trainer's
   :class:`~fedlib.engine.selection.Selection`. The test metrics of the round with the best
-  mean **test** MRR are kept too (``test_selected``, the schedule's ``audit_metric``), the
-  audit of the code's per-round test log.
+  mean **test** MRR are kept too (the run's ``audit_evaluation``, the schedule's
+  ``audit_metric``; recorded as ``test_selected/...``), the audit of the code's per-round test log.
 * **Communication**: per round, each participating platform downloads and uploads every
   state-dict tensor (``numel × element size`` bytes); graphs never leave a platform.
 * **Individual training** (``individual=True``, paper Figure 4 / Table 9): each platform
