@@ -589,7 +589,7 @@ fnb.show(lesson.summary_frame({"μ = 30": live, "μ = 5": small}, columns), "Exe
 fnb.record("exercise_mu", small.summary())
 
 # %% tags=["solution"]
-scorer = live.session.run.scorer
+scorer = live.scorer  # the best-validation server model
 scales = pd.DataFrame({f"1 + {n}": lesson.sampled_metrics(scorer, live.split, num_negatives=n)
                        for n in (99, settings.more_candidates)}).T.rename_axis("candidates")
 scales.loc["full ranking", "HR@10"] = live.summary()["full R@10"]

@@ -11,7 +11,7 @@ from fedlib.data.synthetic import clustered_interactions
 from fedlib.engine import Checkpointer, CommunicationLedger
 from fedlib.engine.algorithm import Algorithm
 from fedlib.papers.fedkdrec.clients import FedKDRecConfig
-from fedlib.papers.fedkdrec.method import FedKDRec, FedKDRecSession, train_fedkdrec
+from fedlib.papers.fedkdrec.method import FedKDRec, FedKDRecSession, curve_rows, server_scorer, train_fedkdrec
 from fedlib.metrics.ranking import candidate_set_metrics
 
 torch.set_num_threads(1)
@@ -63,16 +63,20 @@ def test_a_killed_fedkdrec_run_resumes_to_the_uninterrupted_result(split, tmp_pa
                              checkpointer=second)
     assert second.resumed_at == [2]
     assert _without_seconds(resumed.history) == _without_seconds(full.history)
-    assert resumed.curve == full.curve and [c["round"] for c in full.curve] == [2, 4, 5]
-    assert all(c["evaluated_after"] == c["round"] for c in full.curve)  # the callback's extras reach the curve
-    assert (resumed.best_round, resumed.best_valid) == (full.best_round, full.best_valid)
-    for name in full.server:
-        assert torch.equal(resumed.server[name], full.server[name]), name
-        assert torch.equal(resumed.best_server[name], full.best_server[name]), name
-    for name in full.clients:
-        assert torch.equal(resumed.clients[name], full.clients[name]), name
+    curve = curve_rows(full)
+    assert curve_rows(resumed) == curve and [c["round"] for c in curve] == [2, 4, 5]
+    assert all(c["evaluated_after"] == c["round"] for c in curve)  # the callback's extras reach the curve
+    assert (resumed.best_round, resumed.selected_evaluation) == (full.best_round, full.selected_evaluation)
+    assert full.selected_evaluation["valid/valid"] == max(c["valid"] for c in curve)
+    for name in full.state.server.params:
+        assert torch.equal(resumed.state.server.params[name], full.state.server.params[name]), name
+        assert torch.equal(resumed.best_state.server.params[name], full.best_state.server.params[name]), name
+    for name in full.state.clients:
+        assert torch.equal(resumed.state.clients[name], full.state.clients[name]), name
     if config.backbone == "lightgcn":
-        assert torch.equal(resumed.graph.to_dense(), full.graph.to_dense())
+        assert torch.equal(resumed.state.server.graph.to_dense(), full.state.server.graph.to_dense())
+    users = torch.arange(5)
+    assert torch.equal(server_scorer(resumed)(users), server_scorer(full)(users))
     frame, again = full_ledger.per_round(), resumed_ledger.per_round()
     assert frame[frame["round"] >= 3].reset_index(drop=True).equals(again.reset_index(drop=True))
 
@@ -86,22 +90,38 @@ def test_the_lesson_session_gives_the_trainers_numbers(split):
     for _ in range(config.rounds):
         session.step_round()
         session.evaluate(lambda r, s: next(values))
-    stepped = session.finish()
+    stepped = session.run
     assert isinstance(session.algorithm, Algorithm) and isinstance(FedKDRec(split, config), Algorithm)
-    assert _without_seconds(stepped.history) == _without_seconds(trained.history)
-    assert stepped.curve == trained.curve and stepped.best_round == trained.best_round == 2  # earliest best wins
-    for name in trained.server:
-        assert torch.equal(stepped.server[name], trained.server[name]), name
-        assert torch.equal(stepped.best_server[name], trained.best_server[name]), name
+    assert _without_seconds(stepped.history) == _without_seconds(trained.history)  # the trainer's rows
+    assert curve_rows(stepped) == curve_rows(trained) and stepped.best_round == trained.best_round == 2  # earliest best
+    assert (stepped.method, trained.method) == ("FedKDRec", "FedKDRec") and stepped.round_index == 3
+    for name in trained.state.server.params:
+        assert torch.equal(stepped.state.server.params[name], trained.state.server.params[name]), name
+        assert torch.equal(stepped.best_state.server.params[name], trained.best_state.server.params[name]), name
+    assert torch.equal(server_scorer(stepped)(torch.arange(5)), server_scorer(trained)(torch.arange(5)))
     assert session.clients.tolist() == sorted(session.clients.tolist())  # the current round's plan
+    fresh = FedKDRecSession(split, config, device="cpu")
     with pytest.raises(AttributeError, match="begin_round"):
-        FedKDRecSession(split, config, device="cpu").uploads
+        fresh.uploads
+    with pytest.raises(ValueError, match="after learn"):
+        fresh.evaluate(lambda r, s: 0.5)
 
 
 def test_without_evaluation_the_last_server_stands_in(split):
     run = train_fedkdrec(split, _config(rounds=2), device="cpu")
-    assert run.curve == [] and run.best_round == 2 and run.best_valid == -math.inf
-    for name in run.server:
-        assert torch.equal(run.best_server[name], run.server[name])
+    assert curve_rows(run) == [] and run.best_round is None and run.best_state is None
+    last = run.state.server
+    assert torch.equal(server_scorer(run)(torch.arange(4)), last.backbone.server_scores(last.params, torch.arange(4),
+                                                                                          last.graph))
     with pytest.raises(ValueError, match="evaluate="):
         FedKDRec(split, _config()).evaluate(None, "valid")
+
+
+def test_when_every_validation_value_is_nan_the_last_server_stands_in(split):
+    run = train_fedkdrec(split, _config(rounds=3, eval_every=1), evaluate=lambda r, s: math.nan, device="cpu")
+    assert run.best_score == -math.inf and run.best_round == 1  # the trainer keeps the first (-inf) evaluation
+    params = run.state.server.params
+    assert any(not torch.equal(run.best_state.server.params[n], params[n]) for n in params)  # rounds 2, 3 moved it
+    users = torch.arange(4)
+    expected = run.artifacts["backbone"].server_scores(params, users, run.state.server.graph)
+    assert torch.equal(server_scorer(run)(users), expected)

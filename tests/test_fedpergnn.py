@@ -12,8 +12,9 @@ from fedlib.data.protocols import fedkdrec
 from fedlib.data.splits import Pairs
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import round_generator, select_clients
-from fedlib.baselines.single_domain.fedpergnn import (GNN_NAMES, FedPerGNNConfig, ThirdParty, client_noise, client_upload, clip_rows,
-                                      gat_layer, train_fedpergnn)
+from fedlib.baselines.single_domain.fedpergnn import (GNN_NAMES, FedPerGNNConfig, ThirdParty, client_noise,
+                                                     client_upload, clip_rows, curve_rows, gat_layer, score_users,
+                                                     selected_tensors, train_fedpergnn)
 from fedlib.metrics.ranking import candidate_set_metrics
 from conftest import missing_data
 
@@ -186,12 +187,16 @@ def test_batched_matches_sequential(planted, privacy):
                              neighbors_per_item=3, gat_heads=2, seed=5, **privacy)
     batched = train_fedpergnn(planted, config, executor="batched")
     sequential = train_fedpergnn(planted, config, executor="sequential")
-    assert set(batched.state) == {"item", "user", *GNN_NAMES}
-    for name, value in batched.state.items():
-        assert_close(value, sequential.state[name], name)
-    moved = batched.state["item"] - train_fedpergnn(planted, FedPerGNNConfig(dim=8, rounds=1, seed=5)).state["item"]
+    assert batched.best_state is None and selected_tensors(batched) is batched.state.tensors  # no evaluate: the last
+    assert set(batched.state.tensors) == {"item", "user", *GNN_NAMES}
+    for name, value in batched.state.tensors.items():
+        assert_close(value, sequential.state.tensors[name], name)
+    one_round = train_fedpergnn(planted, FedPerGNNConfig(dim=8, rounds=1, seed=5))
+    moved = batched.state.tensors["item"] - one_round.state.tensors["item"]
     assert moved.abs().max() > 0  # the runs trained at all
-    assert abs(batched.curve[-1]["loss"] - sequential.curve[-1]["loss"]) < 1e-5
+    curves = curve_rows(batched), curve_rows(sequential)
+    assert [c["round"] for c in curves[0]] == [2] and math.isnan(curves[0][-1]["valid"])  # scheduled, not evaluated
+    assert abs(curves[0][-1]["loss"] - curves[1][-1]["loss"]) < 1e-5
 
 
 # ------------------------------------------------------------------------------ learning
@@ -205,13 +210,19 @@ def test_learns_planted_groups(planted):
         return values[-1]
 
     run = train_fedpergnn(planted, config, evaluate=evaluate)
-    assert [c["round"] for c in run.curve] == [10, 20, 30, 40] and run.best_round in (10, 20, 30, 40)
-    assert run.curve[[c["round"] for c in run.curve].index(run.best_round)]["valid"] == max(values)
-    test_hr = hit_rate(run.score_users, planted)
+    curve = curve_rows(run)
+    assert [c["round"] for c in curve] == [10, 20, 30, 40] and run.best_round in (10, 20, 30, 40)
+    assert curve[[c["round"] for c in curve].index(run.best_round)]["valid"] == max(values)
+    assert run.method == "FedPerGNN" and selected_tensors(run) is run.best_state.tensors
+
+    def scores(users):
+        return score_users(run, users)
+
+    test_hr = hit_rate(scores, planted)
     random_hr = hit_rate(lambda users: torch.rand(len(users), planted.num_items,
                                                   generator=torch.Generator().manual_seed(0)), planted)
     assert test_hr > 0.3 and test_hr > random_hr + 0.15, (test_hr, random_hr)
-    assert torch.equal(run.score_users(torch.arange(5)), run.score_users(torch.arange(5)))  # fixed neighbours
+    assert torch.equal(scores(torch.arange(5)), scores(torch.arange(5)))  # fixed neighbours
 
 
 # ------------------------------------------------------------------------------ communication
@@ -244,8 +255,8 @@ def test_ml100k_two_rounds(shared_data):
     calls = []
     run = train_fedpergnn(split, FedPerGNNConfig(rounds=2, eval_every=1),
                           evaluate=lambda r, fn: calls.append(r) or hit_rate(fn, split, "valid"))
-    assert calls == [1, 2] and len(run.curve) == 2
-    scores = run.score_users(torch.arange(50))
+    assert calls == [1, 2] and len(curve_rows(run)) == 2
+    scores = score_users(run, torch.arange(50))
     assert scores.shape == (50, 1682) and torch.isfinite(scores).all()
 
 
@@ -281,14 +292,17 @@ def test_fedpergnn_is_an_algorithm_and_a_killed_run_resumes_to_the_uninterrupted
     resumed_ledger = CommunicationLedger()
     resumed = train_fedpergnn(planted, config, evaluate=evaluate, checkpointer=second, ledger=resumed_ledger)
     assert second.resumed_at == [3]
-    assert resumed.curve == full.curve and resumed.best_round == full.best_round
-    for name, value in full.state.items():
-        assert torch.equal(resumed.state[name], value), name
+    assert curve_rows(resumed) == curve_rows(full) and resumed.best_round == full.best_round
+    for name, value in full.state.tensors.items():
+        assert torch.equal(resumed.state.tensors[name], value), name
+        assert torch.equal(selected_tensors(resumed)[name], selected_tensors(full)[name]), name
     # only the rounds run after the resume are charged, and they are charged as in the full run
     frame, resumed_frame = full_ledger.per_round(), resumed_ledger.per_round()
     assert sorted(resumed_frame["round"].unique()) == [4, 5]
     assert frame[frame["round"] >= 4].reset_index(drop=True).equals(resumed_frame.reset_index(drop=True))
     # the trainer's schedule: evaluations after rounds 2, 4 and the last
-    assert [c["round"] for c in full.curve] == [2, 4, 5]
+    assert [c["round"] for c in curve_rows(full)] == [2, 4, 5]
     run = train(FedPerGNN(planted, config), Schedule(rounds=2), seed=4, evaluate=False)
     assert run.state.round_index == 2 and len(run.history) == 2
+    with pytest.raises(ValueError, match="train_fedpergnn"):  # the trainer's bare run lacks the artifacts
+        curve_rows(run)

@@ -100,7 +100,7 @@ def test_exercise_3_smaller_actor_budget(default_run):
 
 
 def test_exercise_4_more_candidates_lower_the_hit_rate(default_run):
-    scorer = default_run.session.run.scorer
+    scorer = default_run.scorer
     hits = {n: lesson.sampled_metrics(scorer, default_run.split, num_negatives=n)["HR@10"] for n in (99, 149)}
     random_hits = {n: lesson.sampled_metrics(lesson.random_scorer(default_run.split.num_items), default_run.split,
                                              num_negatives=n)["HR@10"] for n in (49, 149)}

@@ -214,10 +214,11 @@ check_config = clients.FedKDRecConfig(backbone="neumf", hidden=paper_hidden("neu
 runs, seconds = {}, {}
 for executor in ("batched", "sequential"):
     started = time.perf_counter()
-    runs[executor] = method.train_fedkdrec(check_split, check_config, executor=executor)
+    runs[executor] = method.train_fedkdrec(check_split, check_config, executor=executor).state
     seconds[executor] = round((time.perf_counter() - started) / settings.executor_check_rounds, 2)
-gap = {part: max(float((getattr(runs["batched"], part)[n] - getattr(runs["sequential"], part)[n]).detach().abs().max())
-                 for n in getattr(runs["batched"], part)) for part in ("server", "clients")}
+parts = {executor: {"server": state.server.params, "clients": state.clients} for executor, state in runs.items()}
+gap = {part: max(float((parts["batched"][part][n] - parts["sequential"][part][n]).detach().abs().max())
+                 for n in parts["batched"][part]) for part in ("server", "clients")}
 print(f"{settings.executor_check_rounds} rounds: seconds per round {seconds}; max |Δ| server {gap['server']:.1e}, "
       f"clients {gap['clients']:.1e}")
 fnb.record("executor_check", {"server_gap": gap["server"], "client_gap": gap["clients"]})

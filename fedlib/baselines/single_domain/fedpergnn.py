@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 import numpy as np
 import torch
@@ -81,8 +81,9 @@ from fedlib.engine.trainer import RunResult, Schedule
 from fedlib.engine.trainer import train as train_rounds
 from fedlib.models.base import normal_, uniform_
 
-__all__ = ["FedPerGNNConfig", "FedPerGNNState", "FedPerGNN", "FedPerGNNRun", "train_fedpergnn", "ThirdParty", "gat_layer", "clip_rows",
-           "client_noise", "client_upload", "ClientNoise", "GNN_NAMES", "EXECUTORS"]
+__all__ = ["FedPerGNNConfig", "FedPerGNNState", "FedPerGNN", "train_fedpergnn", "selected_tensors", "score_users",
+           "curve_rows", "ThirdParty", "gat_layer", "clip_rows", "client_noise", "client_upload", "ClientNoise",
+           "GNN_NAMES", "EXECUTORS"]
 
 GNN_NAMES = ("w1", "a1_src", "a1_dst", "w2", "a2_src", "a2_dst")
 EXECUTORS = ("batched", "sequential")
@@ -592,38 +593,16 @@ class FedPerGNN:
         return {"valid": value, "score": -math.inf if math.isnan(value) else value}
 
 
-class FedPerGNNRun:
-    """Result of :func:`train_fedpergnn`: a view of the trainer's :class:`~fedlib.engine.trainer.RunResult`.
-
-    Attributes:
-        config: the settings; curve: one ``{"round", "valid", "loss"}`` per scheduled evaluation
-        (``loss`` = mean local BCE of that round's clients; ``valid`` NaN without ``evaluate``);
-        best_round: round of the kept state; state: the kept parameters (``item (I, d)``,
-        ``user (U, d)``, GNN tensors).
-    """
-
-    def __init__(self, config, curve, best_round, state, train, third):
-        self.config, self.curve, self.best_round, self.state = config, curve, best_round, state
-        self._train, self._third = train, third
-
-    @classmethod
-    def from_run(cls, run: RunResult, algorithm: FedPerGNN, schedule: Schedule) -> "FedPerGNNRun":
-        """The view: the best-validation state (the last one when no evaluation scored above ``-inf``)."""
-        curve = [{"round": row["round"], "valid": row.get("valid/valid", math.nan), "loss": row["train_loss"]}
-                 for row in run.history if schedule.evaluates_after(row["round"])]
-        found = run.best_state is not None and run.best_score > -math.inf
-        best_round = run.best_round if found else algorithm.config.rounds
-        state = run.best_state if found else run.state
-        return cls(algorithm.config, curve, best_round, state.tensors, algorithm.split.train, algorithm.third)
-
-    def score_users(self, users) -> torch.Tensor:
-        """``(n, I)`` scores of every item for ``users (n,)`` with the best-validation state."""
-        return _score(self.state, self._train, self._third, self.config, torch.as_tensor(users, dtype=torch.int64))
+def _schedule(config: FedPerGNNConfig, keep_best_state: bool) -> Schedule:
+    """Evaluate every ``eval_every`` rounds and after the last; select the highest validation
+    value (``score``: NaN read as ``-inf``), the first on ties; no patience, no test set."""
+    return Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
+                    test_at_end=False, keep_best_state=keep_best_state)
 
 
 def train_fedpergnn(split: InteractionSplit, config: FedPerGNNConfig, *, evaluate: Optional[Callable] = None,
                     ledger: Optional[CommunicationLedger] = None, progress: Optional[Callable] = None,
-                    executor: str = "batched", checkpointer=None) -> FedPerGNNRun:
+                    executor: str = "batched", checkpointer=None) -> RunResult[FedPerGNNState]:
     """Train FedPerGNN on ``split.train`` with the trainer (see the module docstring).
 
     Args:
@@ -636,19 +615,53 @@ def train_fedpergnn(split: InteractionSplit, config: FedPerGNNConfig, *, evaluat
             uninterrupted one (the evaluate callback's own records aside).
 
     Returns:
-        A :class:`FedPerGNNRun` holding the state of the best validation value.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult`: ``state`` (the last
+        :class:`FedPerGNNState`), ``best_state`` (a copy at the best validation value, with ``evaluate``),
+        ``history`` (one row per round: ``round``, ``train_loss`` = the mean local BCE of the round's
+        clients, and ``valid/valid``, ``valid/score`` when evaluated), ``method`` (``"FedPerGNN"``) and
+        ``artifacts``: ``config`` and ``algorithm`` (the :class:`FedPerGNN`, whose :meth:`~FedPerGNN.score_fn`
+        scores a state). Read it with :func:`selected_tensors`, :func:`score_users` and :func:`curve_rows`.
 
     Raises:
         ValueError: unknown executor, or no training interactions. TypeError: ``config`` of another type.
     """
     algorithm = FedPerGNN(split, config, executor=executor, evaluate=evaluate)
-    schedule = Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
-                        test_at_end=False, keep_best_state=evaluate is not None)
-    run = train_rounds(algorithm, schedule, seed=config.seed, ledger=ledger, evaluate=evaluate is not None,
+    run = train_rounds(algorithm, _schedule(config, keep_best_state=evaluate is not None), seed=config.seed,
+                       ledger=ledger, evaluate=evaluate is not None,
                        on_round_end=None if progress is None else (lambda run, record: progress(record["round"])),
                        checkpointer=checkpointer,
                        checkpoint_config=None if checkpointer is None else dataclasses.asdict(config))
-    return FedPerGNNRun.from_run(run, algorithm, schedule)
+    run.method, run.artifacts = "FedPerGNN", {"config": config, "algorithm": algorithm}
+    return run
+
+
+# The finished run: plain functions of train_fedpergnn's RunResult.
+def _algorithm(run: RunResult) -> FedPerGNN:
+    if not isinstance(run.artifacts.get("algorithm"), FedPerGNN):
+        raise ValueError("run.artifacts has no FedPerGNN 'algorithm': pass the RunResult of train_fedpergnn")
+    return run.artifacts["algorithm"]
+
+
+def selected_tensors(run: RunResult) -> Dict[str, torch.Tensor]:
+    """The selected parameters (``item (I, d)``, ``user (U, d)``, the GNN tensors): the best-validation
+    state when an evaluation scored above ``-inf``, else the last one (no ``evaluate``, or only NaN)."""
+    found = run.best_state is not None and run.best_score is not None and run.best_score > -math.inf
+    return (run.best_state if found else run.state).tensors
+
+
+def score_users(run: RunResult, users) -> torch.Tensor:
+    """``(n, I)`` logits of every item for ``users (n,)`` under :func:`selected_tensors` (fixed
+    evaluation neighbours: the same scores on every call)."""
+    return _algorithm(run).score_fn(FedPerGNNState(run.round_index, selected_tensors(run)))(
+        torch.as_tensor(users, dtype=torch.int64))
+
+
+def curve_rows(run: RunResult) -> List[Dict[str, float]]:
+    """One ``{"round", "valid", "loss"}`` per scheduled evaluation (``loss``: that round's mean local
+    BCE; ``valid``: NaN when the run had no ``evaluate``)."""
+    schedule = _schedule(_algorithm(run).config, keep_best_state=False)
+    return [{"round": row["round"], "valid": row.get("valid/valid", math.nan), "loss": row["train_loss"]}
+            for row in run.history if schedule.evaluates_after(row["round"])]
 
 
 def _record(ledger, r, clients, graphs: _Graphs, state, sent, dim) -> None:

@@ -17,7 +17,8 @@ Files in reading order. The method is the first three; the rest is the experimen
    (:class:`~fedlib.papers.fedkdrec.method.FedKDRec`: one round = send, train clients,
    upload, train server, learn), the lesson's step-by-step
    :class:`~fedlib.papers.fedkdrec.method.FedKDRecSession` and
-   :func:`~fedlib.papers.fedkdrec.method.train_fedkdrec` (the trainer runs the rounds).
+   :func:`~fedlib.papers.fedkdrec.method.train_fedkdrec` (the trainer runs the rounds and its
+   ``RunResult`` is the result; ``server_scorer`` and ``curve_rows`` read it).
 4. ``spec.toml``: the experiment as data: every cell default once with its reason (datasets,
    methods, backbones, the learning rates chosen on validation), the grid's parts and the
    layouts of Tables 1–5.

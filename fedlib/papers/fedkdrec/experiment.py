@@ -261,7 +261,7 @@ def _run_fedkdrec(config, split, recorder, init, device, progress):
             "teacher_loss", "label_revealed", "critic_loss", "actor_loss", "seconds")
     history = [{k: (None if v is None or (isinstance(v, float) and not math.isfinite(v)) else v)
                 for k, v in h.items() if k in keep} for h in run.history]
-    return ledger, {"history": history, "client_model_parameters": run.backbone.num_parameters()}
+    return ledger, {"history": history, "client_model_parameters": run.artifacts["backbone"].num_parameters()}
 
 
 def _run_parameter_transfer(config, split, recorder, init, device, progress):

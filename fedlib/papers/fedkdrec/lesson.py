@@ -27,7 +27,7 @@ from fedlib.data.candidates import candidates_for
 from fedlib.engine import CommunicationLedger
 from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.papers.fedkdrec import experiment as X
-from fedlib.papers.fedkdrec.method import FedKDRecSession
+from fedlib.papers.fedkdrec.method import FedKDRecSession, ServerScorer, server_scorer
 
 __all__ = ["LiveRun", "upload_rows", "teacher_table", "selection_table", "sampled_metrics", "random_scorer"]
 
@@ -61,6 +61,11 @@ class LiveRun:
     @property
     def round_index(self) -> int:
         return self.session.round_index
+
+    @property
+    def scorer(self) -> ServerScorer:
+        """The best-validation server model so far (the last server before any evaluation)."""
+        return server_scorer(self.session.run)
 
     def end_round(self) -> Dict[str, Any]:
         """Step 6 plus bookkeeping: the agents learn, the teacher weights are summarised, and the

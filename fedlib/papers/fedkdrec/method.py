@@ -29,8 +29,10 @@ variant (its Table 1 and Table 2 rows are the same numbers).
 This file holds the server (its model, the labels it was told and both agents of
 :mod:`.agents`: steps 2, 5 and 6), the round as an
 :class:`~fedlib.engine.algorithm.Algorithm` (:class:`FedKDRec`), the lesson's step-by-step
-:class:`FedKDRecSession` and :func:`train_fedkdrec`; the client side (steps 3 and 4) and the
-settings are in :mod:`.clients`.
+:class:`FedKDRecSession`, :func:`train_fedkdrec` (which returns the trainer's
+:class:`~fedlib.engine.trainer.RunResult`) and the functions that read a finished run
+(:func:`server_scorer`, :func:`curve_rows`); the client side (steps 3 and 4) and the settings
+are in :mod:`.clients`.
 
 Choices the paper leaves open (each one is a config field, documented in the notebook):
 negatives are drawn afresh each time a client trains (PTF-FedRec draws them once); a
@@ -48,7 +50,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
@@ -61,18 +63,18 @@ from fedlib.data.splits import InteractionSplit, Pairs
 from fedlib.device import default_device
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.plan import round_generator
-from fedlib.engine.selection import Selection
-from fedlib.engine.trainer import RunResult, Schedule
+from fedlib.engine.trainer import RunResult, Schedule, start_run
 from fedlib.engine.trainer import train as train_rounds
 from fedlib.models.stacked import Backbone
 from fedlib.papers.fedkdrec.agents import TeacherWeightAgent, TransferAgent, divergence_reward, diversity_reward, zscore
 from fedlib.papers.fedkdrec.clients import (
-    FedKDRecConfig, LocalData, Uploads, epoch_orders, gather_local, local_examples, local_predictions, prepare_uploads,
-    scatter_local, train_clients_batched, train_clients_sequential,
+    VARIANTS, FedKDRecConfig, LocalData, Uploads, epoch_orders, gather_local, local_examples, local_predictions,
+    prepare_uploads, scatter_local, train_clients_batched, train_clients_sequential,
 )
 
 __all__ = [
-    "ServerScorer", "FedKDRecRun", "FedKDRecState", "FedKDRecRound", "FedKDRec", "FedKDRecSession", "train_fedkdrec",
+    "ServerScorer", "FedKDRecState", "FedKDRecRound", "FedKDRec", "FedKDRecSession", "train_fedkdrec", "variant_name",
+    "selected_state", "server_scorer", "curve_rows",
 ]
 
 EXECUTORS = ("batched", "sequential")
@@ -102,54 +104,6 @@ class ServerScorer:
     def pairs(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
             return self.backbone.server_pair_scores(self.params, users, items, self.graph)
-
-
-@dataclass
-class FedKDRecRun:
-    """A finished run: the best-validation server model and the per-round record.
-
-    Attributes:
-        curve: one dict per evaluation (``round``, ``valid``, plus what ``evaluate`` returned).
-        history: one dict per round: server loss, items sent/uploaded per client, the
-            teacher weights' entropy, the fraction of uploaded private labels that reveal the
-            hard label (``r̄ > 0.5 ⇔ r = 1``), agent losses, seconds.
-    """
-
-    config: FedKDRecConfig
-    backbone: Backbone
-    server: Dict[str, torch.Tensor]
-    best_server: Dict[str, torch.Tensor]
-    graph: Optional[torch.Tensor]
-    best_graph: Optional[torch.Tensor]
-    clients: Dict[str, torch.Tensor]
-    own_all: torch.Tensor
-    best_round: int = 0
-    best_valid: float = -math.inf
-    curve: List[Dict[str, Any]] = field(default_factory=list)
-    history: List[Dict[str, Any]] = field(default_factory=list)
-
-    @classmethod
-    def from_run(cls, run: RunResult, algorithm: "FedKDRec") -> "FedKDRecRun":
-        """A view of the trainer's :class:`~fedlib.engine.trainer.RunResult`: ``history`` is its rows
-        without the trainer's ``train_loss`` and ``valid/*`` columns, ``curve`` its evaluated rows
-        (``valid`` and the callback's extras), ``best_*`` its selection (the last server when
-        nothing was evaluated, as :meth:`FedKDRecSession.finish`)."""
-        return cls(**_run_view(run, algorithm))
-
-    @property
-    def scorer(self) -> "ServerScorer":
-        """The best-validation server model (the paper's output), as a scorer."""
-        return ServerScorer(self.backbone, self.best_server, self.best_graph)
-
-    def score_users(self, users: torch.Tensor) -> torch.Tensor:
-        """``(n, I)`` logits of the best-validation server model."""
-        return self.scorer(users)
-
-    def client_score_users(self, users: torch.Tensor) -> torch.Tensor:
-        """``(n, I)`` logits of the users' own (final) client models."""
-        with torch.no_grad():
-            params = {n: v[users] for n, v in self.clients.items()}
-            return self.backbone.client_scores(params, self.own_all[users])
 
 
 def _graph_of(backbone: Backbone, pairs, device) -> Optional[torch.Tensor]:
@@ -422,8 +376,6 @@ class FedKDRec:
         self.split, self.config, self.item_init, self.callback = split, config, item_init, evaluate
         train = split.train
         self.backbone = Backbone(config.backbone, split.num_users, split.num_items, config.dim, config.hidden)
-        self.own_all = torch.zeros(split.num_users, split.num_items, device=device)
-        self.own_all[torch.as_tensor(train.users, device=device), torch.as_tensor(train.items, device=device)] = 1.0
         self.sampler = NegativeSampler(train, split.num_items)
         self.train_sizes = torch.as_tensor(train.counts(), device=device)
         self.candidates = train.active_users()
@@ -547,30 +499,16 @@ class FedKDRec:
             raise ValueError("FedKDRec was built without evaluate=; pass one or train with evaluate=False")
         if split != "valid":
             raise ValueError(f"FedKDRec's evaluate callback scores validation only, got split {split!r}")
-        out = self.callback(state.round_index, self.scorer(state))
-        value, extra = (out if isinstance(out, tuple) else (out, {}))
-        value = float(value)
-        return {"valid": value, "score": -math.inf if math.isnan(value) else value,
-                **{f"extra/{k}": v for k, v in extra.items()}}
+        return _evaluation(self.callback(state.round_index, self.scorer(state)))
 
 
-def _run_view(run: RunResult, algorithm: FedKDRec) -> Dict[str, Any]:
-    """The fields of :class:`FedKDRecRun` read from the trainer's result."""
-    state = run.state
-    history = [{k: v for k, v in row.items() if k != "train_loss" and not k.startswith("valid/")} for row in run.history]
-    curve = [{"round": row["round"], "valid": row["valid/valid"],
-              **{k[len("valid/extra/"):]: v for k, v in row.items() if k.startswith("valid/extra/")}}
-             for row in run.history if "valid/valid" in row]
-    found = run.best_state is not None and run.best_score > -math.inf
-    if found:
-        best = dict(best_server=run.best_state.server.params, best_graph=run.best_state.server.graph,
-                    best_round=run.best_round, best_valid=run.selection.best_metrics["valid/valid"])
-    else:  # nothing evaluated (or nothing above -inf): the last server stands in
-        best = dict(best_server={n: v.detach().clone() for n, v in state.server.params.items()},
-                    best_graph=state.server.graph, best_round=state.round_index, best_valid=-math.inf)
-    return dict(config=algorithm.config, backbone=algorithm.backbone, server=state.server.params,
-                graph=state.server.graph, clients=state.clients, own_all=algorithm.own_all, curve=curve,
-                history=history, **best)
+def _evaluation(out) -> Dict[str, Any]:
+    """An evaluate callback's answer (``value`` or ``(value, extras)``) as the metrics of
+    :meth:`FedKDRec.evaluate`: ``valid``, ``score`` (NaN read as ``-inf``) and ``extra/<key>``."""
+    value, extra = (out if isinstance(out, tuple) else (out, {}))
+    value = float(value)
+    return {"valid": value, "score": -math.inf if math.isnan(value) else value,
+            **{f"extra/{k}": v for k, v in extra.items()}}
 
 
 class FedKDRecSession:
@@ -581,9 +519,12 @@ class FedKDRecSession:
     :meth:`step_round` runs them in that order (the numbers of :func:`train_fedkdrec`, which runs
     the same steps through the trainer). After each step, the attribute it names holds what it
     produced (``clients``, ``sent``/``sent_labels``/``episode``, ``data``/``local``, ``uploads``,
-    ``info``, ``run.history[-1]``: read from the current :class:`FedKDRecRound`), so a lesson can
-    show every stage of a round. :meth:`evaluate` keeps the best-validation server with the
-    trainer's :class:`~fedlib.engine.selection.Selection` (earliest best wins).
+    ``info``: read from the current :class:`FedKDRecRound`), so a lesson can show every stage of
+    a round. ``run`` is the run so far as the trainer's
+    :class:`~fedlib.engine.trainer.RunResult` with the rows and selection :func:`train_fedkdrec`
+    gives: :meth:`learn` appends the round's history row, :meth:`evaluate` adds ``valid/...`` to
+    it and keeps the best-validation server with the trainer's
+    :class:`~fedlib.engine.selection.Selection` (earliest best wins).
 
     Args:
         split: the leave-one-out split (``split.train`` is what the clients hold).
@@ -604,9 +545,8 @@ class FedKDRecSession:
         self.device, self.backbone = self.algorithm.device, self.algorithm.backbone
         self.state = self.algorithm.init(config.seed)
         self.server, self.clients_state = self.state.server, self.state.clients
-        self.run = FedKDRecRun(config=config, backbone=self.backbone, server=self.server.params, best_server={},
-                               graph=None, best_graph=None, clients=self.clients_state, own_all=self.algorithm.own_all)
-        self.selection = Selection("score")
+        self.run = start_run(self.algorithm, _schedule(config, keep_best_state=True), config.seed, state=self.state)
+        self.run.method, self.run.artifacts = _method_and_artifacts(self.algorithm)
         self.round_index = 0
         self.current: Optional[FedKDRecRound] = None
 
@@ -643,9 +583,13 @@ class FedKDRecSession:
         return self.algorithm.train_server(self.state, self.current)
 
     def learn(self) -> Dict[str, Any]:
-        """Step 6 (Eqs. 8, 9, 11, 12): the actor–critic learns from the round; returns the round's record."""
+        """Step 6 (Eqs. 8, 9, 11, 12): the actor–critic learns from the round; returns the round's
+        record and appends it to ``run.history`` as the trainer's row (``round``, ``train_loss`` =
+        the clients' mean BCE, the record's other entries)."""
         record = self.algorithm.learn(self.state, self.current, self.ledger)
-        self.run.history.append(record)
+        self.run.round_index = record["round"]
+        self.run.history.append({"round": record["round"], "train_loss": float(self.current.client_loss),
+                                 **{k: v for k, v in record.items() if k != "round"}})
         return record
 
     def step_round(self) -> Dict[str, Any]:
@@ -658,32 +602,58 @@ class FedKDRecSession:
         return self.learn()
 
     def evaluate(self, evaluate: Callable[[int, "ServerScorer"], Any]) -> float:
-        """Score the current server model (``evaluate(round, scorer) -> value or (value, dict)``);
-        keeps the best-validation server (earliest best wins). Returns the validation value."""
-        out = evaluate(self.round_index, self.algorithm.scorer(self.state))
-        value, extra = (out if isinstance(out, tuple) else (out, {}))
-        run, score = self.run, -math.inf if math.isnan(float(value)) else float(value)
-        run.curve.append({"round": self.round_index, "valid": float(value), **extra})
-        if self.selection.update(self.round_index, {"score": score}) and score > -math.inf:
-            run.best_valid, run.best_round = float(value), self.round_index
-            run.best_server = {n: v.detach().clone() for n, v in self.server.params.items()}
-            run.best_graph = self.server.graph
-        return float(value)
+        """Score the server model after the last :meth:`learn` (``evaluate(round, scorer) -> value
+        or (value, dict)``) as the trainer does: the metrics of :meth:`FedKDRec.evaluate` join the
+        round's history row as ``valid/...``, and the server is kept when it is the best so far
+        (earliest best wins). Returns the validation value.
 
-    def finish(self) -> FedKDRecRun:
-        """The finished run (the last server stands in when nothing was evaluated)."""
+        Raises:
+            ValueError: no round has finished its :meth:`learn` step yet.
+        """
         run = self.run
-        if not run.best_server:
-            run.best_server = {n: v.detach().clone() for n, v in self.server.params.items()}
-            run.best_graph, run.best_round = self.server.graph, self.round_index
-        run.graph = self.server.graph
-        return run
+        if not run.history or run.history[-1]["round"] != self.round_index:
+            raise ValueError("FedKDRecSession.evaluate scores a finished round: call it after learn() "
+                             "(or step_round()), not before the first round or in the middle of one")
+        metrics = {f"valid/{k}": v for k, v in _evaluation(evaluate(run.round_index,
+                                                                    self.algorithm.scorer(self.state))).items()}
+        run.history[-1].update(metrics)
+        if run.selection.update(run.round_index, metrics):
+            run.best_state = self.algorithm.copy_state(self.state)
+        return metrics["valid/valid"]
+
+
+def _schedule(config: FedKDRecConfig, keep_best_state: bool) -> Schedule:
+    """Evaluate every ``eval_every`` rounds and after the last; select the highest validation
+    value (``score``: NaN read as ``-inf``), the earliest on ties; no patience, no test set."""
+    return Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
+                    test_at_end=False, keep_best_state=keep_best_state)
+
+
+def variant_name(config: FedKDRecConfig) -> str:
+    """The method's label: the :data:`~fedlib.papers.fedkdrec.clients.VARIANTS` entry whose flags
+    ``config`` carries, as the tables name it after FedKDRec (``"FedKDRec"``, ``"FedKDRec-c"``,
+    ``"FedKDRec w/o R_i"``, ``"PTF-FedRec"``), else ``"FedKDRec (custom)"``."""
+    flags = {key for overrides in VARIANTS.values() for key in overrides}
+    defaults = FedKDRecConfig()
+    for name in ("PTF-FedRec", *VARIANTS):
+        wanted = {key: VARIANTS[name].get(key, getattr(defaults, key)) for key in flags}
+        if all(_plain(getattr(config, key)) == _plain(value) for key, value in wanted.items()):
+            return name if name in ("FedKDRec", "PTF-FedRec") else f"FedKDRec{'' if name[0] in '-~' else ' '}{name}"
+    return "FedKDRec (custom)"
+
+
+def _plain(value):
+    return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _method_and_artifacts(algorithm: FedKDRec) -> Tuple[str, Dict[str, Any]]:
+    return variant_name(algorithm.config), {"config": algorithm.config, "backbone": algorithm.backbone}
 
 
 def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init: Optional[torch.Tensor] = None,
                    evaluate: Optional[Callable[[int, ScoreFn], Any]] = None, ledger=None,
                    progress: Optional[Callable[[int], None]] = None, executor: str = "batched",
-                   device=None, checkpointer=None) -> FedKDRecRun:
+                   device=None, checkpointer=None) -> RunResult[FedKDRecState]:
     """Algorithm 1: train FedKDRec (or a variant) on ``split.train`` with the trainer.
 
     Args:
@@ -698,14 +668,53 @@ def train_fedkdrec(split: InteractionSplit, config: FedKDRecConfig, *, item_init
         executor: ``"batched"`` or ``"sequential"`` local training.
         checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer`; a resumed run equals the
             uninterrupted one (the evaluate callback's own records aside).
+
+    Returns:
+        The trainer's :class:`~fedlib.engine.trainer.RunResult`: ``state`` (the last
+        :class:`FedKDRecState`: ``state.server.params``, ``state.server.graph``, every client's
+        model ``state.clients``), ``best_state`` (a copy of the best-validation server, with
+        ``evaluate``), ``history`` (one row per round: ``round``, ``train_loss`` = the clients'
+        mean BCE, ``server_loss``, ``client_loss``, items sent/uploaded per client, the teacher
+        weights' entropy, ``label_revealed`` = the fraction of uploaded private labels that reveal
+        the hard label (``r̄ > 0.5 ⇔ r = 1``), agent losses, ``seconds``; evaluated rounds add
+        ``valid/valid``, ``valid/score`` and ``valid/extra/<key>``), ``method``
+        (:func:`variant_name`) and ``artifacts``: ``config``, ``backbone``. Read the paper's
+        output with :func:`server_scorer` and the evaluations with :func:`curve_rows`.
     """
     algorithm = FedKDRec(split, config, item_init=item_init, executor=executor, evaluate=evaluate, device=device)
-    schedule = Schedule(rounds=config.rounds, eval_every=config.eval_every, selection_metric="score",
-                        test_at_end=False, keep_best_state=evaluate is not None)
-    run = train_rounds(algorithm, schedule, seed=config.seed, ledger=ledger, evaluate=evaluate is not None,
+    run = train_rounds(algorithm, _schedule(config, keep_best_state=evaluate is not None), seed=config.seed,
+                       ledger=ledger, evaluate=evaluate is not None,
                        on_round_end=None if progress is None else (lambda run, record: progress(record["round"])),
                        checkpointer=checkpointer, checkpoint_config=None if checkpointer is None else config.to_dict())
-    return FedKDRecRun.from_run(run, algorithm)
+    run.method, run.artifacts = _method_and_artifacts(algorithm)
+    return run
+
+
+# ======================================================================================
+# The finished run: plain functions of the RunResult (train_fedkdrec's or FedKDRecSession.run)
+# ======================================================================================
+def selected_state(run: RunResult) -> FedKDRecState:
+    """The paper's output: the best-validation state when an evaluation scored above ``-inf``,
+    else the last one (nothing evaluated, or every validation value NaN)."""
+    found = run.best_state is not None and run.best_score is not None and run.best_score > -math.inf
+    return run.best_state if found else run.state
+
+
+def server_scorer(run: RunResult) -> ServerScorer:
+    """The selected server model (:func:`selected_state`) as a :class:`ServerScorer`:
+    ``scorer(users (n,)) -> (n, I)`` logits, ``scorer.pairs(users, items (n, K)) -> (n, K)``."""
+    if "backbone" not in run.artifacts:
+        raise ValueError("run.artifacts has no 'backbone': pass the RunResult of train_fedkdrec or FedKDRecSession.run")
+    server = selected_state(run).server
+    return ServerScorer(run.artifacts["backbone"], server.params, server.graph)
+
+
+def curve_rows(run: RunResult) -> List[Dict[str, Any]]:
+    """One row per evaluation: ``round``, ``valid`` (the callback's value) and the callback's
+    extras under their own keys."""
+    return [{"round": row["round"], "valid": row["valid/valid"],
+             **{k[len("valid/extra/"):]: v for k, v in row.items() if k.startswith("valid/extra/")}}
+            for row in run.history if "valid/valid" in row]
 
 
 @register("FedKDRec", "single-domain", paper="fedkdrec")
@@ -715,6 +724,4 @@ def build_fedkdrec(split: InteractionSplit, config, *, dim: int, device=None, **
     from fedlib.baselines.registry import Trainable
 
     kd = FedKDRecConfig(dim=dim, rounds=config.rounds, seed=config.seed, **params)
-    schedule = Schedule(rounds=kd.rounds, eval_every=kd.eval_every, selection_metric="score", test_at_end=False,
-                        keep_best_state=False)
-    return Trainable(FedKDRec(split, kd, device=device), schedule)
+    return Trainable(FedKDRec(split, kd, device=device), _schedule(kd, keep_best_state=False))
