@@ -88,6 +88,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, selected_blocks
 from fedlib.device import default_device
 from fedlib.papers.fedpcl_cdr import experiment as X
 from fedlib.papers.fedpcl_cdr import lesson
@@ -317,8 +318,8 @@ fnb.show(pd.DataFrame({d: {"users": split[d].num_users, "items": split[d].num_it
 # %%
 live_cell = X.cell(settings.task, rounds=settings.rounds, seed=settings.seed)
 fedpcl = lesson.train_live(live_cell, profile, device=device)
-print(f"selected round {fedpcl.selected_round}: " + ", ".join(
-    f"{d} HR@10 {v['test/HR@10']:.3f}" for d, v in fedpcl.selected.items()))
+print(f"selected round {fedpcl.best_round}: " + ", ".join(
+    f"{d} HR@10 {v['test/HR@10']:.3f}" for d, v in selected_blocks(fedpcl).items()))
 
 # %% [markdown]
 # **Step 3: what each domain sent in the last round.** How many of its $K$ prototypes left it,
@@ -515,9 +516,10 @@ fnb.record("review_leak", leak)
 # optimism of test-set selection; it can only be ≥ 0 for the domain mean.
 
 # %%
-gaps = pd.DataFrame({name: {"valid-selected round": r.selected_round, "test-selected round": r.test_selected_round,
-                            "mean test HR@10, valid-selected": np.mean([v["test/HR@10"] for v in r.selected.values()]),
-                            "mean test HR@10, test-selected": np.mean([v["test/HR@10"] for v in r.test_selected.values()])}
+mean_test = lambda blocks: np.mean([v["test/HR@10"] for v in blocks.values()])  # over the domains
+gaps = pd.DataFrame({name: {"valid-selected round": r.best_round, "test-selected round": r.audit_round,
+                            "mean test HR@10, valid-selected": mean_test(selected_blocks(r)),
+                            "mean test HR@10, test-selected": mean_test(audit_blocks(r))}
                      for name, r in runs.items()}).T.rename_axis("run")
 gaps["optimism"] = gaps.iloc[:, 3] - gaps.iloc[:, 2]
 print("Live runs: the same run read at two rounds\n", gaps.round(4).to_string())

@@ -1,4 +1,4 @@
-"""Shared cross-domain evaluation, schedule and result: train_cross_domain, CDRResult.from_run.
+"""Shared cross-domain evaluation, schedule and result: train_cross_domain, finish_run and the layouts of a run.
 
 Selection and early stopping are the trainer's (fedlib.engine.selection.Selection); these tests
 check the family's use of them: select on the mean validation HR@10 with patience, keep the
@@ -13,8 +13,9 @@ import torch
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine.algorithm import RoundReport
 from fedlib.baselines.cross_domain import cdr_single_domain as S
-from fedlib.baselines.cross_domain.cdr_common import (CDRResult, CrossDomainAlgorithm, check_training_loop, evaluate_both,
-                                       evaluate_scorer, train_cross_domain)
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainAlgorithm, audit_blocks, check_training_loop, evaluate_both,
+                                                     evaluate_scorer, finish_run, flat_metrics, history_rows,
+                                                     selected_blocks, train_cross_domain)
 
 DOMAINS = ("A", "B")
 
@@ -56,32 +57,38 @@ def _config(patience, select_on="valid", eval_every=1):
 
 def _result(script, config, rounds=None):
     run = train_cross_domain(Scripted(script), config, rounds=len(script) if rounds is None else rounds)
-    return run, CDRResult.from_run("toy", config, run, DOMAINS)
+    return finish_run(run, "toy", config, DOMAINS, seconds=1.5, scalars={"bytes_up": 7}, models={"A": "model A"},
+                      artifacts={"messages": "sent"})
 
 
 def test_selects_on_validation_stops_on_patience_and_keeps_the_best_test_evaluation_as_audit():
     script = [(0.3, 0.2), (0.5, 0.3), (0.4, 0.6), (0.45, 0.1), (0.9, 0.9)]
-    run, result = _result(script, _config(patience=2))
+    run = _result(script, _config(patience=2))
     assert run.round_index == 4  # round 4 is the second evaluation without a better validation score
-    assert [row["round"] for row in result.history] == [1, 2, 3, 4]
-    assert result.selected_round == 2 and result.test_selected_round == 3  # round 3: best test, not best valid
-    assert result.selected["A"] == {"valid/HR@10": 0.5, "test/HR@10": 0.3}
-    assert result.test_selected["B"] == {"valid/HR@10": 0.4, "test/HR@10": 0.6}
-    flat = result.flat_metrics()
+    history = history_rows(run)
+    assert [row["round"] for row in history] == [1, 2, 3, 4]
+    assert run.best_round == 2 and run.audit_round == 3  # round 3: best test, not best valid
+    assert selected_blocks(run)["A"] == {"valid/HR@10": 0.5, "test/HR@10": 0.3}
+    assert audit_blocks(run)["B"] == {"valid/HR@10": 0.4, "test/HR@10": 0.6}
+    flat = flat_metrics(run)
     assert flat["A/test/HR@10"] == 0.3 and flat["test_selected/B/test/HR@10"] == 0.6
     assert flat["selected_round"] == 2.0 and flat["test_selected_round"] == 3.0
+    assert flat["seconds"] == 1.5 and flat["bytes_up"] == 7.0  # the train function's seconds and scalars
+    # the run carries the family's artifacts next to the method's own
+    assert run.method == "toy" and run.artifacts["domains"] == DOMAINS and run.artifacts["messages"] == "sent"
+    assert run.artifacts["models"] == {"A": "model A"} and run.artifacts["config"].patience == 2
     # history rows: the round, what it logged, every domain's numbers, then the means
-    assert list(result.history[0]) == ["round", "A/loss", "B/loss", "seconds", "A/valid/HR@10", "A/test/HR@10",
-                                       "B/valid/HR@10", "B/test/HR@10", "valid/HR@10", "test/HR@10"]
-    assert result.history[2]["valid/HR@10"] == 0.4 and result.history[2]["B/test/HR@10"] == 0.6
+    assert list(history[0]) == ["round", "A/loss", "B/loss", "seconds", "A/valid/HR@10", "A/test/HR@10",
+                                "B/valid/HR@10", "B/test/HR@10", "valid/HR@10", "test/HR@10"]
+    assert history[2]["valid/HR@10"] == 0.4 and history[2]["B/test/HR@10"] == 0.6
 
 
 def test_can_select_on_test_from_the_config_or_the_argument():
     script = [(0.9, 0.1), (0.1, 0.9)]
-    assert _result(script, _config(patience=5))[1].selected_round == 1
-    assert _result(script, _config(patience=5, select_on="test"))[1].selected_round == 2
+    assert _result(script, _config(patience=5)).best_round == 1
+    assert _result(script, _config(patience=5, select_on="test")).best_round == 2
     run = train_cross_domain(Scripted(script), _config(patience=5), rounds=2, select_on="test")
-    assert CDRResult.from_run("toy", None, run, DOMAINS).selected_round == 2
+    assert flat_metrics(finish_run(run, "toy", None, DOMAINS, seconds=0.0))["selected_round"] == 2.0
 
 
 def test_bad_settings_and_a_run_without_evaluation_are_refused():
@@ -94,7 +101,12 @@ def test_bad_settings_and_a_run_without_evaluation_are_refused():
         train_cross_domain(Scripted([(0.1, 0.1)]), _config(patience=1, select_on="train"), rounds=1)
     run = train_cross_domain(Scripted([]), _config(patience=1), rounds=0)  # a run that never evaluated
     with pytest.raises(RuntimeError, match="no evaluation"):
-        CDRResult.from_run("toy", None, run, DOMAINS)
+        finish_run(run, "toy", None, DOMAINS, seconds=0.0)
+    run = train_cross_domain(Scripted([(0.1, 0.1)]), _config(patience=1), rounds=1)
+    with pytest.raises(ValueError, match="family's own keys"):  # a method's artifact may not hide the family's
+        finish_run(run, "toy", None, DOMAINS, seconds=0.0, artifacts={"models": {}})
+    with pytest.raises(ValueError, match="no 'domains'"):  # a run that did not go through finish_run
+        selected_blocks(run)
 
 
 def test_one_embedding_pass_scores_valid_and_test_with_the_numbers_of_separate_passes():

@@ -12,6 +12,7 @@ from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine import Checkpointer
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.baselines.cross_domain import cdr_single_domain as S
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
 from fedlib.models.ncf import FedNCF, NeuMF
 
 
@@ -182,7 +183,8 @@ def test_fedncf_batched_and_sequential_executors_give_the_same_run(small_split):
     base = dict(rounds=2, eval_every=1, client_fraction=0.5, lr=0.02, dtype="float64", patience=5)
     batched = S.train_fedncf(small_split, S.FedNCFConfig(executor="batched", **base))
     sequential = S.train_fedncf(small_split, S.FedNCFConfig(executor="sequential", **base))
-    for row_b, row_s in zip(batched.history, sequential.history):
+    assert len(history_rows(batched)) == len(history_rows(sequential)) == 2
+    for row_b, row_s in zip(history_rows(batched), history_rows(sequential)):
         for key, value in row_b.items():
             if key != "seconds":
                 assert value == pytest.approx(row_s[key], abs=1e-9), key
@@ -228,13 +230,14 @@ def test_dispatch_by_config_type(small_split):
 def test_short_run_beats_random_ranking(split, config):
     rows = []
     result = S.train_single_domain(split, config, progress=lambda epoch, row: rows.append(epoch))
-    assert result.method == config.model
-    assert set(result.selected) == set(split.domains) == set(result.models)
-    best = max(row["valid/HR@10"] for row in result.history)
-    assert best > 0.2, result.history  # random ranking of 1 + 99 candidates: 0.1
-    assert rows == [row["round"] for row in result.history]
+    history, selected = history_rows(result), selected_blocks(result)
+    assert result.method == config.model and result.artifacts["config"] == config
+    assert set(selected) == set(split.domains) == set(result.artifacts["models"])
+    best = max(row["valid/HR@10"] for row in history)
+    assert best > 0.2, history  # random ranking of 1 + 99 candidates: 0.1
+    assert rows == [row["round"] for row in history]
     for name in split.domains:
-        assert 0.0 <= result.selected[name]["test/NDCG@10"] <= result.selected[name]["test/HR@10"] <= 1.0
+        assert 0.0 <= selected[name]["test/NDCG@10"] <= selected[name]["test/HR@10"] <= 1.0
 
 
 @pytest.mark.parametrize("config", [
@@ -245,10 +248,10 @@ def test_short_run_beats_random_ranking(split, config):
 def test_same_seed_same_numbers(small_split, config):
     first = S.train_single_domain(small_split, config)
     second = S.train_single_domain(small_split, config)
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert strip(first.history) == strip(second.history)
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert strip(first) == strip(second)
     other = S.train_single_domain(small_split, type(config)(**{**config.__dict__, "seed": 5}))
-    assert strip(other.history) != strip(first.history)
+    assert strip(other) != strip(first)
 
 
 class _Killed(RuntimeError):
@@ -276,16 +279,17 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(small_
     checkpointer = Checkpointer(tmp_path, name="run", every=1)
     resumed = S.train_single_domain(small_split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [1]  # killed during round 2: its checkpoint was not yet written
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert strip(resumed.history) == strip(full.history)
-    assert (resumed.selected, resumed.selected_round, resumed.test_selected) == \
-        (full.selected, full.selected_round, full.test_selected)
-    assert resumed.extra == full.extra
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert strip(resumed) == strip(full)
+    assert (selected_blocks(resumed), resumed.best_round, audit_blocks(resumed)) == \
+        (selected_blocks(full), full.best_round, audit_blocks(full))
+    assert resumed.artifacts["scalars"] == full.artifacts["scalars"]
     for name in small_split.domains:
         if isinstance(config, S.FedNCFConfig):
             final_full, final_resumed = full.artifacts["states"][name].global_state, \
                 resumed.artifacts["states"][name].global_state
         else:
-            final_full, final_resumed = full.models[name].state_dict(), resumed.models[name].state_dict()
+            final_full = full.artifacts["models"][name].state_dict()
+            final_resumed = resumed.artifacts["models"][name].state_dict()
         for key, value in final_full.items():
             assert torch.equal(value, final_resumed[key]), (name, key)

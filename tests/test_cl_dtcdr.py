@@ -8,6 +8,7 @@ import torch
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.baselines.cross_domain import cl_dtcdr as C
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
 from fedlib.models.lightgcn import normalized_adjacency
 
 
@@ -94,7 +95,7 @@ def test_inter_domain_cl_aligns_the_overlapping_users_two_embeddings():
 
     def alignment(inter_weight):
         config = C.CLDTCDRConfig(dim=16, epochs=2, lr=5e-3, intra_weight=0.0, inter_weight=inter_weight, seed=0)
-        model = C.train_cl_dtcdr(SMALL, config).models["A"]
+        model = C.train_cl_dtcdr(SMALL, config).artifacts["models"]["A"]
         with torch.no_grad():
             a, b = model.propagate(0)[0], model.propagate(1)[0]
         n_o = SMALL.num_overlap_users
@@ -110,15 +111,16 @@ def test_training_beats_random_ranking_and_is_deterministic():
     config = C.CLDTCDRConfig(dim=32, lr=5e-3, epochs=4, patience=4)
     rows = []
     result = C.train_cl_dtcdr(split, config, progress=lambda epoch, row: rows.append(row))
-    assert len(rows) == len(result.history) == 4
-    best_valid = max(row["valid/HR@10"] for row in result.history)
+    history = history_rows(result)
+    assert rows == history and len(history) == 4
+    best_valid = max(row["valid/HR@10"] for row in history)
     assert best_valid > 0.2, best_valid  # random ranking of 1 + 99 candidates: 0.1
-    assert all(row["loss_intra"] > 0 and row["loss_inter"] > 0 for row in result.history)
+    assert all(row["loss_intra"] > 0 and row["loss_inter"] > 0 for row in history)
     assert set(result.artifacts["inter_positives"]) == {"A", "B"}
     short = C.CLDTCDRConfig(dim=32, lr=5e-3, epochs=1)
     first, second = C.train_cl_dtcdr(split, short), C.train_cl_dtcdr(split, short)
-    assert first.history[0]["loss"] == second.history[0]["loss"]
-    assert first.selected == second.selected
+    assert history_rows(first)[0]["loss"] == history_rows(second)[0]["loss"]
+    assert selected_blocks(first) == selected_blocks(second)
 
 
 class _Killed(RuntimeError):
@@ -145,10 +147,11 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     checkpointer = Checkpointer(tmp_path, every=1)
     resumed = C.train_cl_dtcdr(SMALL, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [2]
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert strip(resumed.history) == strip(full.history)
-    assert (resumed.selected, resumed.test_selected, resumed.extra) == (full.selected, full.test_selected, full.extra)
-    for key, value in full.models["A"].state_dict().items():
-        assert torch.equal(value, resumed.models["A"].state_dict()[key]), key
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert strip(resumed) == strip(full)
+    assert (selected_blocks(resumed), audit_blocks(resumed), resumed.artifacts["scalars"]) == \
+        (selected_blocks(full), audit_blocks(full), full.artifacts["scalars"])
+    for key, value in full.artifacts["models"]["A"].state_dict().items():
+        assert torch.equal(value, resumed.artifacts["models"]["A"].state_dict()[key]), key
     for name in SMALL.domains:
         assert torch.equal(full.artifacts["inter_positives"][name], resumed.artifacts["inter_positives"][name])

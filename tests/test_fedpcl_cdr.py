@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from fedlib.data.synthetic import overlapping_domains
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
 from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.papers.fedpcl_cdr import method as P
 from fedlib.papers.fedpcl_cdr import prototypes as M
@@ -250,24 +251,25 @@ def short_run():
 
 def test_training_learns_and_records_every_round(short_run):
     split, result = short_run
-    rounds = [row["round"] for row in result.history]
+    history = history_rows(result)
+    rounds = [row["round"] for row in history]
     assert rounds == list(range(1, 7))
-    first, best = result.history[0]["valid/HR@10"], max(row["valid/HR@10"] for row in result.history)
+    first, best = history[0]["valid/HR@10"], max(row["valid/HR@10"] for row in history)
     assert best > first + 0.1 and best > 0.3  # random ranking of 1 + 99 gives HR@10 = 0.1
     # No prototypes before the first aggregation (Algorithm 1, line 13), CL terms afterwards.
     name = split.domains[0]
-    assert result.history[0][f"{name}/loss_global"] == 0.0
-    assert result.history[1][f"{name}/loss_global"] > 0.0 and result.history[1][f"{name}/loss_local"] > 0.0
+    assert history[0][f"{name}/loss_global"] == 0.0
+    assert history[1][f"{name}/loss_global"] > 0.0 and history[1][f"{name}/loss_local"] > 0.0
     # Selection by validation: the reported round has the best mean validation HR@10.
-    selected = max(result.history, key=lambda row: row["valid/HR@10"])
-    assert result.selected_round == selected["round"]
+    selected = max(history, key=lambda row: row["valid/HR@10"])
+    assert result.best_round == selected["round"]
     # Bytes: K' x D float32 prototypes + one int64 label per overlapping user + K' sizes, per domain
     # (K' = representative clusters; cluster ids are the distinct labels, no bytes of their own).
     d, n_o = 16, split.num_overlap_users
     last = sum(len(u.cluster_ids) * (d * 4 + 8) + n_o * 8 for u in result.artifacts["uploads"])
-    assert result.history[-1]["bytes_up"] == last
-    assert result.extra["bytes_up"] == sum(row["bytes_up"] for row in result.history)
-    assert result.extra["paper_epsilon"] == pytest.approx(4.0)
+    assert history[-1]["bytes_up"] == last
+    assert result.artifacts["scalars"]["bytes_up"] == sum(row["bytes_up"] for row in history)
+    assert result.artifacts["scalars"]["paper_epsilon"] == pytest.approx(4.0)
     # The reconstruction attack's pairs: each sent row is the noisy prototype of the user's cluster.
     pairs = result.artifacts["transmitted"][name]
     upload = result.artifacts["uploads"][0]
@@ -282,15 +284,17 @@ def test_selection_on_test_picks_the_best_test_round():
     split = _toy_split()
     config = P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=4, patience=4, selection="test")
     result = P.train_fedpcl_cdr(split, config)
-    assert len(result.history) == 4  # patience covers every round: all trained
-    test_scores = [row["test/HR@10"] for row in result.history]
-    best = result.history[int(np.argmax(test_scores))]["round"]  # first round with the best mean test HR@10
-    assert result.selected_round == result.test_selected_round == best
-    assert result.selected == result.test_selected
+    history = history_rows(result)
+    assert len(history) == 4  # patience covers every round: all trained
+    test_scores = [row["test/HR@10"] for row in history]
+    best = history[int(np.argmax(test_scores))]["round"]  # first round with the best mean test HR@10
+    assert result.best_round == result.audit_round == best
+    assert selected_blocks(result) == audit_blocks(result)
     # the validation rule on the same training picks by validation instead
     valid = P.train_fedpcl_cdr(split, P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=4, patience=4))
-    assert [row["test/HR@10"] for row in valid.history] == test_scores  # selection does not change training
-    assert valid.selected_round == valid.history[int(np.argmax([r["valid/HR@10"] for r in valid.history]))]["round"]
+    valid_history = history_rows(valid)
+    assert [row["test/HR@10"] for row in valid_history] == test_scores  # selection does not change training
+    assert valid.best_round == valid_history[int(np.argmax([r["valid/HR@10"] for r in valid_history]))]["round"]
 
 
 def test_review_branch_learns_from_doc2vec_embeddings():
@@ -307,15 +311,15 @@ def test_review_branch_learns_from_doc2vec_embeddings():
                            generator=torch.Generator().manual_seed(config.seed * 1000))
     result = P.train_fedpcl_cdr(split, config, reviews=reviews)
     for index, name in enumerate(split.domains):
-        model = result.models[name]
+        model = result.artifacts["models"][name]
         assert model.has_reviews and model.review_proj is not None
         assert torch.equal(model.review_users, reviews[name][0].float())  # frozen
         assert model.review_proj.weight.grad is not None and model.review_proj.weight.grad.abs().sum() > 0
     start = before.review_proj.weight.detach()
-    trained = result.models[split.domains[0]].review_proj.weight.detach()
+    trained = result.artifacts["models"][split.domains[0]].review_proj.weight.detach()
     assert start.shape == trained.shape and not torch.allclose(start, trained)
     # the review part enters the representation: zeroing the projection changes the users' vectors
-    model = result.models[split.domains[0]].eval()
+    model = result.artifacts["models"][split.domains[0]].eval()
     with torch.no_grad():
         users, _ = model.propagate()
         model.review_proj.weight.zero_()
@@ -327,7 +331,7 @@ def test_review_branch_learns_from_doc2vec_embeddings():
 def test_test_selection_is_never_below_validation_selection(short_run):
     _, result = short_run
     mean_test = lambda metrics: np.mean([m["test/HR@10"] for m in metrics.values()])
-    assert mean_test(result.test_selected) >= mean_test(result.selected)
+    assert mean_test(audit_blocks(result)) >= mean_test(selected_blocks(result))
 
 
 def test_a_run_is_reproducible_from_its_seed():
@@ -335,7 +339,7 @@ def test_a_run_is_reproducible_from_its_seed():
     config = P.FedPCLConfig(dim=8, num_clusters=3, batch_size=64, rounds=2)
     a = P.train_fedpcl_cdr(split, config)
     b = P.train_fedpcl_cdr(split, config)
-    assert a.history[-1]["valid/HR@10"] == b.history[-1]["valid/HR@10"]
+    assert history_rows(a)[-1]["valid/HR@10"] == history_rows(b)[-1]["valid/HR@10"]
     assert torch.equal(a.artifacts["uploads"][0].prototypes, b.artifacts["uploads"][0].prototypes)
 
 
@@ -386,16 +390,16 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     resumed = P.train_fedpcl_cdr(split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [2]
     reloaded = P.train_fedpcl_cdr(split, config, checkpointer=Checkpointer(tmp_path, every=1))  # nothing left to run
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert full.history[1][f"{split.domains[0]}/loss_global"] > 0.0  # rounds after the first train with prototypes
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert history_rows(full)[1][f"{split.domains[0]}/loss_global"] > 0.0  # later rounds train with prototypes
     for run in (resumed, reloaded):
-        assert strip(run.history) == strip(full.history)
-        assert (run.selected, run.test_selected, run.selected_round) == (full.selected, full.test_selected,
-                                                                         full.selected_round)
-        assert run.extra == full.extra
+        assert strip(run) == strip(full)
+        assert (selected_blocks(run), audit_blocks(run), run.best_round) == \
+            (selected_blocks(full), audit_blocks(full), full.best_round)
+        assert run.artifacts["scalars"] == full.artifacts["scalars"]
         for name in split.domains:
-            for key, value in full.models[name].state_dict().items():
-                assert torch.equal(value, run.models[name].state_dict()[key]), (name, key)
+            for key, value in full.artifacts["models"][name].state_dict().items():
+                assert torch.equal(value, run.artifacts["models"][name].state_dict()[key]), (name, key)
             assert torch.equal(full.artifacts["assignments"][name], run.artifacts["assignments"][name])
             assert isinstance(run.artifacts["domain_prototypes"][name], M.DomainPrototypes)
             assert torch.equal(full.artifacts["domain_prototypes"][name].local_prototypes,

@@ -8,6 +8,7 @@ import torch
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.baselines.cross_domain import ga_cdr as G
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
 
 
 @pytest.fixture(scope="module")
@@ -160,10 +161,10 @@ def test_ga_dtcdr_learns_and_is_deterministic(train_split):
     first = G.train_ga_dtcdr(train_split, config)
     second = G.train_ga_dtcdr(train_split, config)
     assert first.method == "GA-DTCDR"
-    best_valid = max(row["valid/HR@10"] for row in first.history)
+    best_valid = max(row["valid/HR@10"] for row in history_rows(first))
     assert best_valid > RANDOM_HR10 + 0.25
-    assert [row["valid/HR@10"] for row in first.history] == [row["valid/HR@10"] for row in second.history]
-    assert first.selected == second.selected
+    assert [row["valid/HR@10"] for row in history_rows(first)] == [row["valid/HR@10"] for row in history_rows(second)]
+    assert selected_blocks(first) == selected_blocks(second)
     weights = first.artifacts["attention_weights"]["A"]
     assert weights.shape == (train_split.num_overlap_users, 2, 32)
     assert torch.allclose(weights.sum(1), torch.ones(weights.shape[0], 32), atol=1e-5)
@@ -173,10 +174,10 @@ def test_ga_mtcdr_p_learns_and_personalises_only_the_sparser_domain(train_split)
     torch.set_num_threads(1)
     result = G.train_ga_mtcdr_p(train_split, G.GAMTCDRPConfig(dim=32, tower=(64, 32), epochs=4, patience=4))
     assert result.method == "GA-MTCDR-P"
-    assert max(row["valid/HR@10"] for row in result.history) > RANDOM_HR10 + 0.25
+    assert max(row["valid/HR@10"] for row in history_rows(result)) > RANDOM_HR10 + 0.25
     richness = result.artifacts["richness"]
     sparser, richest = sorted(richness, key=richness.get)
-    last = result.history[-1]
+    last = history_rows(result)[-1]
     assert last[f"{richest}/personal"] == 0.0
     assert last[f"{sparser}/personal"] > 0.0
 
@@ -205,9 +206,9 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
     checkpointer = Checkpointer(tmp_path, every=1)
     resumed = G.train_ga(split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [2]
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert strip(resumed.history) == strip(full.history)
-    assert (resumed.selected, resumed.test_selected) == (full.selected, full.test_selected)
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert strip(resumed) == strip(full)
+    assert (selected_blocks(resumed), audit_blocks(resumed)) == (selected_blocks(full), audit_blocks(full))
     name = split.domains[0]
-    for key, value in full.models[name].state_dict().items():
-        assert torch.equal(value, resumed.models[name].state_dict()[key]), key
+    for key, value in full.artifacts["models"][name].state_dict().items():
+        assert torch.equal(value, resumed.artifacts["models"][name].state_dict()[key]), key

@@ -9,6 +9,7 @@ from torch import nn
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.baselines.cross_domain import nmcdr as N
+from fedlib.baselines.cross_domain.cdr_common import history_rows, selected_blocks
 
 
 def _set_linear(layer: nn.Linear, weight) -> None:
@@ -165,12 +166,13 @@ def test_training_beats_random_ranking_and_is_deterministic():
     config = N.NMCDRConfig(**FAST, epochs=4, patience=4)
     rows = []
     result = N.train_nmcdr(split, config, progress=lambda epoch, row: rows.append(row))
-    assert len(rows) == len(result.history) == 4
-    best_valid = max(row["valid/HR@10"] for row in result.history)
+    history = history_rows(result)
+    assert rows == history and len(history) == 4
+    best_valid = max(row["valid/HR@10"] for row in history)
     assert best_valid > 0.2, best_valid  # random ranking of 1 + 99 candidates: 0.1
-    assert set(result.selected) == {"A", "B"}
-    assert result.selected_round == max(result.history, key=lambda r: r["valid/HR@10"])["round"]
+    assert set(selected_blocks(result)) == {"A", "B"}
+    assert result.best_round == max(history, key=lambda r: r["valid/HR@10"])["round"]
     short = N.NMCDRConfig(**FAST, epochs=1)
     first, second = N.train_nmcdr(split, short), N.train_nmcdr(split, short)
-    assert first.history[0]["loss"] == second.history[0]["loss"]
-    assert first.selected == second.selected
+    assert history_rows(first)[0]["loss"] == history_rows(second)[0]["loss"]
+    assert selected_blocks(first) == selected_blocks(second)

@@ -10,6 +10,7 @@ from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine.privacy import rdp_epsilon
 from fedlib.baselines.cross_domain import p2dtr, p2fcdr, pricdr
+from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
 from fedlib.baselines.cross_domain.pp_cdr import train_dual_target
 
 
@@ -252,17 +253,18 @@ def test_short_run_beats_random_ranking_and_is_reproducible(short_split, method)
     train, config = RUNS[method]
     first = train(short_split, config)
     second = train(short_split, config)
+    history, scalars = history_rows(first), first.artifacts["scalars"]
     assert first.method == method
-    assert [row["round"] for row in first.history] == list(range(1, 5))
-    best = max(row["valid/HR@10"] for row in first.history)
+    assert [row["round"] for row in history] == list(range(1, 5))
+    best = max(row["valid/HR@10"] for row in history)
     assert best > 0.3  # random ranking of 1 + 99 candidates: HR@10 = 0.1
-    assert set(first.selected) == set(short_split.domains)
-    assert first.history == [{**row, "seconds": a["seconds"]} for row, a in zip(second.history, first.history)]
-    assert first.selected == second.selected
+    assert set(selected_blocks(first)) == set(short_split.domains)
+    assert history == [{**row, "seconds": a["seconds"]} for row, a in zip(history_rows(second), history)]
+    assert selected_blocks(first) == selected_blocks(second)
     if method == "PriCDR":
-        assert first.extra["epsilon"] == 4.0 and first.extra["delta"] == 1e-5
+        assert scalars["epsilon"] == 4.0 and scalars["delta"] == 1e-5
         for d in short_split.domains:
-            assert first.extra[f"{d}/epsilon_certified"] <= 4.0
+            assert scalars[f"{d}/epsilon_certified"] <= 4.0
             assert first.artifacts["published"][d].values.shape == (short_split[d].num_users, 16)
     else:
         n_o = short_split.num_overlap_users
@@ -271,18 +273,18 @@ def test_short_run_beats_random_ranking_and_is_reproducible(short_split, method)
             assert pair["sent"].shape == pair["private"].shape == (n_o, 16)
             assert torch.equal(pair["sent"], second.artifacts["transmitted"][d]["sent"])
     if method == "P2FCDR":
-        assert first.extra["epsilon_per_round"] == pytest.approx(32.0)
-        assert first.extra["epsilon_total"] == pytest.approx(32.0 * 4)
+        assert scalars["epsilon_per_round"] == pytest.approx(32.0)
+        assert scalars["epsilon_total"] == pytest.approx(32.0 * 4)
         d = short_split.domains[0]
         pair = first.artifacts["transmitted"][d]
-        model = first.models[d]
+        model = first.artifacts["models"][d]
         # What was sent is the clipped mapped private embedding plus Laplace noise of scale
         # b = 2C√d/ε = 2·1·4/32 (E|Lap(b)| = b; the map moved a little since it was sent).
-        assert first.extra["laplace_scale"] == pytest.approx(0.25)
+        assert scalars["laplace_scale"] == pytest.approx(0.25)
         clean = p2fcdr.ldp_message(pair["private"] @ model.mapping.detach(), 1.0, 0.0, torch.Generator())
         assert (pair["sent"] - clean).abs().mean().item() == pytest.approx(0.25, rel=0.1)
     if method == "P2DTR":
-        assert first.extra["psi_matches_split"] == 1.0
+        assert scalars["psi_matches_split"] == 1.0
         d = short_split.domains[0]
         pair = first.artifacts["transmitted"][d]
         # Every sent row is one of the K prototypes, and it is the mean of the users it summarises.
@@ -322,11 +324,12 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(method
     checkpointer = Checkpointer(tmp_path, name=method, every=1)
     resumed = train(split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [2]
-    strip = lambda history: [{k: v for k, v in row.items() if k != "seconds"} for row in history]
-    assert strip(resumed.history) == strip(full.history)
-    assert (resumed.selected, resumed.test_selected, resumed.extra) == (full.selected, full.test_selected, full.extra)
+    strip = lambda run: [{k: v for k, v in row.items() if k != "seconds"} for row in history_rows(run)]
+    assert strip(resumed) == strip(full)
+    assert (selected_blocks(resumed), audit_blocks(resumed), resumed.artifacts["scalars"]) == \
+        (selected_blocks(full), audit_blocks(full), full.artifacts["scalars"])
     for d in split.domains:
-        for key, value in full.models[d].state_dict().items():
-            assert torch.equal(value, resumed.models[d].state_dict()[key]), (d, key)
+        for key, value in full.artifacts["models"][d].state_dict().items():
+            assert torch.equal(value, resumed.artifacts["models"][d].state_dict()[key]), (d, key)
         if method != "PriCDR":
             assert torch.equal(full.artifacts["transmitted"][d]["sent"], resumed.artifacts["transmitted"][d]["sent"])

@@ -75,7 +75,8 @@ class Method:
         config: the method's config dataclass, where it has one (cross-domain, sequential).
         train: the family's one-call training function, where the method has one:
             ``train(split, config, *, device, progress, ...) -> the family's result``
-            (cross-domain: a :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`).
+            (cross-domain: the trainer's :class:`~fedlib.engine.trainer.RunResult`, labelled and with
+            the family's artifacts by :func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`).
         model: a sequential baseline's model, ``model(split, config) -> nn.Module``, which
             FedProx trains on every platform.
     """

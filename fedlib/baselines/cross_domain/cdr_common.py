@@ -17,14 +17,18 @@ communication round of a federated one. The shared pieces:
   **test** HR@10, the FedPCL-CDR code's rule; test numbers at every evaluation);
 * :class:`CrossDomainConfig`: the settings every method's config shares, each default written
   once (size, learning rate, the schedule's patience, evaluation interval and selection split, seed);
-* :class:`CDRResult`: what a run returns, whatever the method, a view of the trainer's
-  :class:`~fedlib.engine.trainer.RunResult` (:meth:`CDRResult.from_run`).
+* :func:`finish_run`: what every train function returns, the trainer's
+  :class:`~fedlib.engine.trainer.RunResult` labelled with the method and carrying the family's
+  ``artifacts`` (domains, config, seconds, scalars, models); its numbers in the family's layout
+  are plain functions of it: :func:`selected_blocks` and :func:`audit_blocks` (``{domain:
+  {"valid/HR@10", "test/HR@10", ...}}``), :func:`history_rows` (the curves), :func:`flat_metrics`
+  (one flat record).
 
 Example (any method)::
 
     algorithm = MyMethod(split, config, device)            # a CrossDomainAlgorithm
     run = train_cross_domain(algorithm, config, rounds=config.epochs)
-    return CDRResult.from_run("MyMethod", config, run, split.domains, extra={...})
+    return finish_run(run, "MyMethod", config, split.domains, seconds=..., scalars={...})
 """
 from __future__ import annotations
 
@@ -32,8 +36,8 @@ import copy
 import dataclasses
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -42,7 +46,8 @@ from fedlib.engine.algorithm import RoundContext
 from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 
-__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CrossDomainConfig", "CDRResult", "CrossDomainAlgorithm",
+__all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CrossDomainConfig", "CrossDomainAlgorithm", "finish_run",
+           "selected_blocks", "audit_blocks", "history_rows", "flat_metrics", "history_row",
            "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SELECTION_METRIC",
            "check_positive_ints", "check_training_loop", "Progress"]
 
@@ -86,7 +91,7 @@ def check_training_loop(config: Any, positive_ints: Sequence[str] = ()) -> None:
 
 
 # --------------------------------------------------------------------------------------
-# The result: a view of the trainer's RunResult
+# The result: the trainer's RunResult, and the family's layouts of its numbers
 # --------------------------------------------------------------------------------------
 def _domain_blocks(metrics: Optional[Mapping[str, float]], domains: Sequence[str]) -> Dict[str, Dict[str, float]]:
     """``{"valid/<d>/HR@10": ...}`` (the trainer's keys) → ``{d: {"valid/HR@10": ..., "test/HR@10": ...}}``."""
@@ -119,6 +124,87 @@ def history_row(record: Mapping[str, Any], domains: Sequence[str]) -> Dict[str, 
     return row
 
 
+def finish_run(run: RunResult, method: str, config: Any, domains: Sequence[str], *, seconds: float,
+               scalars: Optional[Mapping[str, float]] = None, models: Optional[Mapping[str, Any]] = None,
+               artifacts: Optional[Mapping[str, Any]] = None) -> RunResult:
+    """Label a finished run of :func:`train_cross_domain` and fill the family's artifacts; returns ``run``.
+
+    Every method's train function ends with it, so every cross-domain run carries
+    ``run.method = method`` and these ``run.artifacts`` (besides the method's own keys,
+    documented by its train function):
+
+    * ``"domains"``: the domain names, in the order of the metrics' keys (``split.domains``);
+    * ``"config"``: the method's config;
+    * ``"seconds"``: wall seconds of the train function in this process (building the method
+      and training; ``run.wall_seconds`` counts the rounds only);
+    * ``"scalars"``: method-specific numbers recorded with the metrics (rounds run, privacy
+      budget, bytes, ...; :func:`flat_metrics`);
+    * ``"models"``: the final trained models by domain (one joint model under every name for
+      the joint methods).
+
+    Raises ``RuntimeError`` when the run recorded no evaluation (nothing to select), and
+    ``ValueError`` when a method's own artifact takes one of the family's keys.
+    """
+    if not _evaluated(run):
+        raise RuntimeError("the run recorded no evaluation; train with evaluate=True and at least one round")
+    family = {"domains": tuple(domains), "config": config, "seconds": float(seconds),
+              "scalars": dict(scalars or {}), "models": dict(models or {})}
+    own = dict(artifacts or {})
+    clash = sorted(set(own) & set(family))
+    if clash:
+        raise ValueError(f"artifacts {clash} are the family's own keys (finish_run sets them); rename the method's")
+    run.method, run.artifacts = method, {**family, **own}
+    return run
+
+
+def _evaluated(run: RunResult) -> List[Mapping[str, Any]]:
+    return [record for record in run.history if f"valid/{SELECTION_METRIC}" in record]
+
+
+def _domains_of(run: RunResult) -> Tuple[str, ...]:
+    if "domains" not in run.artifacts:
+        raise ValueError("run.artifacts has no 'domains': pass the RunResult of a cross-domain train function "
+                         "(finish_run fills it), or set run.artifacts['domains'] to the split's domain names")
+    return tuple(run.artifacts["domains"])
+
+
+def selected_blocks(run: RunResult) -> Dict[str, Dict[str, float]]:
+    """``{domain: {"valid/HR@10", "test/HR@10", "test/NDCG@10", ...}}`` of the selected evaluation
+    (best mean validation HR@10, or test when the method was asked to select on test; round
+    :attr:`~fedlib.engine.trainer.RunResult.best_round`); ``{}`` before any evaluation."""
+    return _domain_blocks(run.selected_evaluation, _domains_of(run))
+
+
+def audit_blocks(run: RunResult) -> Dict[str, Dict[str, float]]:
+    """The same blocks at the audit's evaluation: the best mean **test** HR@10 (the FedPCL-CDR
+    code's rule; round :attr:`~fedlib.engine.trainer.RunResult.audit_round`)."""
+    return _domain_blocks(run.audit_evaluation, _domains_of(run))
+
+
+def history_rows(run: RunResult) -> List[Dict[str, Any]]:
+    """One :func:`history_row` per evaluated round: ``round``, what the method logged (losses,
+    bytes, ``seconds``), ``"<domain>/<role>/<metric>"`` and the means ``"valid/HR@10"``, ``"test/HR@10"``."""
+    domains = _domains_of(run)
+    return [history_row(record, domains) for record in _evaluated(run)]
+
+
+def flat_metrics(run: RunResult) -> Dict[str, float]:
+    """A finished run's numbers as one flat record (the grid's and the lesson's ``metrics``).
+
+    ``"<domain>/<role>/<metric>"`` of :func:`selected_blocks`, ``"test_selected/<domain>/<role>/<metric>"``
+    of :func:`audit_blocks`, ``selected_round`` and ``test_selected_round`` (1-based; 0 without
+    one), ``seconds`` (``artifacts["seconds"]``) and the method's ``artifacts["scalars"]``.
+    """
+    out: Dict[str, float] = {}
+    for prefix, blocks in (("", selected_blocks(run)), ("test_selected/", audit_blocks(run))):
+        for domain, values in blocks.items():
+            out.update({f"{prefix}{domain}/{key}": float(value) for key, value in values.items()})
+    out.update({"selected_round": float(run.best_round or 0), "test_selected_round": float(run.audit_round or 0),
+                "seconds": float(run.artifacts["seconds"])})
+    out.update({key: float(value) for key, value in run.artifacts["scalars"].items()})
+    return out
+
+
 @dataclass(frozen=True)
 class CrossDomainConfig:
     """What every cross-domain method's config shares, each default written once.
@@ -142,73 +228,6 @@ class CrossDomainConfig:
     eval_every: int = 1
     select_on: str = "valid"
     seed: int = 0
-
-
-@dataclass
-class CDRResult:
-    """A finished cross-domain run: a view of the trainer's :class:`~fedlib.engine.trainer.RunResult`.
-
-    Attributes:
-        selected: ``{domain: {"valid/HR@10", "test/HR@10", "test/NDCG@10", ...}}`` at
-            ``selected_round``, the evaluation with the best mean validation HR@10 (or test,
-            when the method was asked to select on test).
-        test_selected: the same at the best mean **test** HR@10 (``test_selected_round``).
-        history: one row per evaluation: ``round`` plus ``"<domain>/<role>/<metric>"``,
-            the means ``"valid/HR@10"`` / ``"test/HR@10"``, and whatever the method adds
-            (losses, bytes, seconds).
-        extra: method-specific scalars (privacy budget, bytes, ...).
-        models: the final trained models by domain; artifacts: anything else a notebook or
-            an attack needs (the last messages, cluster labels, ...).
-    """
-
-    method: str
-    config: Any
-    selected: Dict[str, Dict[str, float]]
-    selected_round: int
-    test_selected: Dict[str, Dict[str, float]]
-    test_selected_round: int
-    history: List[Dict[str, float]]
-    wall_seconds: float
-    extra: Dict[str, float] = field(default_factory=dict)
-    models: Dict[str, Any] = field(repr=False, default_factory=dict)
-    artifacts: Dict[str, Any] = field(repr=False, default_factory=dict)
-
-    @classmethod
-    def from_run(cls, method: str, config: Any, run: RunResult, domains: Sequence[str], *,
-                 wall_seconds: Optional[float] = None, extra: Optional[Mapping[str, float]] = None,
-                 models: Optional[Mapping[str, Any]] = None,
-                 artifacts: Optional[Mapping[str, Any]] = None) -> "CDRResult":
-        """The family's view of a finished run of :func:`train_cross_domain`.
-
-        ``selected`` is the trainer's selection (its metrics carry the test numbers of the
-        selected evaluation), ``test_selected`` its audit, ``history`` the evaluated rounds
-        (:func:`history_row`). ``wall_seconds`` defaults to the run's.
-
-        Raises ``RuntimeError`` when the run recorded no evaluation.
-        """
-        evaluated = [record for record in run.history if f"valid/{SELECTION_METRIC}" in record]
-        if not evaluated:
-            raise RuntimeError("the run recorded no evaluation; train with evaluate=True and at least one round")
-        audit = run.audit
-        return cls(method, config, _domain_blocks(run.selection.best_metrics, domains),
-                   int(run.selection.best_round or 0),
-                   {} if audit is None else _domain_blocks(audit.best_metrics, domains),
-                   0 if audit is None else int(audit.best_round or 0),
-                   [history_row(record, domains) for record in evaluated],
-                   run.wall_seconds if wall_seconds is None else float(wall_seconds),
-                   dict(extra or {}), dict(models or {}), dict(artifacts or {}))
-
-    def flat_metrics(self) -> Dict[str, float]:
-        """``{"<domain>/test/HR@10": ..., "test_selected/<domain>/test/HR@10": ..., ...}`` for records."""
-        out: Dict[str, float] = {}
-        for prefix, block in (("", self.selected), ("test_selected/", self.test_selected)):
-            for domain, values in block.items():
-                out.update({f"{prefix}{domain}/{key}": float(value) for key, value in values.items()})
-        out.update({"selected_round": float(self.selected_round),
-                    "test_selected_round": float(self.test_selected_round),
-                    "seconds": float(self.wall_seconds)})
-        out.update({key: float(value) for key, value in self.extra.items()})
-        return out
 
 
 # --------------------------------------------------------------------------------------

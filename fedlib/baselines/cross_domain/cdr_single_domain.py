@@ -118,8 +118,8 @@ from fedlib.engine.method import FederatedMethod, fedncf_method
 from fedlib.engine.optim import adam
 from fedlib.engine.plan import round_generator
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
-                                       train_cross_domain)
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
+                                       finish_run, train_cross_domain)
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
 
@@ -599,57 +599,62 @@ def _checkpoint_config(config) -> Dict[str, Any]:
 
 
 def train_neumf(split: DomainSplit, config: NeuMFConfig = NeuMFConfig(), *, device=None, progress: Progress = None,
-                ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """NeuMF on every domain of ``split`` alone (see the module docstring).
 
     ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to
     and resume it from (a resumed run equals an uninterrupted one); the same for every trainer here.
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult` (``models``: the NeuMF of each domain;
-        ``history`` rows carry ``<domain>/loss``).
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the NeuMF of each
+        domain; ``scalars``: ``epochs_run``); history rows carry ``<domain>/loss``.
     """
     _check_config(config, NeuMFConfig)
     algorithm, run, seconds = _train(split, config, _NeuMFDomain, device, progress, ks, config.epochs, checkpointer)
-    return CDRResult.from_run("NeuMF", config, run, split.domains, wall_seconds=seconds,
-                              extra={"epochs_run": run.round_index}, models=algorithm.models(run.state))
+    return finish_run(run, "NeuMF", config, split.domains, seconds=seconds, scalars={"epochs_run": run.round_index},
+                      models=algorithm.models(run.state))
 
 
 def train_lightgcn(split: DomainSplit, config: LightGCNConfig = LightGCNConfig(), *, device=None,
-                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """LightGCN on every domain's training graph alone (see the module docstring).
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult` (``models``: the LightGCN of each domain).
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the LightGCN of
+        each domain; ``scalars``: ``epochs_run``).
     """
     _check_config(config, LightGCNConfig)
     algorithm, run, seconds = _train(split, config, _LightGCNDomain, device, progress, ks, config.epochs,
                                      checkpointer)
-    return CDRResult.from_run("LightGCN", config, run, split.domains, wall_seconds=seconds,
-                              extra={"epochs_run": run.round_index}, models=algorithm.models(run.state))
+    return finish_run(run, "LightGCN", config, split.domains, seconds=seconds, scalars={"epochs_run": run.round_index},
+                      models=algorithm.models(run.state))
 
 
 def train_fedncf(split: DomainSplit, config: FedNCFConfig = FedNCFConfig(), *, device=None, progress: Progress = None,
-                 ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                 ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """FedNCF (users as clients, FedAvg by sample count) in every domain alone.
 
-    History rows are indexed by round. ``extra``: ``rounds_run``, clients per round and
-    measured bytes (``bytes_up``/``bytes_down`` over all domains and rounds); ``models``:
-    the :class:`~fedlib.models.ncf.FedNCF` backbone of each domain; ``artifacts["states"]``:
-    each domain's final engine :class:`~fedlib.engine.loop.AveragingState` (public and private tensors).
+    Returns the trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+    (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`): ``scalars``: ``rounds_run``,
+    clients per round and measured bytes (``bytes_up``/``bytes_down`` over all domains and rounds);
+    ``models``: the :class:`~fedlib.models.ncf.FedNCF` backbone of each domain; ``states``: each
+    domain's final engine :class:`~fedlib.engine.loop.AveragingState` (public and private tensors).
+    History rows are indexed by round.
     """
     _check_config(config, FedNCFConfig)
     algorithm, run, seconds = _train(split, config, _FedNCFDomain, device, progress, ks, config.rounds, checkpointer)
     lives = run.state.domains
-    extra: Dict[str, float] = {"rounds_run": run.round_index,
+    scalars: Dict[str, float] = {"rounds_run": run.round_index,
                                "bytes_up": sum(live.bytes_up for live in lives),
                                "bytes_down": sum(live.bytes_down for live in lives)}
     for name, domain in zip(split.domains, algorithm.domains):
         per_round = domain.engine_config.clients_per_round
-        extra[f"{name}/clients_per_round"] = per_round if per_round is not None else domain.split.train.active_users().size
-    return CDRResult.from_run("FedNCF", config, run, split.domains, wall_seconds=seconds, extra=extra,
-                              models=algorithm.models(run.state),
-                              artifacts={"states": {name: live.averaging for name, live in zip(split.domains, lives)}})
+        scalars[f"{name}/clients_per_round"] = per_round if per_round is not None else domain.split.train.active_users().size
+    return finish_run(run, "FedNCF", config, split.domains, seconds=seconds, scalars=scalars,
+                      models=algorithm.models(run.state),
+                      artifacts={"states": {name: live.averaging for name, live in zip(split.domains, lives)}})
 
 
 DOMAIN_CLASSES = {NeuMFConfig: _NeuMFDomain, LightGCNConfig: _LightGCNDomain, FedNCFConfig: _FedNCFDomain}
@@ -657,7 +662,7 @@ _TRAINERS = {NeuMFConfig: train_neumf, LightGCNConfig: train_lightgcn, FedNCFCon
 
 
 def train_single_domain(split: DomainSplit, config: AnyConfig, *, device=None, progress: Progress = None,
-                        ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                        ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """Run the baseline named by ``config.model`` (``"NeuMF"``, ``"LightGCN"`` or ``"FedNCF"``)."""
     trainer = _TRAINERS.get(type(config))
     if trainer is None:

@@ -76,8 +76,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, train_cross_domain)
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, finish_run, train_cross_domain)
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
 __all__ = [
@@ -352,7 +353,7 @@ class CLDTCDRAlgorithm(CrossDomainAlgorithm):
 
 def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), *, device=None,
                    progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                   ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+                   ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Train CL-DTCDR on both domains at once and evaluate each domain on its candidates.
 
     Args:
@@ -364,8 +365,10 @@ def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), 
         on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``models`` holds the joint model under every
-        domain name, ``artifacts`` the last epoch's inter-domain positives per domain.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the joint model
+        under every domain name; ``scalars``: ``epochs_run``, ``num_parameters``) and its own:
+        ``inter_positives``, the last epoch's inter-domain positives per domain.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
@@ -374,11 +377,11 @@ def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), 
                              checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
                              on_round_end=on_round_end)
     model, positives, names = run.state.model, run.state.positives, split.domains
-    extra = {"epochs_run": run.round_index, "num_parameters": sum(p.numel() for p in model.parameters())}
-    return CDRResult.from_run("CL-DTCDR", config, run, names, wall_seconds=time.perf_counter() - start, extra=extra,
-                              models={name: model for name in names},
-                              artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
-                                                             for a, name in enumerate(names)}})
+    scalars = {"epochs_run": run.round_index, "num_parameters": sum(p.numel() for p in model.parameters())}
+    return finish_run(run, "CL-DTCDR", config, names, seconds=time.perf_counter() - start, scalars=scalars,
+                      models={name: model for name in names},
+                      artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
+                                                     for a, name in enumerate(names)}})
 
 
 def _scorers(model: CLDTCDRModel, device):

@@ -116,8 +116,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, train_cross_domain)
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, finish_run, train_cross_domain)
 from fedlib.models.base import normal_
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
@@ -505,7 +506,7 @@ class GAAlgorithm(CrossDomainAlgorithm):
 
 def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
              progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-             ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+             ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Train a GA model (GA-DTCDR, GA-DTCDR-P, GA-MTCDR, GA-MTCDR-P by the config's flags).
 
     Args:
@@ -518,9 +519,11 @@ def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=N
         on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult` named by :func:`method_name`; ``models`` maps
-        every domain to the one shared :class:`GAModel`; ``artifacts`` holds the attention weights
-        per target domain, the richness ranking and (spectral) the singular values.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` named by :func:`method_name`, with the
+        family's artifacts (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``
+        maps every domain to the one shared :class:`GAModel`; ``scalars``: ``epochs_run``) and its
+        own: ``attention_weights`` per target domain, the ``richness`` ranking, ``richer`` and
+        (spectral) the ``singular_values``.
     """
     if len(split.domains) < 2:
         raise ValueError(f"GA models combine domains: need at least 2 domains, got {len(split.domains)}")
@@ -538,20 +541,20 @@ def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=N
     }
     if model.singular_values:
         artifacts["singular_values"] = dict(zip(names, model.singular_values))
-    return CDRResult.from_run(method_name(config), config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra={"epochs_run": run.round_index}, models={name: model for name in names},
-                              artifacts=artifacts)
+    return finish_run(run, method_name(config), config, split.domains, seconds=time.perf_counter() - start,
+                      scalars={"epochs_run": run.round_index}, models={name: model for name in names},
+                      artifacts=artifacts)
 
 
 def train_ga_dtcdr(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
                    progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                   ks: Sequence[int] = (5, 10)) -> CDRResult:
+                   ks: Sequence[int] = (5, 10)) -> RunResult:
     """GA-DTCDR (IJCAI 2020): :func:`train_ga` with :class:`GADTCDRConfig` defaults."""
     return train_ga(split, config, device=device, progress=progress, ks=ks)
 
 
 def train_ga_mtcdr_p(split: DomainSplit, config: GAConfig = GAMTCDRPConfig(), *, device=None,
                      progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                     ks: Sequence[int] = (5, 10)) -> CDRResult:
+                     ks: Sequence[int] = (5, 10)) -> RunResult:
     """GA-MTCDR-P (TKDE 2021): :func:`train_ga` with :class:`GAMTCDRPConfig` defaults."""
     return train_ga(split, config, device=device, progress=progress, ks=ks)

@@ -91,8 +91,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CDRResult, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, train_cross_domain)
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
+                                       checkpoint_config_of, finish_run, train_cross_domain)
 
 __all__ = [
     "NMCDRConfig", "matching_attention", "GateFusion", "IntraMatchingLayer", "InterMatchingLayer",
@@ -460,7 +461,7 @@ class NMCDRAlgorithm(CrossDomainAlgorithm):
 
 def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, device=None,
                 progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+                ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Train NMCDR on both domains at once and evaluate each domain on its candidates.
 
     Args:
@@ -472,8 +473,11 @@ def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, devi
         on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``models`` holds the one joint model under
-        every domain name, ``artifacts`` the fixed evaluation candidates and the global user ids.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the one joint model
+        under every domain name; ``scalars``: ``epochs_run``, ``num_global_users``,
+        ``num_parameters``) and its own: the ``global_user_ids`` and the fixed evaluation candidates
+        (``eval_user_candidates``, ``eval_item_candidates``).
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
@@ -482,13 +486,12 @@ def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, devi
                              checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
                              on_round_end=on_round_end)
     model = run.state.model
-    extra = {"epochs_run": run.round_index, "num_global_users": model.num_global_users,
-             "num_parameters": sum(p.numel() for p in model.parameters())}
-    return CDRResult.from_run("NMCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra=extra, models={name: model for name in split.domains},
-                              artifacts={"global_user_ids": algorithm.global_ids,
-                                         "eval_user_candidates": algorithm.eval_users,
-                                         "eval_item_candidates": algorithm.eval_items})
+    scalars = {"epochs_run": run.round_index, "num_global_users": model.num_global_users,
+               "num_parameters": sum(p.numel() for p in model.parameters())}
+    return finish_run(run, "NMCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
+                      models={name: model for name in split.domains},
+                      artifacts={"global_user_ids": algorithm.global_ids, "eval_user_candidates": algorithm.eval_users,
+                                 "eval_item_candidates": algorithm.eval_items})
 
 
 def _scorers(model: NMCDRModel, user_keys: Sequence[np.ndarray], item_keys: Sequence[np.ndarray], device):

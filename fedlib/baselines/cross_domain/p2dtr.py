@@ -51,7 +51,8 @@ import torch
 from torch import nn
 
 from fedlib.data.splits import DomainSplit
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
 from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    mean_logs, normal_table, train_dual_target, training_batches)
@@ -243,13 +244,14 @@ class P2DTRAlgorithm(DualTargetAlgorithm):
 
 
 def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, device=None,
-                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """P²DTR: PSI once, then rounds of local training, k-means prototypes and server averaging.
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``extra``: ``psi_size``,
-        ``psi_matches_split`` (1.0 when the PSI found exactly users ``0 .. n_o − 1``), bytes;
-        ``artifacts``: ``psi`` rows, last ``prototypes`` / ``labels``, ``transmitted``.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``psi_size``,
+        ``psi_matches_split`` (1.0 when the PSI found exactly users ``0 .. n_o − 1``), bytes) and its
+        own: ``psi`` rows, last ``prototypes`` / ``labels``, ``transmitted``.
     """
     check_dual_target(split, "P2DTR")
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -268,12 +270,11 @@ def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, devi
         order = torch.argsort(psi_rows[name])  # rows in the domain's user-id order
         transmitted[name] = {"sent": protos[labels][order].cpu(), "private": summarised[name][order].cpu()}
     k, d = config.num_clusters, config.dim
-    extra = {"psi_size": float(rows_a.size), "psi_matches_split": float(matches),
-             "bytes_up": float(rounds * 2 * (k * d * 4 + rows_a.size * 8)), "bytes_down": float(rounds * 2 * k * d * 4),
-             "epochs_run": rounds}
-    return CDRResult.from_run("P2DTR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra=extra, models=run.state.models,
-                              artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
-                                         "prototypes": {n: uploads[n][0].cpu() for n in names},
-                                         "labels": {n: uploads[n][1].cpu() for n in names},
-                                         "transmitted": transmitted})
+    scalars = {"psi_size": float(rows_a.size), "psi_matches_split": float(matches),
+               "bytes_up": float(rounds * 2 * (k * d * 4 + rows_a.size * 8)),
+               "bytes_down": float(rounds * 2 * k * d * 4), "epochs_run": rounds}
+    return finish_run(run, "P2DTR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
+                      models=run.state.models,
+                      artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
+                                 "prototypes": {n: uploads[n][0].cpu() for n in names},
+                                 "labels": {n: uploads[n][1].cpu() for n in names}, "transmitted": transmitted})

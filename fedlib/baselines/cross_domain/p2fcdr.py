@@ -43,7 +43,8 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.privacy import add_laplace, clip_per_sample, l1_sensitivity_of_l2_clip, laplace_epsilon
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
                                    training_batches)
@@ -211,13 +212,14 @@ class P2FCDRAlgorithm(DualTargetAlgorithm):
 
 
 def train_p2fcdr(split: DomainSplit, config: P2FCDRConfig = P2FCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """P2FCDR, peer to peer: every round both domains exchange noisy mapped embeddings, then train.
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``extra``: ``laplace_scale``,
-        ``epsilon_per_round``, ``epsilon_total`` (rounds run × per round), ``bytes_exchanged``;
-        ``artifacts["transmitted"]`` (module docstring).
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``laplace_scale``,
+        ``epsilon_per_round``, ``epsilon_total`` (rounds run × per round), ``bytes_exchanged``) and
+        its own: ``transmitted`` (module docstring).
     """
     check_dual_target(split, "P2FCDR")
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -229,8 +231,8 @@ def train_p2fcdr(split: DomainSplit, config: P2FCDRConfig = P2FCDRConfig(), *, d
     sent, private = run.state.messages["sent"], run.state.messages["private"]
     per_round = laplace_epsilon(l1_sensitivity_of_l2_clip(config.clip_norm, config.dim), scale)
     bytes_round = float(sum(m.numel() * m.element_size() for m in sent.values()))
-    extra = {"laplace_scale": scale, "clip_norm": config.clip_norm, "epsilon_per_round": per_round,
-             "epsilon_total": per_round * rounds, "bytes_exchanged": bytes_round * rounds, "epochs_run": rounds}
+    scalars = {"laplace_scale": scale, "clip_norm": config.clip_norm, "epsilon_per_round": per_round,
+               "epsilon_total": per_round * rounds, "bytes_exchanged": bytes_round * rounds, "epochs_run": rounds}
     transmitted = {name: {"sent": sent[name].cpu(), "private": private[name].cpu()} for name in names}
-    return CDRResult.from_run("P2FCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra=extra, models=run.state.models, artifacts={"transmitted": transmitted})
+    return finish_run(run, "P2FCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
+                      models=run.state.models, artifacts={"transmitted": transmitted})

@@ -59,7 +59,8 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.engine.privacy import gaussian_noise_like, noise_multiplier_for_epsilon, rdp_epsilon
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, CDRResult, check_training_loop
+from fedlib.engine.trainer import RunResult
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
                                    child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
                                    training_batches)
@@ -304,16 +305,17 @@ class PriCDRAlgorithm(DualTargetAlgorithm):
 
 
 def train_pricdr(split: DomainSplit, config: PriCDRConfig = PriCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> CDRResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
     """PriCDR, dual-target: each domain publishes ``Y`` once, each trains HeteroCDR on the other's.
 
     ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
     resume it from (a resumed run equals an uninterrupted one); the same for P2FCDR and P²DTR.
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``extra`` holds ``epsilon``, ``delta``,
-        per-domain ``"<d>/noise_std"`` and ``"<d>/sensitivity"``, ``bytes_published``;
-        ``artifacts["published"]`` the two :class:`PublishedMatrix`.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``epsilon``,
+        ``delta``, per-domain ``"<d>/noise_std"`` and ``"<d>/sensitivity"``, ``bytes_published``)
+        and its own: ``published``, the two :class:`PublishedMatrix`.
     """
     check_dual_target(split, "PriCDR")
     device = torch.device(device) if device is not None else torch.device("cpu")
@@ -321,13 +323,13 @@ def train_pricdr(split: DomainSplit, config: PriCDRConfig = PriCDRConfig(), *, d
     algorithm = PriCDRAlgorithm(split, config, device, ks)
     run = train_dual_target(algorithm, progress, checkpointer)
     published = algorithm.published
-    extra = {"epsilon": config.epsilon if config.dp else math.inf, "delta": config.delta if config.dp else 0.0,
-             "bytes_published": float(sum(p.nbytes() for p in published.values())), "epochs_run": run.round_index}
+    scalars = {"epsilon": config.epsilon if config.dp else math.inf, "delta": config.delta if config.dp else 0.0,
+               "bytes_published": float(sum(p.nbytes() for p in published.values())), "epochs_run": run.round_index}
     for d, release in published.items():
-        extra[f"{d}/noise_std"] = release.noise_std
-        extra[f"{d}/sensitivity"] = release.sensitivity
+        scalars[f"{d}/noise_std"] = release.noise_std
+        scalars[f"{d}/sensitivity"] = release.sensitivity
         if config.dp:  # the ε the accountant actually certifies for the σ used (≤ the target ε)
-            extra[f"{d}/epsilon_certified"] = rdp_epsilon(release.noise_std / release.sensitivity, 1.0, 1,
-                                                          config.delta)
-    return CDRResult.from_run("PriCDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra=extra, models=run.state.models, artifacts={"published": published})
+            scalars[f"{d}/epsilon_certified"] = rdp_epsilon(release.noise_std / release.sensitivity, 1.0, 1,
+                                                            config.delta)
+    return finish_run(run, "PriCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
+                      models=run.state.models, artifacts={"published": published})

@@ -42,6 +42,7 @@ import pandas as pd
 import torch
 
 from fedlib.baselines import registry
+from fedlib.baselines.cross_domain.cdr_common import flat_metrics, history_rows
 from fedlib.data.protocols import fedpcl_cdr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
@@ -232,14 +233,14 @@ def run_cell(config: Mapping[str, Any], progress: Optional[Callable[[int], None]
     else:
         train = registry.get(config["method"], "cross-domain").train
         result = train(split, baseline_config(config), device=device, progress=each_round)
-    metrics = result.flat_metrics()
+    metrics = flat_metrics(result)
     for domain, pair in result.artifacts.get("transmitted", {}).items():  # Table 5
         if pair["sent"].shape[0] < 4:  # (almost) no cluster of this domain was sent: nothing to attack
             continue
         attack = reconstruction_attack(pair["sent"], pair["private"], seed=config["seed"])
         metrics.update({f"attack/{domain}/{key}": attack[key] for key in ("mse", "normalised_mse")})
     metrics["seconds"] = time.perf_counter() - started
-    curve = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in result.history]
+    curve = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history_rows(result)]
     review_branch = config["method"] == "FedPCL-CDR" and texts is not None
     return {"metrics": metrics, "extra": {"curve": curve, "domains": list(split.domains), "review_branch": review_branch}}
 

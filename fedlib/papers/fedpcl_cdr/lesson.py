@@ -4,8 +4,8 @@ Lesson 04 trains FedPCL-CDR in visible steps instead of one opaque grid call. Ea
 here is one step a student can re-run with other parameters (the exercises do):
 
 * :func:`train_live` trains one cell of :mod:`fedlib.papers.fedpcl_cdr.experiment` with a progress
-  bar, records it at the notebook's profile and returns the whole
-  :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult` (models, messages, cluster labels);
+  bar, records it at the notebook's profile and returns the trainer's whole
+  :class:`~fedlib.engine.trainer.RunResult` (models, messages, cluster labels in its ``artifacts``);
 * :func:`prototype_signal` compares what a domain sent (Eq. 5) with the clipped clean
   centroids it stands for: how much of each uploaded prototype is signal;
 * :func:`server_view` counts what the server reads from Eq. 6's overlapping-user lists;
@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from fedlib.baselines.cross_domain.cdr_common import CDRResult
+from fedlib.baselines.cross_domain.cdr_common import flat_metrics, history_rows, selected_blocks
+from fedlib.engine.trainer import RunResult
 from fedlib.papers.fedpcl_cdr import experiment as X
 from fedlib.papers.fedpcl_cdr import method as P
 
@@ -31,7 +32,7 @@ __all__ = ["train_live", "prototype_signal", "resampled_signal", "server_view", 
            "figure_live"]
 
 
-def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: bool = True) -> CDRResult:
+def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: bool = True) -> RunResult:
     """Train one FedPCL-CDR cell (:func:`fedlib.papers.fedpcl_cdr.experiment.cell`) with a progress bar.
 
     Args:
@@ -41,8 +42,9 @@ def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: 
         record: ``False`` trains without writing a record (unit tests).
 
     Returns:
-        The :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`, artifacts included (the last round's
-        uploads, the server's replies, each domain's cluster labels).
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` of
+        :func:`~fedlib.papers.fedpcl_cdr.method.train_fedpcl_cdr`, artifacts included (the models, the
+        last round's uploads, the server's replies, each domain's cluster labels).
     """
     from tqdm.auto import tqdm
 
@@ -56,29 +58,29 @@ def train_live(config: Mapping[str, Any], profile: str, *, device=None, record: 
         result = P.train_fedpcl_cdr(split, X.fedpcl_config(config), device=device, ks=X.KS,
                                     progress=lambda *_: bar.update(1))
     if record and profile != "paper":
-        curve = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in result.history]
-        append_run(X.PAPER, profile, config, config["seed"], result.flat_metrics(), time.perf_counter() - started,
+        curve = [{k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()} for row in history_rows(result)]
+        append_run(X.PAPER, profile, config, config["seed"], flat_metrics(result), time.perf_counter() - started,
                    extra={"curve": curve, "domains": list(split.domains), "review_branch": False})
     return result
 
 
-def _clean_clipped_centroids(result: CDRResult, domain: str, clip_norm: float) -> torch.Tensor:
+def _clean_clipped_centroids(result: RunResult, domain: str, clip_norm: float) -> torch.Tensor:
     """``(K, D)``: each cluster's mean user representation under the final model, clipped to β.
 
     The last upload was computed from this model; k-means centroids are these means up to its
     convergence tolerance.
     """
-    model = result.models[domain]
+    model = result.artifacts["models"][domain]
     model.eval()
     with torch.no_grad():
         users, _ = model.propagate()
     assignment = result.artifacts["assignments"][domain]
-    k = int(result.config.num_clusters)
+    k = int(result.artifacts["config"].num_clusters)
     means = torch.stack([users[assignment == c].mean(0) for c in range(k)])
     return P.clip_to_norm(means, clip_norm)
 
 
-def prototype_signal(result: CDRResult, domain_index: int = 0) -> Dict[str, float]:
+def prototype_signal(result: RunResult, domain_index: int = 0) -> Dict[str, float]:
     """What one domain's last upload carries: sent clusters, noise size, and signal left.
 
     Returns ``{"sent", "clusters", "signal_norm", "noise_norm", "cosine"}``: ``sent`` of
@@ -86,8 +88,8 @@ def prototype_signal(result: CDRResult, domain_index: int = 0) -> Dict[str, floa
     centroid (≤ β) and of the Laplace noise added to it (≈ η·√(2d) for scale η), and the mean
     cosine between each sent prototype and its clean centroid (1 = no noise, ≈ 0 = noise only).
     """
-    config = result.config
-    domain = list(result.models)[domain_index]
+    config = result.artifacts["config"]
+    domain = result.artifacts["domains"][domain_index]
     upload = result.artifacts["uploads"][domain_index]
     clean = _clean_clipped_centroids(result, domain, config.clip_norm)[upload.cluster_ids]
     noise = upload.prototypes - clean
@@ -97,7 +99,7 @@ def prototype_signal(result: CDRResult, domain_index: int = 0) -> Dict[str, floa
             "cosine": float(cosine.mean())}
 
 
-def server_view(result: CDRResult) -> Dict[str, Any]:
+def server_view(result: RunResult) -> Dict[str, Any]:
     """What the server reads from Eq. 6 in the last round of a two-domain run.
 
     Returns ``{"overlap_users", "distinct_profiles", "singleton_profiles", "co_membership"}``:
@@ -115,7 +117,7 @@ def server_view(result: CDRResult) -> Dict[str, Any]:
             "singleton_profiles": int((counts == 1).sum()), "co_membership": matrix}
 
 
-def prototype_alignment(result: CDRResult, domain_index: int = 0, *, seed: int = 0) -> pd.DataFrame:
+def prototype_alignment(result: RunResult, domain_index: int = 0, *, seed: int = 0) -> pd.DataFrame:
     """Eqs. 7–9 on a trained domain: true cluster labels against shuffled ones.
 
     For every user of the domain, ``L_glob`` (Eq. 8) and ``L_loc`` (Eq. 9) against the
@@ -126,10 +128,10 @@ def prototype_alignment(result: CDRResult, domain_index: int = 0, *, seed: int =
     Returns a frame with rows ``own cluster`` / ``shuffled labels`` and columns
     ``L_glob``, ``L_loc``, ``top-1``.
     """
-    domain = list(result.models)[domain_index]
+    domain = result.artifacts["domains"][domain_index]
     received = result.artifacts["domain_prototypes"][domain]
     labels = result.artifacts["assignments"][domain]
-    model = result.models[domain]
+    model = result.artifacts["models"][domain]
     model.eval()
     with torch.no_grad():
         users, _ = model.propagate()
@@ -137,7 +139,7 @@ def prototype_alignment(result: CDRResult, domain_index: int = 0, *, seed: int =
         nearest = (unit_users @ torch.nn.functional.normalize(received.global_prototypes, dim=1).T).argmax(1)
         generator = torch.Generator().manual_seed(seed)
         shuffled = labels[torch.randperm(len(labels), generator=generator)]
-        tau = result.config.tau
+        tau = result.artifacts["config"].tau
         rows = {}
         for name, clusters in (("own cluster", labels), ("shuffled labels", shuffled)):
             rows[name] = {"L_glob": float(P.global_prototype_loss(users, clusters, received.global_prototypes, tau)),
@@ -147,7 +149,7 @@ def prototype_alignment(result: CDRResult, domain_index: int = 0, *, seed: int =
     return pd.DataFrame(rows).T
 
 
-def live_table(results: Mapping[str, CDRResult]) -> pd.DataFrame:
+def live_table(results: Mapping[str, RunResult]) -> pd.DataFrame:
     """One row per run: test HR@10 / NDCG@10 per domain at the validation-selected round.
 
     Columns ``<domain> HR@10``, ``<domain> NDCG@10``, ``round`` (the selected round) and
@@ -156,21 +158,21 @@ def live_table(results: Mapping[str, CDRResult]) -> pd.DataFrame:
     rows = {}
     for label, result in results.items():
         row = {}
-        for domain, values in result.selected.items():
+        for domain, values in selected_blocks(result).items():
             row[f"{domain} HR@10"] = values["test/HR@10"]
             row[f"{domain} NDCG@10"] = values["test/NDCG@10"]
-        rows[label] = {**row, "round": result.selected_round, "seconds": result.wall_seconds}
+        rows[label] = {**row, "round": result.best_round, "seconds": result.artifacts["seconds"]}
     return pd.DataFrame(rows).T
 
 
-def live_curves(results: Mapping[str, CDRResult]) -> pd.DataFrame:
+def live_curves(results: Mapping[str, RunResult]) -> pd.DataFrame:
     """Tidy per-round rows: ``run``, ``round``, ``valid HR@10`` (mean over domains), ``test HR@10``
     and the mean over domains of the prototype losses ``L_glob``, ``L_loc`` (0 before the first
     aggregation and in runs without that term)."""
     rows = []
     for label, result in results.items():
-        domains = list(result.selected)
-        for row in result.history:
+        domains = result.artifacts["domains"]
+        for row in history_rows(result):
             rows.append({"run": label, "round": int(row["round"]), "valid HR@10": row["valid/HR@10"],
                          "test HR@10": row["test/HR@10"],
                          "L_glob": float(np.mean([row.get(f"{d}/loss_global", 0.0) for d in domains])),
@@ -207,7 +209,7 @@ def figure_live(curves: pd.DataFrame, title: Optional[str] = None):
     return fig
 
 
-def resampled_signal(result: CDRResult, domain_index: int = 0, *, clip_norm: float = 0.2,
+def resampled_signal(result: RunResult, domain_index: int = 0, *, clip_norm: float = 0.2,
                      laplace_scale: float = 0.1, seed: int = 0) -> Dict[str, float]:
     """Eq. 5 again on a trained domain's clean centroids, with another β (``clip_norm``) or η.
 
@@ -216,7 +218,7 @@ def resampled_signal(result: CDRResult, domain_index: int = 0, *, clip_norm: flo
     "paper_epsilon", "mechanism_epsilon"}``: the mean norms, the mean cosine between noisy and
     clean prototypes, and the two privacy budgets of :func:`~fedlib.papers.fedpcl_cdr.method.privacy_budget`.
     """
-    domain = list(result.models)[domain_index]
+    domain = result.artifacts["domains"][domain_index]
     clean = _clean_clipped_centroids(result, domain, clip_norm)
     generator = torch.Generator().manual_seed(seed)
     noisy = P.differential_prototypes(clean, clip_norm, laplace_scale, generator, ldp=laplace_scale > 0)

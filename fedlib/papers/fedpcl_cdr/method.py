@@ -85,8 +85,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
+from fedlib.engine.trainer import RunResult
 from fedlib.baselines.registry import cross_domain, register
-from fedlib.baselines.cross_domain.cdr_common import CDRResult, CrossDomainAlgorithm, checkpoint_config_of, train_cross_domain
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainAlgorithm, checkpoint_config_of, finish_run, train_cross_domain
 from fedlib.baselines.cross_domain.user_clusters import cluster_users  # Eq. 3; re-exported with the prototype math below
 from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
 # The prototype and privacy math; re-exported, so that this module stays the method's one entry point.
@@ -480,7 +481,7 @@ class FedPCLAlgorithm(CrossDomainAlgorithm):
 def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), *,
                      reviews: Optional[Mapping[str, Tuple[torch.Tensor, torch.Tensor]]] = None,
                      device=None, progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                     ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> CDRResult:
+                     ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Algorithm 1 on a :class:`DomainSplit` (2 or more domains), trained by the one trainer.
 
     Args:
@@ -493,10 +494,15 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
         on_round_end: ``callback(run, record)`` after every round (the trainer's).
 
     Returns:
-        :class:`~fedlib.baselines.cross_domain.cdr_common.CDRResult`; ``extra`` has the privacy budgets and
-        total bytes, ``artifacts`` the last round's uploads (:class:`DomainUpload`), what the
-        server sent (:class:`ServerPrototypes`), what each domain trained with
-        (:class:`DomainPrototypes`), the cluster labels and the reconstruction attack's pairs.
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`: ``domains``, ``config``,
+        ``seconds``, ``models`` (each domain's :class:`DomainModel`), ``scalars`` (the privacy
+        budgets, total bytes, ``rounds_run``)) and FedPCL-CDR's own: the last round's ``uploads``
+        (:class:`DomainUpload`), what the server sent (``prototypes``, :class:`ServerPrototypes`),
+        what each domain trained with (``domain_prototypes``, :class:`DomainPrototypes`), the cluster
+        labels (``assignments``) and the reconstruction attack's pairs (``transmitted``). Its
+        numbers per domain: :func:`~fedlib.baselines.cross_domain.cdr_common.selected_blocks`,
+        ``audit_blocks``, ``history_rows``, ``flat_metrics``.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
     start = time.perf_counter()
@@ -508,14 +514,14 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
                              checkpointer=checkpointer, checkpoint_config=checkpoint_config, on_round_end=on_round_end)
     state = run.state
     domains = algorithm.domains(state)
-    extra = {**privacy_budget(config.clip_norm, config.laplace_scale, domains[0].model.representation_size),
-             "bytes_up": state.bytes_up, "bytes_down": state.bytes_down, "rounds_run": run.round_index}
-    return CDRResult.from_run("FedPCL-CDR", config, run, split.domains, wall_seconds=time.perf_counter() - start,
-                              extra=extra, models={d.name: d.model for d in domains},
-                              artifacts={"uploads": state.uploads, "prototypes": state.prototypes,
-                                         "domain_prototypes": {d.name: d.received for d in domains},
-                                         "assignments": {d.name: d.assignment for d in domains},
-                                         "transmitted": _transmitted(domains, state.uploads)})
+    scalars = {**privacy_budget(config.clip_norm, config.laplace_scale, domains[0].model.representation_size),
+               "bytes_up": state.bytes_up, "bytes_down": state.bytes_down, "rounds_run": run.round_index}
+    return finish_run(run, "FedPCL-CDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
+                      models={d.name: d.model for d in domains},
+                      artifacts={"uploads": state.uploads, "prototypes": state.prototypes,
+                                 "domain_prototypes": {d.name: d.received for d in domains},
+                                 "assignments": {d.name: d.assignment for d in domains},
+                                 "transmitted": _transmitted(domains, state.uploads)})
 
 
 def _transmitted(domains: Sequence[_Domain], uploads: Sequence[DomainUpload]) -> Dict[str, Dict[str, torch.Tensor]]:
