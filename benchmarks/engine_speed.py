@@ -47,7 +47,7 @@ from fedlib.data import load_interactions
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, UploadNoise, fedmf_method,
-                           init_train_state, make_round_plan, round_generator)
+                           ParameterAveraging, make_round_plan, round_generator)
 from fedlib.models import FedMF
 
 FLOPS_PER_SECOND = 10e9  # the "arithmetic floor" reference speed
@@ -144,7 +144,7 @@ def main(argv=None):
 
     # (b) batched: warm-up round, then time `rounds` consecutive rounds.
     batched = BatchedExecutor()
-    state = init_train_state(method, config)
+    state = ParameterAveraging(method, None, config).init(config.seed)
     batched_round(state, 0, batched)
     round_times = []
     for t in range(1, args.rounds + 1):
@@ -169,7 +169,7 @@ def main(argv=None):
     # Agreement and the slow implementations, from one common state and plan per round.
     sequential_times, reference_times, max_diff = [], [], 0.0
     batched_threads = torch.get_num_threads()
-    base = init_train_state(method, config)
+    base = ParameterAveraging(method, None, config).init(config.seed)
     for t in range(args.slow_rounds):
         plan = plan_for(t)
         weights = method.aggregation.client_weights(plan.num_examples)

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from fedlib.engine import BatchedExecutor, init_train_state, make_round_plan, round_generator
+from fedlib.engine import BatchedExecutor, ParameterAveraging, make_round_plan, round_generator
 from fedlib.engine.executors import client_batch_widths, width_bucketed_chunks
 from fedlib.papers.fedrkg import experiment as X
 
@@ -53,7 +53,7 @@ def main(argv=None):
     sampler = X.make_sampler(split, config["sampler"])
     fed_config = X.federated_config(config)
     method, _ = X.make_federated(config, split, sampler, fed_config)
-    state = init_train_state(method, fed_config)
+    state = ParameterAveraging(method, None, fed_config).init(fed_config.seed)
     weights = np.full(split.num_users, 1.0 / split.num_users)
 
     def plan_for(t):

@@ -100,7 +100,7 @@ use_style()
 # %%
 from fedlib.engine import (BatchedExecutor, ClientRowUpdates, FederatedConfig, FederatedMethod, LocalBatch,
                            RankingEvaluator, SequentialExecutor, UploadNoise, bce_client_loss, client_upload_noise,
-                           fedavg, fedmf_method, init_train_state, make_round_plan, personal_table_method,
+                           ParameterAveraging, fedavg, fedmf_method, make_round_plan, personal_table_method,
                            round_generator, run_federated, union_pairs)
 from fedlib.engine.communication import CommunicationLedger, analytic_model_bytes, format_bytes
 from fedlib.experiments.intro import attack_one_round, train_centralised_selected
@@ -286,7 +286,7 @@ fnb.show_source(fedavg)
 # %%
 fedmf = FedMF(num_users, num_items, dim=settings.dim)
 fedmf_plain = fedmf_method(fedmf, lr=settings.fedmf_lr)  # user lr = η, item lr = η·I
-probe_state = init_train_state(fedmf_plain, FederatedConfig(rounds=0, seed=settings.seed), device="cpu")
+probe_state = ParameterAveraging(fedmf_plain, None, FederatedConfig(rounds=0), device="cpu").init(settings.seed)
 probe_plan = make_round_plan(split.train, sampler, round_generator(settings.seed, 0), num_negatives=settings.num_negatives,
                              batch_size=settings.batch_size, clients_per_round=min(50, num_users))
 probe_weights = fedmf_plain.aggregation.client_weights(probe_plan.num_examples)  # 1/C each
@@ -418,14 +418,15 @@ def fedmf_from_scratch(train, item_table, user_table, rounds, *, lr, seed, num_n
 # %%
 scratch_config = FederatedConfig(rounds=settings.scratch_rounds, seed=settings.seed, num_negatives=settings.num_negatives,
                                  batch_size=settings.batch_size, test_at_end=False, dtype="float64")
-start = init_train_state(fedmf_plain, scratch_config, device="cpu")  # the random initial tables, as run_federated draws them
+# the random initial tables, as run_federated draws them (the algorithm's init from the seed)
+start = ParameterAveraging(fedmf_plain, None, scratch_config, device="cpu").init(settings.seed)
 t0 = time.perf_counter()
 scratch_items, scratch_users = fedmf_from_scratch(split.train, start.global_state["item_emb"], start.private_state["user_emb"],
                                                   settings.scratch_rounds, lr=settings.fedmf_lr, seed=settings.seed,
                                                   num_negatives=settings.num_negatives, batch_size=settings.batch_size)
 scratch_seconds = time.perf_counter() - t0
 t0 = time.perf_counter()
-library = run_federated(fedmf_plain, split.train, scratch_config, device="cpu")
+library = run_federated(fedmf_plain, split.train, scratch_config, device="cpu").state  # the state after the last round
 library_seconds = time.perf_counter() - t0
 scratch_diff = {"item table": float((scratch_items - library.global_state["item_emb"]).abs().max()),
                 "user vectors": float((scratch_users - library.private_state["user_emb"]).abs().max()),
@@ -474,17 +475,18 @@ def log_run(name, config, metrics, seconds):
 
 
 def train_federated(method, rounds, name, *, sampler_=None, clients_per_round=None):
-    """run_federated with validation selection and a progress bar; returns (state, test metrics)."""
+    """run_federated with validation selection and a progress bar; returns (run, test metrics, seconds)."""
     config = FederatedConfig(rounds=rounds, seed=settings.seed, num_negatives=settings.num_negatives,
                              batch_size=settings.batch_size, eval_every=settings.eval_every, patience=settings.patience,
                              selection_metric="NDCG@20", clients_per_round=clients_per_round)
     t0 = time.perf_counter()
     with RoundProgress(rounds, name, metric="NDCG@20") as progress:
-        state = run_federated(method, split.train, config, sampler=sampler_, evaluator=evaluator, device=device,
-                              on_round_end=progress)
-    curves[name] = pd.DataFrame(state.history)
-    metrics = evaluate(method.model, state.best_global_state, state.best_private_state, name)
-    return state, metrics, time.perf_counter() - t0
+        run = run_federated(method, split.train, config, sampler=sampler_, evaluator=evaluator, device=device,
+                            on_round_end=progress)
+    curves[name] = pd.DataFrame(run.history)
+    best = run.best_state  # the state of the best validation round
+    metrics = evaluate(method.model, best.global_state, best.private_state, name)
+    return run, metrics, time.perf_counter() - t0
 
 # %%
 popularity = ItemPopularity(split.train, num_items)
@@ -503,18 +505,18 @@ log_run("Centralised MF", {"lr": settings.central_lr, "epochs": settings.central
         evaluate(fedmf, central_global, central_private, "Centralised MF"), time.perf_counter() - t0)
 
 # %%
-fedmf_state, fedmf_metrics, seconds = train_federated(fedmf_plain, settings.fedmf_rounds, "FedMF")
+fedmf_run, fedmf_metrics, seconds = train_federated(fedmf_plain, settings.fedmf_rounds, "FedMF")
 log_run("FedMF", {"rounds": settings.fedmf_rounds, "lr": dict(fedmf_plain.learning_rates),
-                  "best_round": fedmf_state.best_round}, fedmf_metrics, seconds)
-print(f"FedMF: best validation NDCG@20 at round {fedmf_state.best_round}, {seconds:.1f} s")
+                  "best_round": fedmf_run.best_round}, fedmf_metrics, seconds)
+print(f"FedMF: best validation NDCG@20 at round {fedmf_run.best_round}, {seconds:.1f} s")
 
 # %%
 local_model = PersonalItemTableModel(num_users, num_items, dim=settings.dim)
 local_method = personal_table_method(local_model, lr=settings.local_lr)
-local_state, local_metrics, seconds = train_federated(local_method, settings.local_rounds, "Local-only")
+local_run, local_metrics, seconds = train_federated(local_method, settings.local_rounds, "Local-only")
 log_run("Local-only", {"rounds": settings.local_rounds, "lr": dict(local_method.learning_rates),
-                       "best_round": local_state.best_round}, local_metrics, seconds)
-print(f"Local-only: best validation NDCG@20 at round {local_state.best_round}, {seconds:.1f} s")
+                       "best_round": local_run.best_round}, local_metrics, seconds)
+print(f"Local-only: best validation NDCG@20 at round {local_run.best_round}, {seconds:.1f} s")
 
 # %%
 results_table = pd.DataFrame(results).set_index("method")
@@ -563,7 +565,7 @@ def time_rounds(executor, rounds):
     config = FederatedConfig(rounds=rounds, seed=settings.seed, num_negatives=settings.num_negatives,
                              batch_size=settings.batch_size, test_at_end=False)
     t0 = time.perf_counter()
-    state = run_federated(fedmf_plain, split.train, config, executor=executor, device=device)
+    state = run_federated(fedmf_plain, split.train, config, executor=executor, device=device).state
     return state, (time.perf_counter() - t0) / rounds
 
 
@@ -629,7 +631,8 @@ def attack_at(scale, support="full", **options):
     noise = UploadNoise(scale=scale, support=support) if scale > 0 else None
     method = fedmf_method(fedmf, lr=settings.fedmf_lr, upload_noise=noise)
     options = {"num_negatives": settings.num_negatives, **options}
-    return attack_one_round(method, fedmf_state.global_state, fedmf_state.private_state, split.train, sampler,
+    trained = fedmf_run.state  # the tables after FedMF's last round
+    return attack_one_round(method, trained.global_state, trained.private_state, split.train, sampler,
                             clients_per_round=min(settings.attack_clients, num_users), seed=settings.seed,
                             batch_size=settings.batch_size, **options)
 
@@ -654,11 +657,11 @@ def utility_at(scale):
     """FedMF retrained for `utility_rounds` rounds with Laplace(scale) noise on its full uploads: one table row."""
     noise = UploadNoise(scale=scale, support="full") if scale > 0 else None
     method = fedmf_method(fedmf, lr=settings.fedmf_lr, upload_noise=noise)
-    state, metrics, seconds = train_federated(method, settings.utility_rounds, f"FedMF, Laplace λ={scale}")
-    log_run(f"FedMF, Laplace λ={scale}", {"rounds": settings.utility_rounds, "best_round": state.best_round},
+    run, metrics, seconds = train_federated(method, settings.utility_rounds, f"FedMF, Laplace λ={scale}")
+    log_run(f"FedMF, Laplace λ={scale}", {"rounds": settings.utility_rounds, "best_round": run.best_round},
             metrics, seconds)
     return {"noise scale λ": scale, "NDCG@20": metrics["NDCG@20"], "Recall@20": metrics["Recall@20"],
-            "best round": state.best_round, "seconds": seconds}
+            "best round": run.best_round, "seconds": seconds}
 
 
 utility = [utility_at(0.0)]  # the noise-free reference, trained for the same number of rounds

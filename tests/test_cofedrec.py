@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
-from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
+from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, ParameterAveraging,
                            run_federated)
 from fedlib.engine.plan import round_generator
+from fedlib.engine.trainer import start_run
 from fedlib.baselines.single_domain.cofedrec import (MEMBERSHIP_KEY, SERVER_STREAM, STATS_KEY, CoClusteringServer, CoFedRecLoss, CoFedRecModel,
                                      category_similarity, co_cluster_step, co_cluster_step_reference,
                                      cofedrec_method, elbow_split, kmeans, kmeans_reference, server_uniforms,
@@ -314,7 +315,7 @@ def test_param_roles_and_learning_rates():
     assert cofedrec_method(model, train, FederatedConfig(rounds=1), two_step=False).steps == (
         ("personal_item_emb", "head_w", "head_b"),)
     assert method.name == "CoFedRec" and isinstance(method.client_loss, CoFedRecLoss)
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=3), device="cpu")
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1), device="cpu").init(3)
     tables = state.private_state["personal_item_emb"]
     assert torch.equal(tables[0], tables[-1])  # every client starts from one shared table
 
@@ -324,13 +325,14 @@ def test_server_hook_groups_users_and_sends_the_membership():
     config = FederatedConfig(rounds=2, seed=5, batch_size=BATCH, dtype="float64")
     model = CoFedRecModel(NUM_USERS, NUM_ITEMS, dim=3)
     method = cofedrec_method(model, train, config, num_clusters=4)
-    state = init_train_state(method, config, device="cpu")
-    method.before_round(state, 0)
+    run = start_run(ParameterAveraging(method, None, config, device="cpu"), config.schedule(), config.seed)
+    state = run.state  # the hook changes the run's state in place
+    method.before_round(run, 0)
     assert method.client_loss.membership is None and MEMBERSHIP_KEY not in state.extra
     tables = state.private_state["personal_item_emb"]
     tables += torch.randn(tables.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
     uploads = tables.clone()
-    method.before_round(state, 1)
+    method.before_round(run, 1)
     expected = co_cluster_step(uploads, train.active_users(), 4,
                                server_uniforms(round_generator(5, 1, SERVER_STREAM), 4))
     similar = expected.similar.tolist()
@@ -354,10 +356,11 @@ def test_executors_agree_on_cofedrec(rows):
                                  contrastive_rows=rows)
         runs.append(run_federated(method, train, config, executor=PlanAugmentingExecutor(executor), device="cpu"))
     a, b = runs
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=1e-9, rtol=0,
+                                   msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
-    assert a.extra[STATS_KEY] == b.extra[STATS_KEY]
+    assert a.state.extra[STATS_KEY] == b.state.extra[STATS_KEY]
 
 
 def _balanced_bce(model, state, train):
@@ -374,12 +377,12 @@ def test_federated_run_reduces_training_loss():
     model = CoFedRecModel(NUM_USERS, NUM_ITEMS, dim=8, init_std=0.1)
     config = FederatedConfig(rounds=8, seed=0, batch_size=BATCH)
     method = cofedrec_method(model, train, config, lr=0.2, lr_eta=2.0, lam=0.005, num_clusters=5)
-    before = _balanced_bce(model, init_train_state(method, config, device="cpu"), train)
-    state = run_federated(method, train, config, executor=PlanAugmentingExecutor(BatchedExecutor()), device="cpu")
-    after = _balanced_bce(model, state, train)
+    before = _balanced_bce(model, ParameterAveraging(method, None, config, device="cpu").init(config.seed), train)
+    run = run_federated(method, train, config, executor=PlanAugmentingExecutor(BatchedExecutor()), device="cpu")
+    after = _balanced_bce(model, run.state, train)
     assert after < 0.8 * before, (before, after)
-    assert state.history[-1]["train_loss"] < state.history[1]["train_loss"]  # round 0 is BCE only
-    assert state.extra[STATS_KEY]["round"] == config.rounds - 1
+    assert run.history[-1]["train_loss"] < run.history[1]["train_loss"]  # round 0 is BCE only
+    assert run.state.extra[STATS_KEY]["round"] == config.rounds - 1
 
 
 # ---------------------------------------------------------------------------------------------

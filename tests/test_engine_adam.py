@@ -19,7 +19,7 @@ import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, GradientNoise, SequentialExecutor, UploadNoise,
-                           fedmf_method, fedncf_method, init_train_state, make_round_plan, pfedrec_method,
+                           fedmf_method, fedncf_method, ParameterAveraging, make_round_plan, pfedrec_method,
                            personal_table_method, round_generator, run_federated)
 from fedlib.engine.method import LocalOptimizer, masked_adam_step
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
@@ -49,16 +49,19 @@ def _run(method, executor, rounds=2, train=None, state=None, **config):
 
 
 def _max_diff(a, b) -> float:
+    a, b = a.state, b.state
     diffs = [float((a.global_state[k] - b.global_state[k]).abs().max()) for k in a.global_state]
     diffs += [float((a.private_state[k] - b.private_state[k]).abs().max()) for k in a.private_state]
     return max(diffs)
 
 
 def _assert_same(a, b, tol=TOL):
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=tol, rtol=0, msg=name)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=tol, rtol=0, msg=name)
+    """Two runs agree: final states and every round's training loss."""
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=tol, rtol=0, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=tol, rtol=0,
+                                   msg=name)
     for ra, rb in zip(a.history, b.history):
         assert abs(ra["train_loss"] - rb["train_loss"]) <= tol
 
@@ -204,7 +207,7 @@ def test_client_uploads_agree_and_decay_moves_every_row(weight_decay):
     weights = method.aggregation.client_weights(plan.num_examples)
     results = {}
     for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=4)):
-        state = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
+        state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
         results[executor.name] = executor.local_updates(method, state.global_state, state.private_state, plan,
                                                         weights, return_client_updates=True)
     seq, bat = (results[k].client_updates["item_emb"] for k in ("sequential", "batched"))
@@ -232,8 +235,8 @@ def test_adam_trains():
     train = toy_train()
     for method in (fedmf_method(FedMF(NUM_USERS, NUM_ITEMS, DIM, init_std=0.1), lr=0.05, optimizer="adam"),
                    fedncf_method(FedNCF.f3crec_variant(NUM_USERS, NUM_ITEMS, DIM), lr=0.05, optimizer="adam")):
-        state = _run(method, BatchedExecutor(), rounds=8, train=train)
-        losses = [record["train_loss"] for record in state.history]
+        run = _run(method, BatchedExecutor(), rounds=8, train=train)
+        losses = [record["train_loss"] for record in run.history]
         assert losses[-1] < losses[0] - 0.1, losses
         assert losses[-1] < min(losses[:-2]), losses
 
@@ -246,7 +249,7 @@ def test_sgd_stays_the_default():
     explicit = fedmf_method(FedMF(NUM_USERS, NUM_ITEMS, DIM, init_std=0.1), lr=0.5, optimizer="sgd")
     default = fedmf_method(FedMF(NUM_USERS, NUM_ITEMS, DIM, init_std=0.1), lr=0.5)
     a, b = _run(explicit, BatchedExecutor(), rounds=1), _run(default, BatchedExecutor(), rounds=1)
-    assert all(torch.equal(a.global_state[k], b.global_state[k]) for k in a.global_state)
+    assert all(torch.equal(a.state.global_state[k], b.state.global_state[k]) for k in a.state.global_state)
 
 
 def test_factories_pass_adam_through_with_one_step_size():

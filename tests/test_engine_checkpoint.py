@@ -1,7 +1,6 @@
 """Checkpoints: atomic saves, and a run killed with SIGKILL resumes to the identical result."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -13,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedlib.engine import Checkpointer, FederatedConfig, TrainState, checkpoint_progress
+from fedlib.engine import Checkpointer, FederatedConfig, checkpoint_progress
+from fedlib.engine.loop import config_dict
 
 CHILD = textwrap.dedent(
     """
@@ -38,12 +38,12 @@ CHILD = textwrap.dedent(
     config = FederatedConfig(rounds=12, seed=3, batch_size=16, clients_per_round=15, eval_every=2,
                              selection_metric="NDCG@10")
     checkpointer = None if mode == "full" else Checkpointer(directory, name="run", every=2)
-    slow = (lambda state, record: time.sleep(0.25)) if mode == "killable" else None
-    state = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)),
-                          checkpointer=checkpointer, on_round_end=slow)
-    torch.save({"global": state.global_state, "private": state.private_state, "history": state.history,
-                "best_round": state.best_round, "best_metrics": state.best_metrics,
-                "test_metrics": state.test_metrics}, out)
+    slow = (lambda run, record: time.sleep(0.25)) if mode == "killable" else None
+    run = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)),
+                        checkpointer=checkpointer, on_round_end=slow)
+    torch.save({"global": run.state.global_state, "private": run.state.private_state, "history": run.history,
+                "best_round": run.best_round, "best_metrics": run.best_metrics,
+                "test_metrics": run.test_metrics}, out)
     """
 )
 
@@ -97,39 +97,50 @@ def test_killed_run_resumes_bit_for_bit(tmp_path):
     assert not [p for p in directory.iterdir() if p.suffix == ".tmp"]
 
 
-def _state():
-    return TrainState(round_index=3, global_state={"q": torch.arange(6.0).view(3, 2)}, private_state={"p": torch.ones(2)},
-                      history=[{"round": 1, "train_loss": 0.5}])
+def _tiny_run(config, checkpointer=None):
+    """FedMF on 12 users x 20 items, no evaluation: a parameter-averaging run for the trainer to checkpoint."""
+    from fedlib.data.splits import Pairs
+    from fedlib.engine import fedmf_method, run_federated
+    from fedlib.models import FedMF
+
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(12), 4)
+    items = np.concatenate([rng.choice(20, 4, replace=False) for _ in range(12)])
+    method = fedmf_method(FedMF(12, 20, 4), lr=0.5)
+    return run_federated(method, Pairs.from_arrays(users, items, 12), config, checkpointer=checkpointer, device="cpu")
 
 
-def test_save_is_atomic_and_load_checks_the_config(tmp_path, monkeypatch):
-    config = FederatedConfig(rounds=10, seed=1)
+def test_the_trainers_snapshot_is_atomic_and_checks_the_config(tmp_path, monkeypatch):
+    """A parameter-averaging run saves the trainer's snapshot; a run under another configuration refuses it."""
+    config = FederatedConfig(rounds=3, seed=1, batch_size=8)
     ck = Checkpointer(tmp_path, name="x", every=3)
-    assert ck.load(config) is None
-    assert ck.maybe_save(_state(), config)
-    loaded = ck.load(config)
-    assert loaded.round_index == 3 and torch.equal(loaded.global_state["q"], _state().global_state["q"])
-    assert loaded.history == [{"round": 1, "train_loss": 0.5}]
-    # Extending the number of rounds is allowed; changing anything else is not.
-    assert Checkpointer(tmp_path, name="x").load(FederatedConfig(rounds=20, seed=1)) is not None
+    run = _tiny_run(config, ck)
+    loaded = Checkpointer(tmp_path, name="x").load_snapshot(config_dict(config))
+    assert loaded["round_index"] == 3 and loaded["history"] == run.history and len(run.history) == 3
+    assert torch.equal(loaded["state"]["global_state"]["item_emb"], run.state.global_state["item_emb"])
+    assert torch.equal(loaded["state"]["private_state"]["user_emb"], run.state.private_state["user_emb"])
+    # Extending the number of rounds is allowed (and continues from round 3); changing anything else is not.
+    longer = FederatedConfig(rounds=5, seed=1, batch_size=8)
+    extended = _tiny_run(longer, Checkpointer(tmp_path, name="x", every=3))
+    assert [h["round"] for h in extended.history] == [1, 2, 3, 4, 5] and extended.history[:3] == run.history
+    torch.testing.assert_close(extended.state.global_state["item_emb"], _tiny_run(longer).state.global_state["item_emb"],
+                               rtol=0, atol=0)
     with pytest.raises(ValueError, match="different configuration"):
-        ck.load(FederatedConfig(rounds=10, seed=2))
+        _tiny_run(FederatedConfig(rounds=5, seed=2, batch_size=8), Checkpointer(tmp_path, name="x", every=3))
 
     # A crash while writing leaves the previous checkpoint intact and no temporary file.
     def boom(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(torch, "save", boom)
-    broken = _state()
-    broken.round_index = 6
     with pytest.raises(RuntimeError):
-        ck.save(broken, config)
+        ck.save_snapshot({**loaded, "round_index": 6}, config_dict(longer))
     monkeypatch.undo()
-    assert ck.load(config).round_index == 3
+    assert Checkpointer(tmp_path, name="x").load_snapshot(config_dict(longer))["round_index"] == 5
     assert sorted(os.listdir(tmp_path)) == ["x.pt"]
 
 
-def test_snapshots_of_other_round_loops_round_trip_and_are_not_confused_with_train_states(tmp_path):
+def test_snapshots_of_other_round_loops_round_trip_and_are_not_confused_with_a_run_of_the_trainer(tmp_path):
     config = {"rounds": 10, "model": {"dim": 8}, "train": {"lr": 1e-3}}
     saver = Checkpointer(tmp_path, name="loop", every=2)
     assert not saver.due(1) and saver.due(2) and saver.due(3, finished=True)
@@ -150,11 +161,11 @@ def test_snapshots_of_other_round_loops_round_trip_and_are_not_confused_with_tra
         loader.load_snapshot({**config, "train": {"lr": 1e-2}})
     with pytest.raises(ValueError, match="round_index"):
         saver.save_snapshot({"weights": {}}, config)
-    with pytest.raises(ValueError, match="not a TrainState"):
-        loader.load(FederatedConfig(rounds=10))
+    with pytest.raises(ValueError, match="different configuration"):   # a parameter-averaging run refuses it
+        _tiny_run(FederatedConfig(rounds=10), Checkpointer(tmp_path, name="loop", every=2))
     assert Checkpointer(tmp_path, name="none").load_snapshot(config) is None
 
-    Checkpointer(tmp_path, name="state").save(TrainState(round_index=1, global_state={}, private_state={}),
-                                              FederatedConfig(rounds=10))
-    with pytest.raises(ValueError, match="not a snapshot"):
-        Checkpointer(tmp_path, name="state").load_snapshot(dataclasses.asdict(FederatedConfig(rounds=10)))
+    # A checkpoint of the older flat layout (TrainState fields under "state") is refused, saying what to do.
+    torch.save({"format": 1, "config": config, "state": {"round_index": 1}}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match="older flat 'state' layout.*delete it"):
+        Checkpointer(tmp_path, name="state").load_snapshot(config)

@@ -18,7 +18,7 @@ import torch
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (BatchedExecutor, FederatedConfig, FederatedMethod, GradientNoise, SequentialExecutor,
                            UploadNoise, bce_client_loss, client_gradient_noise, client_noise_generator, dp_epsilon,
-                           fedmf_method, gradient_noise_shapes, init_train_state, make_round_plan, pfedrec_method,
+                           fedmf_method, gradient_noise_shapes, ParameterAveraging, make_round_plan, pfedrec_method,
                            personal_table_method, round_generator, run_federated)
 from fedlib.engine.privacy import rdp_epsilon
 from fedlib.models import FedMF, PersonalItemTableModel, PFedRec
@@ -35,7 +35,7 @@ def _plan(train, batch_size=BATCH, round_index=0):
 
 def _round(method, executor, plan, **kwargs):
     """One round from the float64 initial state: ``(result, state_before, state_after)``."""
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
     before = {k: v.clone() for k, v in state.private_state.items()}
     weights = method.aggregation.client_weights(plan.num_examples)
     result = executor.local_updates(method, state.global_state, state.private_state, plan, weights, **kwargs)
@@ -252,8 +252,9 @@ def test_run_federated_draws_gradient_noise_from_the_config_seed():
     looped = run_federated(method, train, config, executor=BatchedExecutor())
     result, _, state = _round(method, SequentialExecutor(), _plan(train), noise_seed=7)
     torch.testing.assert_close(state.global_state["item_emb"] + result.update["item_emb"],
-                               looped.global_state["item_emb"], atol=1e-12, rtol=0)
-    torch.testing.assert_close(state.private_state["user_emb"], looped.private_state["user_emb"], atol=1e-12, rtol=0)
+                               looped.state.global_state["item_emb"], atol=1e-12, rtol=0)
+    torch.testing.assert_close(state.private_state["user_emb"], looped.state.private_state["user_emb"], atol=1e-12,
+                               rtol=0)
 
 
 def test_shortcuts_are_off_with_gradient_noise():

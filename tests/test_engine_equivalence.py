@@ -15,7 +15,7 @@ import torch
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (Aggregation, BatchedExecutor, FederatedConfig, GradientNoise, RankingEvaluator,
-                           SequentialExecutor, UploadNoise, fedmf_method, fedncf_method, init_train_state,
+                           SequentialExecutor, UploadNoise, fedmf_method, fedncf_method, ParameterAveraging,
                            make_round_plan, pfedrec_method, personal_table_method, round_generator, run_federated)
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
 
@@ -64,10 +64,12 @@ def _run(method, executor, split, rounds=3, clients_per_round=None):
 
 
 def _assert_same(a, b, tol=1e-5):
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=tol, rtol=0, msg=name)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=tol, rtol=0, msg=name)
+    """Two runs (the trainer's RunResults) agree: final states, every history row and the test metrics."""
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=tol, rtol=0, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=tol, rtol=0,
+                                   msg=name)
     for ra, rb in zip(a.history, b.history):
         assert ra.keys() == rb.keys()
         for key in ra:
@@ -93,8 +95,8 @@ def test_batched_equals_sequential(name):
     bat = _run(method, BatchedExecutor(chunk_size=5), split)  # several chunks
     _assert_same(seq, bat)
     # The run really trained: the state moved away from the initial one.
-    init = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
-    moved = max(float((seq.private_state[k] - init.private_state[k]).abs().max()) for k in init.private_state)
+    init = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
+    moved = max(float((seq.state.private_state[k] - init.private_state[k]).abs().max()) for k in init.private_state)
     assert moved > 1e-3
 
 
@@ -118,8 +120,8 @@ def test_two_local_epochs_and_lr_decay_agree():
     config = FederatedConfig(rounds=2, seed=3, batch_size=BATCH, local_epochs=2, dtype="float64")
     a = run_federated(method, train, config, executor=SequentialExecutor())
     b = run_federated(method, train, config, executor=BatchedExecutor())
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=1e-5, rtol=0)
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=1e-5, rtol=0)
 
 
 def _pooled_round(method, state, plan, weights):
@@ -156,7 +158,7 @@ def test_pooled_minibatch_differs_when_clients_have_several_batches(batch_size, 
     train, _, _ = toy_split()
     method = _methods()["fedmf"]
     config = FederatedConfig(rounds=1, seed=7, batch_size=batch_size, dtype="float64")
-    state = init_train_state(method, config)
+    state = ParameterAveraging(method, None, config).init(config.seed)
     plan = make_round_plan(train, NegativeSampler(train, NUM_ITEMS), round_generator(7, 0), batch_size=batch_size)
     weights = method.aggregation.client_weights(plan.num_examples)
     pooled_items = _pooled_round(method, state, plan, weights)
@@ -188,7 +190,8 @@ def test_noisy_uploads_agree(name, support):
         _assert_same(seq, _run(method, BatchedExecutor(analytic_fedmf=False), split, clients_per_round=9))
     # The noise really entered: the noiseless run ends elsewhere (by far more than 1e-5).
     clean = _run(_methods()[name], BatchedExecutor(chunk_size=4), split, clients_per_round=9)
-    moved = max(float((clean.global_state[k] - bat.global_state[k]).abs().max()) for k in clean.global_state)
+    moved = max(float((clean.state.global_state[k] - bat.state.global_state[k]).abs().max())
+                for k in clean.state.global_state)
     assert moved > 1e-3
 
 
@@ -219,7 +222,8 @@ def test_gradient_noise_agrees(name):
         _assert_same(seq, _run(method, BatchedExecutor(analytic_fedmf=True), split, clients_per_round=None))
     # The noise really entered: the noise-free run ends elsewhere (by far more than 1e-5).
     clean = _run(_methods()[backbone], BatchedExecutor(chunk_size=5), split)
-    moved = max(float((clean.private_state[k] - bat.private_state[k]).abs().max()) for k in clean.private_state)
+    moved = max(float((clean.state.private_state[k] - bat.state.private_state[k]).abs().max())
+                for k in clean.state.private_state)
     assert moved > 1e-3
 
 
@@ -234,7 +238,7 @@ def test_gradient_noise_client_uploads_agree(upload_support):
     weights = method.aggregation.client_weights(plan.num_examples)
     results = {}
     for executor in (SequentialExecutor(), BatchedExecutor(chunk_size=4)):
-        state = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
+        state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
         results[executor.name] = executor.local_updates(method, state.global_state, state.private_state, plan, weights,
                                                         return_client_updates=True)
     seq, bat = (results[k].client_updates["item_emb"] for k in ("sequential", "batched"))

@@ -76,18 +76,18 @@ def test_same_seed_same_run_different_seed_different_run():
     train, valid, test, num_items = _split()
     method = fedmf_method(FedMF(train.num_users, num_items, 8), lr=0.5)
     runs = [run_federated(method, train, FederatedConfig(rounds=2, seed=s, batch_size=16)) for s in (1, 1, 2)]
-    assert torch.equal(runs[0].global_state["item_emb"], runs[1].global_state["item_emb"])
-    assert not torch.equal(runs[0].global_state["item_emb"], runs[2].global_state["item_emb"])
+    assert torch.equal(runs[0].state.global_state["item_emb"], runs[1].state.global_state["item_emb"])
+    assert not torch.equal(runs[0].state.global_state["item_emb"], runs[2].state.global_state["item_emb"])
 
 
 def test_training_improves_validation_ndcg():
     train, valid, test, num_items = _split(num_users=60, num_items=40, seed=3)
     method = fedmf_method(FedMF(train.num_users, num_items, 8, init_std=0.1), lr=0.5)
     config = FederatedConfig(rounds=30, seed=0, batch_size=64, eval_every=5, selection_metric="NDCG@10")
-    state = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)))
-    assert state.history[-1]["train_loss"] < state.history[0]["train_loss"]
-    assert len([r for r in state.history if "valid/NDCG@10" in r]) == 6
-    assert state.test_metrics is not None and set(state.test_metrics) == {"Recall@10", "NDCG@10"}
+    run = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)))
+    assert run.history[-1]["train_loss"] < run.history[0]["train_loss"]
+    assert len([r for r in run.history if "valid/NDCG@10" in r]) == 6
+    assert run.test_metrics is not None and set(run.test_metrics) == {"Recall@10", "NDCG@10"}
 
 
 def test_best_selection_ties_and_patience():
@@ -130,5 +130,25 @@ def test_early_stopping_stops_the_loop():
     train, valid, test, num_items = _split()
     method = fedmf_method(FedMF(train.num_users, num_items, 8), lr=0.0)  # nothing changes -> no improvement
     config = FederatedConfig(rounds=20, seed=0, batch_size=16, patience=3, selection_metric="NDCG@10")
-    state = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)))
-    assert state.stopped_early and state.round_index == 4 and state.best_round == 1
+    run = run_federated(method, train, config, evaluator=RankingEvaluator(train, valid, test, ks=(10,)))
+    assert run.stopped_early and run.round_index == 4 and run.best_round == 1
+
+
+def test_run_federated_starts_from_a_state_or_continues_a_run_and_refuses_anything_else():
+    """``state=``: an AveragingState starts at round 0; a RunResult goes on; a dict of tensors is refused."""
+    from fedlib.engine import ParameterAveraging
+
+    train, _, _, num_items = _split()
+    method = fedmf_method(FedMF(train.num_users, num_items, 8), lr=0.5)
+    config = FederatedConfig(rounds=2, seed=1, batch_size=16)
+    both = run_federated(method, train, config)
+    start = ParameterAveraging(method, None, config).init(config.seed)
+    from_state = run_federated(method, train, config, state=start)
+    assert from_state.round_index == 2 and torch.equal(from_state.state.global_state["item_emb"],
+                                                       both.state.global_state["item_emb"])
+    first = run_federated(method, train, FederatedConfig(rounds=1, seed=1, batch_size=16))
+    continued = run_federated(method, train, config, state=first)
+    assert continued is first and [r["round"] for r in continued.history] == [1, 2]
+    assert torch.equal(continued.state.global_state["item_emb"], both.state.global_state["item_emb"])
+    with pytest.raises(TypeError, match="AveragingState .* or a RunResult"):
+        run_federated(method, train, config, state=start.global_state)

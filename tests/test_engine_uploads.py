@@ -10,7 +10,7 @@ import torch
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (Aggregation, BatchedExecutor, CommunicationLedger, FederatedConfig, SequentialExecutor,
-                           UploadNoise, client_upload_noise, fedmf_method, fedncf_method, init_train_state,
+                           UploadNoise, client_upload_noise, fedmf_method, fedncf_method, ParameterAveraging,
                            make_round_plan, pfedrec_method, round_generator, run_federated)
 from fedlib.engine import plan as plan_module
 from fedlib.models import FedMF, FedNCF, PFedRec
@@ -21,7 +21,7 @@ from engine_toys import BATCH, DIM, NUM_ITEMS, NUM_USERS, toy_train  # noqa: F40
 
 def _round(method, executor, plan, **kwargs):
     """One round of local updates from the float64 initial state."""
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
     weights = method.aggregation.client_weights(plan.num_examples)
     result = executor.local_updates(method, state.global_state, state.private_state, plan, weights, **kwargs)
     return result, state, weights
@@ -144,7 +144,7 @@ def test_noise_follows_the_client_not_the_chunk_or_the_other_participants():
     for user in plan.clients[[2, 9]]:
         torch.testing.assert_close(few.of_client(user)[1], everyone.of_client(user)[1], atol=1e-12, rtol=0)
     # The noise on a row the client did not touch is exactly its own draw.
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=7, dtype="float64"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(7)
     user = int(plan.clients[0])
     touched = torch.as_tensor(np.unique(plan.items[plan.client_examples(0)]))
     noise = client_upload_noise(method, state.global_state, user, plan.noise_key, touched)["item_emb"]
@@ -166,8 +166,8 @@ def test_noise_seed_reproduces_the_round_loop():
     for noise_seed in (7, None):
         result, state, _ = _round(method, SequentialExecutor(), plan, noise_seed=noise_seed)
         by_hand[noise_seed] = state.global_state["item_emb"] + result.update["item_emb"]
-    torch.testing.assert_close(by_hand[7], looped.global_state["item_emb"], atol=1e-12, rtol=0)
-    assert float((by_hand[None] - looped.global_state["item_emb"]).abs().max()) > 1e-3
+    torch.testing.assert_close(by_hand[7], looped.state.global_state["item_emb"], atol=1e-12, rtol=0)
+    assert float((by_hand[None] - looped.state.global_state["item_emb"]).abs().max()) > 1e-3
 
 
 def test_noise_has_the_laplace_scale_and_touched_support_spares_other_rows():

@@ -24,8 +24,8 @@ def toy():
 def trained(toy):
     split, model, _ = toy
     method = fedmf_method(model, lr=LR)
-    state = run_federated(method, split.train, FederatedConfig(rounds=6, seed=0, test_at_end=False), device="cpu")
-    return method, state, NegativeSampler(split.train, split.num_items)
+    run = run_federated(method, split.train, FederatedConfig(rounds=6, seed=0, test_at_end=False), device="cpu")
+    return method, run.state, NegativeSampler(split.train, split.num_items)
 
 
 def test_exercise_1_unscaled_item_learning_rate_barely_moves_the_table(toy):

@@ -15,7 +15,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.data.synthetic import drifting_stream
 from fedlib.engine import (BatchedExecutor, FederatedConfig, SequentialExecutor, bce_client_loss, fedmf_method,
-                           init_train_state, make_round_plan, round_generator, run_federated)
+                           ParameterAveraging, make_round_plan, round_generator, run_federated)
 from fedlib.engine.method import LocalBatch
 from fedlib.baselines.continual.continual import (BlockContext, PlanAugmentingExecutor, PreviousBlock, count_higher_scores,
                                       fedmf_backbone, fedncf_backbone, initial_block_state, pfedrec_backbone,
@@ -169,14 +169,14 @@ def test_temporal_mean_hook_through_run_federated():
     split = stream[1]
     model = FedMF(split.num_users, split.num_items, dim=4, init_std=0.1)
     config = FederatedConfig(rounds=1, seed=3, batch_size=32, dtype="float64")
-    start = init_train_state(fedmf_method(model, lr=0.5), config, device="cpu")
+    start = ParameterAveraging(fedmf_method(model, lr=0.5), None, config, device="cpu").init(config.seed)
     gen = torch.Generator().manual_seed(0)
     anchor = torch.randn(stream[0].num_items, 4, generator=gen, dtype=torch.float64)  # "Q^{t-1}"
 
     def one_round(method):
         state = dataclasses.replace(start, global_state={k: v.clone() for k, v in start.global_state.items()},
                                     private_state={k: v.clone() for k, v in start.private_state.items()})
-        return run_federated(method, split.train, config, state=state, executor=BatchedExecutor(), device="cpu")
+        return run_federated(method, split.train, config, state=state, executor=BatchedExecutor(), device="cpu").state
 
     plain = one_round(fedmf_method(model, lr=0.5))
     mixed = one_round(fedmf_method(model, lr=0.5, server_mix=item_temporal_mean_mix({"item_emb": anchor}, 0.7)))
@@ -195,7 +195,7 @@ def _block_one(backbone, top_n=6, seed=2):
     stream = drifting_stream(num_users=40, num_items=50, interactions_per_user=40, seed=seed)
     config = FederatedConfig(rounds=3, seed=11, batch_size=8, dtype="float64")
     model0 = backbone.make_model(stream[0].num_users, stream[0].num_items)
-    state0 = init_train_state(backbone.make_method(model0), config, device="cpu")
+    state0 = ParameterAveraging(backbone.make_method(model0), None, config, device="cpu").init(config.seed)
     ctx0 = BlockContext(0, stream[0], model0, backbone.make_method(model0), config)
     model1 = backbone.make_model(stream[1].num_users, stream[1].num_items)
     method = F3CRec(top_n=top_n)
@@ -212,10 +212,12 @@ def _train_block(ctx, config, method, executor):
 
 
 def _assert_states_close(a, b, tol=1e-9):
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], rtol=0, atol=tol, msg=name)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], rtol=0, atol=tol, msg=name)
+    """Two runs agree: final states and every round's history."""
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], rtol=0, atol=tol, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], rtol=0, atol=tol,
+                                   msg=name)
     for ra, rb in zip(a.history, b.history):
         assert abs(ra["train_loss"] - rb["train_loss"]) <= tol
 
@@ -253,7 +255,8 @@ def test_f3crec_client_loss_sequential_equals_batched(backbone):
 
     # The distillation matters: without it (λ = 0) the run differs.
     plain = _train_block(ctx, config, dataclasses.replace(method, lambda_kd=0.0), BatchedExecutor())
-    assert max(float((plain.private_state[k] - bat.private_state[k]).abs().max()) for k in bat.private_state) > 1e-6
+    assert max(float((plain.state.private_state[k] - bat.state.private_state[k]).abs().max())
+               for k in bat.state.private_state) > 1e-6
 
 
 def test_student_scores_equal_the_full_local_model(monkeypatch):
@@ -399,4 +402,4 @@ def test_regularisation_sequential_equals_batched():
     bat = _train_block(ctx, config, method, BatchedExecutor(chunk_size=7))
     _assert_states_close(seq, bat)
     plain = _train_block(ctx, config, ParameterRegularisation(lambda_reg=0.0), BatchedExecutor())
-    assert float((plain.global_state["item_emb"] - bat.global_state["item_emb"]).abs().max()) > 1e-6
+    assert float((plain.state.global_state["item_emb"] - bat.state.global_state["item_emb"]).abs().max()) > 1e-6

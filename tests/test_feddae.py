@@ -10,7 +10,7 @@ import torch
 
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
-from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
+from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, ParameterAveraging,
                            make_round_plan, round_generator, run_federated)
 from fedlib.baselines.continual.continual import PlanAugmentingExecutor
 from fedlib.baselines.single_domain.feddae import (FedDAELoss, FedDAEModel, VAENoise, combine_posteriors, draw_noise, feddae_forward,
@@ -151,7 +151,7 @@ def test_marker_plan_and_round_inputs():
     np.testing.assert_array_equal(markers.num_examples, plan.num_examples)
     model = FedDAEModel(NUM_USERS, NUM_ITEMS, train=train, latent_dim=2, hidden=(3,))
     method = feddae_method(model)
-    state = init_train_state(method, FederatedConfig(rounds=1, dtype="float64"), device="cpu")
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64"), device="cpu").init(0)
     loss = method.client_loss
     assert loss.round_inputs is None
     loss.prepare_round(plan, state.global_state, state.private_state)
@@ -166,7 +166,8 @@ def test_loss_draws_the_noise_of_its_step():
     train = toy_train()
     model = FedDAEModel(NUM_USERS, NUM_ITEMS, train=train, latent_dim=2, hidden=(3,))
     loss = FedDAELoss(beta=0.7, kl_schedule="constant")
-    state = init_train_state(feddae_method(model), FederatedConfig(rounds=1, dtype="float64"), device="cpu")
+    state = ParameterAveraging(feddae_method(model), None, FederatedConfig(rounds=1, dtype="float64"),
+                               device="cpu").init(0)
     plan = _plan(train)
     loss.prepare_round(plan, state.global_state, state.private_state)
     users = torch.tensor([2, 9])
@@ -197,7 +198,7 @@ def test_param_roles_paper_and_code():
                                    "gate1_b")
     method = feddae_method(model, lr=0.2)
     assert set(method.learning_rates.values()) == {0.2} and method.update_steps is None
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=1), device="cpu")
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1), device="cpu").init(1)
     assert state.global_state["genc0_w"].shape == (3, NUM_ITEMS) and state.global_state["dec1_w"].shape == (NUM_ITEMS, 3)
     assert state.private_state["lenc0_w"].shape == (NUM_USERS, 3, NUM_ITEMS)
     assert state.private_state["gate0_w"].shape == (NUM_USERS, 2, NUM_ITEMS)  # gate width = k
@@ -221,10 +222,12 @@ def _run(executor, rounds=3, roles="paper", lr=0.3, dtype="float64"):
 def test_executors_agree_on_feddae():
     _, _, _, a = _run(SequentialExecutor())
     _, _, _, b = _run(BatchedExecutor(chunk_size=5))
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=1e-9, rtol=0, msg=name)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0, msg=name)
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=1e-9, rtol=0,
+                                   msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=1e-9, rtol=0,
+                                   msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
 
 
@@ -244,16 +247,16 @@ def test_shared_parameter_executor_equals_the_reference_path(roles):
     plan = _plan(toy_train(), local_epochs=1)
     assert executor.applies(method, plan, np.ones(plan.num_clients))
     assert not executor.applies(method, plan, np.zeros(plan.num_clients))  # a zero weight: reference path
-    for name in reference.global_state:
-        torch.testing.assert_close(fast.global_state[name], reference.global_state[name], atol=1e-10, rtol=0,
-                                   msg=name)
-    for name in reference.private_state:
-        torch.testing.assert_close(fast.private_state[name], reference.private_state[name], atol=1e-10, rtol=0,
-                                   msg=name)
+    for name in reference.state.global_state:
+        torch.testing.assert_close(fast.state.global_state[name], reference.state.global_state[name], atol=1e-10,
+                                   rtol=0, msg=name)
+    for name in reference.state.private_state:
+        torch.testing.assert_close(fast.state.private_state[name], reference.state.private_state[name], atol=1e-10,
+                                   rtol=0, msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in fast.history],
                                [r["train_loss"] for r in reference.history], atol=1e-10)
-    changed = fast.private_state["gate0_w"] != init_train_state(method, FederatedConfig(rounds=1, seed=1, dtype="float64"),
-                                                                device="cpu").private_state["gate0_w"]
+    initial = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64"), device="cpu").init(1)
+    changed = fast.state.private_state["gate0_w"] != initial.private_state["gate0_w"]
     assert bool(changed.any()) == (roles == "paper")  # the code's roles freeze the gate
 
 
@@ -264,8 +267,8 @@ def test_shared_parameter_executor_falls_back_when_it_does_not_apply():
     method, fast = _run_with(executor, local_epochs=2)
     plan = _plan(toy_train(), local_epochs=2)
     assert not executor.applies(method, plan, np.ones(plan.num_clients))
-    for name in reference.global_state:
-        assert torch.equal(fast.global_state[name], reference.global_state[name]), name
+    for name in reference.state.global_state:
+        assert torch.equal(fast.state.global_state[name], reference.state.global_state[name]), name
     with pytest.raises(ValueError, match="chunk_size"):
         FedDAEExecutor(chunk_size=0)
 
@@ -277,11 +280,12 @@ def _eval_nll(model, state):
 
 
 def test_federated_run_reduces_training_loss():
-    model, method, config, state = _run(BatchedExecutor(), rounds=10, dtype="float32")
-    before = _eval_nll(model, init_train_state(method, config, device="cpu"))
+    model, method, config, run = _run(BatchedExecutor(), rounds=10, dtype="float32")
+    before = _eval_nll(model, ParameterAveraging(method, None, config, device="cpu").init(config.seed))
+    state = run.state
     after = _eval_nll(model, state)
     assert after < 0.95 * before, (before, after)
-    losses = [record["train_loss"] for record in state.history]
+    losses = [record["train_loss"] for record in run.history]
     assert losses[-1] < losses[0]
     # local parts stay personal, global parts are one copy
     assert not torch.equal(state.private_state["lenc0_w"][0], state.private_state["lenc0_w"][3])
@@ -289,8 +293,9 @@ def test_federated_run_reduces_training_loss():
 
 
 def test_code_roles_share_the_local_encoder_and_keep_the_initial_gate():
-    model, method, config, state = _run(BatchedExecutor(), rounds=2, roles="code")
-    init = init_train_state(method, config, device="cpu")
+    model, method, config, run = _run(BatchedExecutor(), rounds=2, roles="code")
+    state = run.state
+    init = ParameterAveraging(method, None, config, device="cpu").init(config.seed)
     for name in ("gate0_w", "gate0_b", "gate1_w", "gate1_b"):
         assert torch.equal(state.private_state[name], init.private_state[name])
     assert "lenc0_w" in state.global_state and not torch.equal(state.global_state["lenc0_w"],
@@ -325,7 +330,7 @@ def test_bad_inputs_raise_with_a_fix():
         FedDAEModel(3, 4, latent_dim=0)
     with pytest.raises(ValueError, match="no interaction data.*train=split.train"):
         model = FedDAEModel(3, 4, latent_dim=1, hidden=())
-        state = init_train_state(feddae_method(model), FederatedConfig(rounds=1), device="cpu")
+        state = ParameterAveraging(feddae_method(model), None, FederatedConfig(rounds=1), device="cpu").init(0)
         model.score_users(state.global_state, state.private_state, torch.tensor([0]))
     with pytest.raises(ValueError, match="build the model with the split's sizes"):
         FedDAEModel(3, 4, train=toy_train())

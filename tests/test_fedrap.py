@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
-from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
+from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, ParameterAveraging,
                            run_federated)
 from fedlib.baselines.single_domain.fedrap import (FEDRAP_CODE_CONFIG, FedRAP, FedRAPLoss, curriculum_weight, fedrap_method,
                                    fedrap_objective, independence_term, sparsity_term)
@@ -135,7 +135,7 @@ def test_param_kinds_and_learning_rates():
     assert method.name == "FedRAP" and isinstance(method.client_loss, FedRAPLoss)
     assert FEDRAP_CODE_CONFIG["batch_size"] == 2048
     # every client starts from one shared personality draw; the commonality is a separate draw
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=3), device="cpu")
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1), device="cpu").init(3)
     personal = state.private_state["personal_item_emb"]
     assert torch.equal(personal[0], personal[-1]) and not torch.equal(personal[0], state.global_state["item_emb"])
 
@@ -155,15 +155,15 @@ def test_federated_run_reduces_training_loss():
     model = FedRAP(NUM_USERS, NUM_ITEMS, dim=8, init_std=0.1)
     method = fedrap_method(model, lr=0.5, lr_items=2.0, lr_decay=1.0)
     config = FederatedConfig(rounds=12, seed=0, batch_size=BATCH)
-    before = _balanced_bce(model, init_train_state(method, config, device="cpu"), train)
-    state = run_federated(method, train, config, device="cpu")
-    after = _balanced_bce(model, state, train)
+    before = _balanced_bce(model, ParameterAveraging(method, None, config, device="cpu").init(config.seed), train)
+    run = run_federated(method, train, config, device="cpu")
+    after = _balanced_bce(model, run.state, train)
     assert after < 0.8 * before, (before, after)
-    losses = [record["train_loss"] for record in state.history]
+    losses = [record["train_loss"] for record in run.history]
     assert losses[-1] < losses[0]
     assert method.client_loss.round_index == config.rounds - 1
     # C is public: the server's table moved; D_u stays per user and differs between users
-    personal = state.private_state["personal_item_emb"]
+    personal = run.state.private_state["personal_item_emb"]
     assert not torch.equal(personal[0], personal[3])
 
 
@@ -176,10 +176,10 @@ def test_executors_agree_on_fedrap():
         config = FederatedConfig(rounds=3, seed=2, batch_size=BATCH, dtype="float64")
         runs.append(run_federated(method, train, config, executor=executor, device="cpu"))
     a, b = runs
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=1e-9, rtol=0)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0)
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=1e-9, rtol=0)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=1e-9, rtol=0)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
 
 
@@ -234,10 +234,12 @@ def _code_run(executor, rounds=3, local_epochs=3, lam=0.5, lr_decay=0.97):
 
 
 def _assert_same_state(a, b, atol=1e-10):
-    for name in a.global_state:
-        torch.testing.assert_close(a.global_state[name], b.global_state[name], atol=atol, rtol=0, msg=name)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=atol, rtol=0, msg=name)
+    """Two runs agree: final states and every round's training loss."""
+    for name in a.state.global_state:
+        torch.testing.assert_close(a.state.global_state[name], b.state.global_state[name], atol=atol, rtol=0, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=atol, rtol=0,
+                                   msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=atol)
 
 
@@ -258,17 +260,17 @@ def test_code_executor_settings_each_change_the_run():
     runs = {name: _code_run(FedRAPCodeExecutor(**{**base, **change})) for name, change in
             (("base", {}), ("no decay", {"weight_decay": 0.0}), ("no batch decay", {"batch_lr_decay": 1.0}),
              ("early stop", {"tol": 0.05}))}
-    table = runs["base"].private_state["personal_item_emb"]
+    table = runs["base"].state.private_state["personal_item_emb"]
     for name in ("no decay", "no batch decay", "early stop"):
-        assert float((runs[name].private_state["personal_item_emb"] - table).abs().max()) > 1e-4, name
+        assert float((runs[name].state.private_state["personal_item_emb"] - table).abs().max()) > 1e-4, name
     # tol 0.035 stops some clients early in round 0 and not others (the equivalence test's mix)
-    full = _code_run(FedRAPCodeExecutor(**base), rounds=1).private_state["head_w"]
-    stopped = _code_run(FedRAPCodeExecutor(**{**base, "tol": 0.035}), rounds=1).private_state["head_w"]
+    full = _code_run(FedRAPCodeExecutor(**base), rounds=1).state.private_state["head_w"]
+    stopped = _code_run(FedRAPCodeExecutor(**{**base, "tol": 0.035}), rounds=1).state.private_state["head_w"]
     changed = int(((full - stopped).abs().max(1).values > 1e-12).sum())
     assert 0 < changed < NUM_USERS
     # weight decay shrinks the rows a user never trains on: user 0 has 1 positive (5 examples)
-    untouched_share = float(runs["base"].private_state["personal_item_emb"][0].norm()
-                            / runs["no decay"].private_state["personal_item_emb"][0].norm())
+    untouched_share = float(runs["base"].state.private_state["personal_item_emb"][0].norm()
+                            / runs["no decay"].state.private_state["personal_item_emb"][0].norm())
     assert untouched_share < 0.9
 
 
@@ -280,10 +282,11 @@ def test_code_executor_without_its_extras_is_the_engines_plain_sgd():
     code = _code_run(FedRAPCodeExecutor(weight_decay=0.0, batch_lr_decay=1.0, tol=0.0))
     reference = _code_run(FedRAPCodeExecutor(weight_decay=0.0, batch_lr_decay=1.0, tol=0.0, reference=True))
     for run in (code, reference):
-        for name in plain.global_state:
-            torch.testing.assert_close(plain.global_state[name], run.global_state[name], atol=1e-10, rtol=0)
-        for name in plain.private_state:
-            torch.testing.assert_close(plain.private_state[name], run.private_state[name], atol=1e-10, rtol=0)
+        for name in plain.state.global_state:
+            torch.testing.assert_close(plain.state.global_state[name], run.state.global_state[name], atol=1e-10, rtol=0)
+        for name in plain.state.private_state:
+            torch.testing.assert_close(plain.state.private_state[name], run.state.private_state[name], atol=1e-10,
+                                       rtol=0)
 
 
 def test_code_executor_refuses_what_it_does_not_run():

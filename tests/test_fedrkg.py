@@ -10,10 +10,12 @@ import torch.nn.functional as F
 
 from engine_toys import NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
-from fedlib.engine import (Checkpointer, FederatedConfig, SequentialExecutor, init_train_state, make_round_plan,
+from fedlib.engine import (Checkpointer, FederatedConfig, SequentialExecutor, ParameterAveraging, make_round_plan,
                            personal_table_method, round_generator, run_federated)
 from fedlib.engine.knowledge import global_knowledge
 from fedlib.engine.plan import guidance_participants
+from fedlib.engine.loop import config_dict
+from fedlib.engine.trainer import start_run
 from fedlib.models import PersonalItemTableModel
 from fedlib.papers.fedrkg.gates import fused_logits, train_gates, train_gates_sequential
 from fedlib.papers.fedrkg.guidance import (adaptive_guidance, adaptive_guidance_sequential, apply_guidance,
@@ -261,13 +263,14 @@ def test_hook_and_run_federated(tmp_path):
     assert method.name.endswith("FedRKG") and base.before_round is None
 
     # The hook on its own: a guidance round trains gates on the round's examples, then Eq. 9.
-    state = init_train_state(method, config, device="cpu")
+    run = start_run(ParameterAveraging(method, None, config, device="cpu"), config.schedule(), config.seed)
+    state = run.state  # the hook changes the run's state in place
     state.private_state["personal_item_emb"] += 0.1 * torch.randn(state.private_state["personal_item_emb"].shape,
                                                                   generator=torch.Generator().manual_seed(0))
     tables = state.private_state["personal_item_emb"].clone()
-    method.before_round(state, 1)  # not a guidance round
+    method.before_round(run, 1)  # not a guidance round
     assert torch.equal(state.private_state["personal_item_emb"], tables) and not state.extra
-    method.before_round(state, 2)
+    method.before_round(run, 2)
     weight, bias = state.extra[GATE_WEIGHT_KEY], state.extra[GATE_BIAS_KEY]
     assert weight.abs().sum() > 0  # the gates moved
     p_g = tables[train.active_users()].mean(0)
@@ -276,10 +279,12 @@ def test_hook_and_run_federated(tmp_path):
 
     # Inside the engine (sequential executor: the readable path), guidance before rounds 2 and 3.
     checkpointer = Checkpointer(tmp_path, every=2)
-    final = run_federated(method, train, config, executor=SequentialExecutor(), device="cpu", checkpointer=checkpointer)
+    final = run_federated(method, train, config, executor=SequentialExecutor(), device="cpu",
+                          checkpointer=checkpointer).state
     assert [r["round"] for r in final.extra[LOG_KEY]] == [2, 3]
     assert final.extra[GATE_WEIGHT_KEY].shape == (NUM_USERS, 12)
-    restored = checkpointer.load(config)  # the private gates travel with the state
+    saved = Checkpointer(tmp_path, every=2).load_snapshot(config_dict(config))  # the private gates travel with the state
+    restored = ParameterAveraging(method, train, config, device="cpu").load_state(saved["state"])
     assert torch.equal(restored.extra[GATE_WEIGHT_KEY], final.extra[GATE_WEIGHT_KEY])
     assert restored.extra[LOG_KEY] == final.extra[LOG_KEY]
 

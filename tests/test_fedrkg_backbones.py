@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from engine_toys import NUM_ITEMS, NUM_USERS
 from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, FederatedConfig, RankingEvaluator, SequentialExecutor, fedncf_method,
-                           init_train_state, personal_table_method, pfedrec_method, run_federated)
-from fedlib.engine.loop import TrainState
+                           ParameterAveraging, personal_table_method, pfedrec_method, run_federated)
+from fedlib.engine.loop import AveragingState
 from fedlib.models import FedMF, FedNCF, PersonalItemTableModel, PFedRec
 from fedlib.papers.fedrkg.gates import (GateExamples, fused_logits, fused_model_logits, train_gates,
                                         train_gates_on_model, train_gates_on_model_sequential)
@@ -235,13 +235,13 @@ def test_one_round_from_a_shared_start_is_the_unguided_round(name):
         unguided = pfedrec_method(PFedRec(NUM_USERS, NUM_ITEMS, 4), lr=0.1, lr_eta=0.05)
         guided = guided_method(guided_backbone("PFedRec", NUM_USERS, NUM_ITEMS, 4), lr=0.1, lr_eta=0.05,
                                grad_clip_norm=None)
-    start = init_train_state(unguided, config, device="cpu")
+    start = ParameterAveraging(unguided, None, config, device="cpu").init(config.seed)
     g_ours = {k: v.clone() for k, v in start.global_state.items() if k != "item_emb"}
     p_ours = {k: v.clone() for k, v in start.private_state.items()}
     p_ours[PERSONAL_TABLE] = start.global_state["item_emb"].unsqueeze(0).repeat(NUM_USERS, 1, 1)
-    ref = run_federated(unguided, train, config, executor=SequentialExecutor(), device="cpu")
+    ref = run_federated(unguided, train, config, executor=SequentialExecutor(), device="cpu").state
     ours = run_federated(guided, train, config, executor=SequentialExecutor(), device="cpu",
-                         state=TrainState(round_index=0, global_state=g_ours, private_state=p_ours))
+                         state=AveragingState(global_state=g_ours, private_state=p_ours)).state
     assert len(train.active_users()) == NUM_USERS  # every user trained: uniform mean over all tables
     torch.testing.assert_close(ours.private_state[PERSONAL_TABLE].mean(0), ref.global_state["item_emb"],
                                rtol=0, atol=1e-12)
@@ -428,20 +428,20 @@ def test_run_federated_with_guidance_batched_equals_sequential(name):
     method, seq = _guided_run(name, SequentialExecutor())
     _, bat = _guided_run(name, BatchedExecutor(chunk_size=5))
     assert method.name == f"{name}+FedRKG"
-    assert [r["round"] for r in seq.extra[LOG_KEY]] == [3]  # interval 2: aggregate after round 2, guide before 3
-    assert seq.extra[GATE_WEIGHT_KEY].abs().sum() > 0  # the gates were trained
+    assert [r["round"] for r in seq.state.extra[LOG_KEY]] == [3]  # interval 2: aggregate after round 2, guide before 3
+    assert seq.state.extra[GATE_WEIGHT_KEY].abs().sum() > 0  # the gates were trained
     for key in (GATE_WEIGHT_KEY, GATE_BIAS_KEY):
-        torch.testing.assert_close(bat.extra[key], seq.extra[key], rtol=0, atol=1e-6)
+        torch.testing.assert_close(bat.state.extra[key], seq.state.extra[key], rtol=0, atol=1e-6)
     for states in ("global_state", "private_state"):
-        for key, value in getattr(seq, states).items():
-            torch.testing.assert_close(getattr(bat, states)[key], value, rtol=0, atol=1e-6, msg=key)
+        for key, value in getattr(seq.state, states).items():
+            torch.testing.assert_close(getattr(bat.state, states)[key], value, rtol=0, atol=1e-6, msg=key)
     for a, b in zip(seq.history, bat.history):
         assert a.keys() == b.keys() and all(abs(a[k] - b[k]) <= 1e-6 for k in a)
     assert seq.test_metrics.keys() == bat.test_metrics.keys()
     assert all(abs(seq.test_metrics[k] - bat.test_metrics[k]) <= 1e-6 for k in seq.test_metrics)
     if name == "FedNCF":  # the public tower is trained and aggregated
-        init = init_train_state(method, FederatedConfig(rounds=1, seed=3, dtype="float64"), device="cpu")
-        assert float((seq.global_state["mlp0_w"] - init.global_state["mlp0_w"]).abs().max()) > 1e-4
+        init = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64"), device="cpu").init(3)
+        assert float((seq.state.global_state["mlp0_w"] - init.global_state["mlp0_w"]).abs().max()) > 1e-4
 
 
 # -- §5.1 memory ---------------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import fedlib.papers.fedrkg.experiment as X
-from fedlib.engine import Checkpointer, FederatedConfig, TrainState, checkpoint_progress
+from fedlib.engine import Checkpointer, FederatedConfig, checkpoint_progress
+from fedlib.engine.loop import config_dict
 from fedlib.experiments import grid
 
 torch.set_num_threads(1)
@@ -99,13 +100,12 @@ def test_probe_trace_and_centralised_cells_run_without_checkpoints(tmp_path):
 
 
 def test_a_checkpoint_without_an_attachment_is_refused(tmp_path):
-    config = FederatedConfig(rounds=4, seed=0)
-    state = TrainState(round_index=2, global_state={}, private_state={"p": torch.zeros(2)})
-    Checkpointer(tmp_path, name="c").save(state, config)
+    config = config_dict(FederatedConfig(rounds=4, seed=0))
+    Checkpointer(tmp_path, name="c").save_snapshot({"round_index": 2, "state": {"p": torch.zeros(2)}}, config)
     later = Checkpointer(tmp_path, name="c")
     later.attach("selection", X.SelectionRecorder(evaluator=None))
     with pytest.raises(ValueError, match="no state for the attachments"):
-        later.load(config)
+        later.load_snapshot(config)
     with pytest.raises(TypeError, match="state_dict"):
         later.attach("other", object())
 
@@ -113,19 +113,23 @@ def test_a_checkpoint_without_an_attachment_is_refused(tmp_path):
 def test_the_clock_schedule_saves_after_enough_wall_time(tmp_path, monkeypatch):
     now = [100.0]
     monkeypatch.setattr("fedlib.engine.checkpoint.time.perf_counter", lambda: now[0])
-    config = FederatedConfig(rounds=50, seed=0)
+    config = config_dict(FederatedConfig(rounds=50, seed=0))
     checkpointer = Checkpointer(tmp_path, name="clock", every=None, every_seconds=60)
-    state = TrainState(round_index=1, global_state={}, private_state={"p": torch.zeros(2)})
-    assert not checkpointer.maybe_save(state, config)
+
+    def after_round(round_index):  # what the trainer does after each round
+        if not checkpointer.due(round_index):
+            return False
+        checkpointer.save_snapshot({"round_index": round_index, "state": {"p": torch.zeros(2)}}, config)
+        return True
+
+    assert not after_round(1)
     now[0] = 161.0
-    state.round_index = 2
-    assert checkpointer.maybe_save(state, config)
+    assert after_round(2)
     now[0] = 200.0
-    state.round_index = 3
-    assert not checkpointer.maybe_save(state, config)  # 39 s since the last save
+    assert not after_round(3)  # 39 s since the last save
     assert torch.load(checkpointer.path, weights_only=True)["elapsed_s"] == pytest.approx(61.0)
     again = Checkpointer(tmp_path, name="clock", every=None, every_seconds=60)
-    assert again.load(config).round_index == 2
+    assert again.load_snapshot(config)["round_index"] == 2
     assert again.earlier_seconds == pytest.approx(61.0) and again.resumed_at == [2]
     with pytest.raises(ValueError, match="every_seconds"):
         Checkpointer(tmp_path, every=None, every_seconds=0)
@@ -139,18 +143,17 @@ def test_the_recorded_grid_resumes_a_killed_cell_and_adds_its_earlier_time(tmp_p
     monkeypatch.setattr("fedlib.reporting.append_run",
                         lambda paper, profile, config, seed, metrics, wall, **kw: recorded.append((config, metrics, wall, kw)))
     monkeypatch.setattr("fedlib.reporting.cache.restore_cache_from_records", lambda *args, **kwargs: None)
-    fed_config = FederatedConfig(rounds=4, seed=0)
+    fed_config = config_dict(FederatedConfig(rounds=4, seed=0))
     calls = []
 
     def train(config, progress, checkpointer=None):
         calls.append(checkpointer)
-        state = checkpointer.load(fed_config)
-        if state is None:  # first session: 40 s of training up to a save, then killed
+        saved = checkpointer.load_snapshot(fed_config)
+        if saved is None:  # first session: 40 s of training up to a save, then killed
             checkpointer.earlier_seconds = 40.0
-            checkpointer.save(TrainState(round_index=2, global_state={}, private_state={"p": torch.zeros(1)}),
-                              fed_config)
+            checkpointer.save_snapshot({"round_index": 2, "state": {"p": torch.zeros(1)}}, fed_config)
             raise Killed("session ended")
-        return {"metrics": {"resumed_round": state.round_index}, "extra": {}}
+        return {"metrics": {"resumed_round": saved["round_index"]}, "extra": {}}
 
     cell = {"paper": "toy", "seed": 0, "x": 1}
     with pytest.raises(Killed):

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from engine_toys import BATCH, NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
-from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, init_train_state,
+from fedlib.engine import (BatchedExecutor, FederatedConfig, LocalBatch, SequentialExecutor, ParameterAveraging,
                            make_round_plan, round_generator, run_federated)
+from fedlib.engine.trainer import start_run
 from fedlib.baselines.continual.continual import PlanAugmentingExecutor
 from fedlib.baselines.single_domain.gpfedrec import (BROADCAST_KEY, CERTIFICATE_MARGIN, CONTEXT_LABEL, GRAPH_LOG_KEY, GRAPH_STATS_KEY,
                                      GPFedRecExecutor, GPFedRecLoss, GPFedRecModel, GraphGuidedServer, add_table_context, complete_graph_threshold,
@@ -291,17 +292,18 @@ def test_executors_agree_and_server_personalises(reg_rows):
     wrap = PlanAugmentingExecutor if reg_rows == "table" else (lambda inner: inner)
     _, a = _run(wrap(SequentialExecutor()), reg_rows)
     method, b = _run(wrap(BatchedExecutor(chunk_size=6)), reg_rows)
-    for name in a.private_state:
-        torch.testing.assert_close(a.private_state[name], b.private_state[name], atol=1e-9, rtol=0, msg=name)
+    for name in a.state.private_state:
+        torch.testing.assert_close(a.state.private_state[name], b.state.private_state[name], atol=1e-9, rtol=0,
+                                   msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in a.history], [r["train_loss"] for r in b.history], atol=1e-9)
-    stats = b.extra[GRAPH_STATS_KEY]
-    log = b.extra[GRAPH_LOG_KEY]  # one entry per server step (rounds 1 and 2), the last one is the stats
+    stats = b.state.extra[GRAPH_STATS_KEY]
+    log = b.state.extra[GRAPH_LOG_KEY]  # one entry per server step (rounds 1 and 2), the last one is the stats
     assert [entry["round"] for entry in log] == [1, 2] and log[-1] == stats
     assert all(entry["complete"] == (entry["min_neighbours"] == NUM_USERS) for entry in log)
     assert stats["round"] == 2 and stats["participants"] == NUM_USERS and stats["self_included"] == 1.0
-    targets = b.private_state["target_item_emb"]
+    targets = b.state.private_state["target_item_emb"]
     assert not torch.equal(targets[0], targets[1])  # personalised per user
-    torch.testing.assert_close(b.extra[BROADCAST_KEY], targets.mean(0))  # q_g = mean of the r_u
+    torch.testing.assert_close(b.state.extra[BROADCAST_KEY], targets.mean(0))  # q_g = mean of the r_u
 
 
 def _run_with(executor, rounds=4, batch_size=BATCH, reg=1.0, lr_decay=1.0, threshold_scale=1.0, **method_kwargs):
@@ -337,21 +339,21 @@ def test_closed_form_executor_equals_the_context_row_reference(batch_size, reg, 
     fast = _run_with(GPFedRecExecutor(chunk_size=chunk), **options)
     assert False in paths and (threshold_scale <= 1 or True in paths)
     sequential = _run_with(PlanAugmentingExecutor(SequentialExecutor()), **options)
-    for name in reference.private_state:
-        torch.testing.assert_close(fast.private_state[name], reference.private_state[name], atol=1e-10, rtol=0,
-                                   msg=name)
-        torch.testing.assert_close(fast.private_state[name], sequential.private_state[name], atol=1e-10, rtol=0,
-                                   msg=name)
+    for name in reference.state.private_state:
+        torch.testing.assert_close(fast.state.private_state[name], reference.state.private_state[name], atol=1e-10,
+                                   rtol=0, msg=name)
+        torch.testing.assert_close(fast.state.private_state[name], sequential.state.private_state[name], atol=1e-10,
+                                   rtol=0, msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in fast.history], [r["train_loss"] for r in reference.history],
                                atol=1e-10)
     # the comparison is not vacuous: several steps, tables that moved and differ per user
     positives = np.bincount(toy_train().users)
     positives = positives[positives > 0]
     assert batch_size == BATCH or (positives.max() > batch_size and positives.min() != positives.max())
-    table = fast.private_state["item_emb"]
+    table = fast.state.private_state["item_emb"]
     assert not torch.equal(table[0], table[1])
     if threshold_scale > 1:
-        assert not fast.extra[GRAPH_STATS_KEY]["complete"]
+        assert not fast.state.extra[GRAPH_STATS_KEY]["complete"]
 
 
 def test_closed_form_executor_falls_back_where_it_does_not_apply():
@@ -362,9 +364,9 @@ def test_closed_form_executor_falls_back_where_it_does_not_apply():
     clipped = _run_with(GPFedRecExecutor(), rounds=2, grad_clip_norm=0.05)
     reference = _run_with(PlanAugmentingExecutor(BatchedExecutor(chunk_size=6)), rounds=2, grad_clip_norm=0.05)
     plain = _run_with(GPFedRecExecutor(), rounds=2)
-    torch.testing.assert_close(clipped.private_state["item_emb"], reference.private_state["item_emb"], atol=1e-10,
-                               rtol=0)
-    assert not torch.allclose(clipped.private_state["item_emb"], plain.private_state["item_emb"], atol=1e-6)
+    torch.testing.assert_close(clipped.state.private_state["item_emb"], reference.state.private_state["item_emb"],
+                               atol=1e-10, rtol=0)
+    assert not torch.allclose(clipped.state.private_state["item_emb"], plain.state.private_state["item_emb"], atol=1e-6)
 
 
 def test_closed_form_executor_refuses_a_bad_chunk_size():
@@ -399,9 +401,9 @@ def test_equal_start_clients_skip_unmoved_rows_with_the_same_updates(executor, m
     # round 0: every client starts at q_u = r_u (one init), so the skipping plan is much smaller
     grown, real, every_row = skip_sizes[0]
     assert real < grown < real + every_row and sizes[0][0] == real + every_row
-    for name in whole.private_state:
-        torch.testing.assert_close(skipped.private_state[name], whole.private_state[name], atol=1e-12, rtol=0,
-                                   msg=name)
+    for name in whole.state.private_state:
+        torch.testing.assert_close(skipped.state.private_state[name], whole.state.private_state[name], atol=1e-12,
+                                   rtol=0, msg=name)
     np.testing.assert_allclose([r["train_loss"] for r in skipped.history], [r["train_loss"] for r in whole.history],
                                atol=1e-12)
 
@@ -409,15 +411,17 @@ def test_equal_start_clients_skip_unmoved_rows_with_the_same_updates(executor, m
 def test_server_hook_broadcasts_and_skips_users_without_training():
     model = GPFedRecModel(4, 3, dim=2, hidden=())
     method = gpfedrec_method(model)
-    state = init_train_state(method, FederatedConfig(rounds=2, dtype="float64"), device="cpu")
+    config = FederatedConfig(rounds=2, dtype="float64")
+    run = start_run(ParameterAveraging(method, None, config, device="cpu"), config.schedule(), config.seed)
+    state = run.state  # the server changes the run's state in place
     server = GraphGuidedServer()
-    server(state, 0)
+    server(run, 0)
     tables = state.private_state["item_emb"]
     gen = torch.Generator().manual_seed(0)
     tables[:3] += torch.randn(3, 3, 2, generator=gen, dtype=torch.float64)  # users 0-2 trained, user 3 did not
     uploads = tables[:3].clone()
     untouched_target = state.private_state["target_item_emb"][3].clone()
-    server(state, 1)
+    server(run, 1)
     expected = graph_personalise(uploads)
     torch.testing.assert_close(state.private_state["target_item_emb"][:3], expected.personal)
     torch.testing.assert_close(state.private_state["target_item_emb"][3], untouched_target)

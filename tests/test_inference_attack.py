@@ -9,7 +9,7 @@ import torch
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine import (BatchedExecutor, ClientRowUpdates, FederatedConfig, UploadNoise, fedmf_method,
-                           init_train_state, make_round_plan, round_generator)
+                           ParameterAveraging, make_round_plan, round_generator)
 from fedlib.audits.inference_attack import (ClientRowGuesses, attack_scores, changed_rows_attack, sign_attack)
 from fedlib.models import FedMF
 
@@ -32,7 +32,7 @@ TRAIN = synthetic_train()
 def round_uploads(noise=None, seed=0, batch_size=4096):
     """Every client's item-row uploads after one FedMF round (one local batch each by default)."""
     method = fedmf_method(FedMF(NUM_USERS, NUM_ITEMS, DIM), lr=1.0, upload_noise=noise)
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=seed, dtype="float64"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(seed)
     plan = make_round_plan(TRAIN, NegativeSampler(TRAIN, NUM_ITEMS), round_generator(seed, 0),
                            num_negatives=NEGATIVES, batch_size=batch_size)
     weights = method.aggregation.client_weights(plan.num_examples)

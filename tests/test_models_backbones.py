@@ -7,7 +7,7 @@ import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
-from fedlib.engine import FederatedConfig, SequentialExecutor, init_train_state, pfedrec_method
+from fedlib.engine import FederatedConfig, SequentialExecutor, ParameterAveraging, pfedrec_method
 from fedlib.engine.centralised import train_centralised
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.models import (GMF, MF, MLP, FedMF, FedNCF, LightGCN, NeuMF, PersonalItemTableModel, PFedRec,
@@ -102,7 +102,7 @@ def test_pfedrec_two_step_update_by_hand():
     train = Pairs.from_arrays([0, 0], [1, 2], 1)
     model = PFedRec(1, 5, dim=3)
     method = pfedrec_method(model, lr=0.3, lr_eta=0.5)
-    state = init_train_state(method, FederatedConfig(rounds=1, seed=0, dtype="float64"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, dtype="float64")).init(0)
     plan = make_round_plan(train, NegativeSampler(train, 5), round_generator(0, 0), num_negatives=1, batch_size=64)
     items = torch.as_tensor(plan.items)
     labels = torch.as_tensor(plan.labels, dtype=torch.float64)

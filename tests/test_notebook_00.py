@@ -49,18 +49,18 @@ def _notebook_function(name: str):
 @pytest.mark.parametrize("batch_size", [512, 16])  # one local step per client, or several
 def test_notebook_from_scratch_function_equals_run_federated(batch_size):
     from fedlib.data.synthetic import drifting_stream
-    from fedlib.engine import FederatedConfig, fedmf_method, init_train_state, run_federated
+    from fedlib.engine import FederatedConfig, ParameterAveraging, fedmf_method, run_federated
     from fedlib.models import FedMF
 
     split = drifting_stream(num_users=30, num_items=60, interactions_per_user=40, drift=0.0, seed=0)[0]
     method = fedmf_method(FedMF(split.num_users, split.num_items, dim=8), lr=0.5)
     config = FederatedConfig(rounds=3, seed=4, num_negatives=4, batch_size=batch_size, test_at_end=False, dtype="float64")
-    start = init_train_state(method, config, device="cpu")
+    start = ParameterAveraging(method, None, config, device="cpu").init(config.seed)
     from_scratch = _notebook_function("fedmf_from_scratch")
     options = dict(lr=0.5, num_negatives=4, batch_size=batch_size)
     items, users = from_scratch(split.train, start.global_state["item_emb"], start.private_state["user_emb"], 3,
                                 seed=4, **options)
-    library = run_federated(method, split.train, config, device="cpu")
+    library = run_federated(method, split.train, config, device="cpu").state
     assert torch.allclose(items, library.global_state["item_emb"], rtol=0, atol=1e-12)
     assert torch.allclose(users, library.private_state["user_emb"], rtol=0, atol=1e-12)
     moved = float((items - start.global_state["item_emb"]).abs().max())

@@ -175,14 +175,15 @@ def test_parameter_averaging_through_the_trainer_is_run_federated():
         return fedmf_method(FedMF(20, num_items, 4), lr=0.5)
 
     ledger_a, ledger_b = CommunicationLedger(), CommunicationLedger()
-    state = run_federated(method(), split["train"], config, evaluator=evaluator, device="cpu", ledger=ledger_a)
+    direct = run_federated(method(), split["train"], config, evaluator=evaluator, device="cpu", ledger=ledger_a)
     algorithm = ParameterAveraging(method(), split["train"], config, evaluator=evaluator, device="cpu")
     run = train(algorithm, config.schedule(), seed=config.seed, ledger=ledger_b)
-    assert isinstance(run, RunResult)
-    assert run.history == state.history and run.best_round == state.best_round
-    assert run.test_metrics == state.test_metrics
-    for name, tensor in state.global_state.items():
+    assert isinstance(run, RunResult) and isinstance(direct, RunResult)  # one result type
+    assert run.history == direct.history and run.best_round == direct.best_round
+    assert run.test_metrics == direct.test_metrics
+    for name, tensor in direct.state.global_state.items():
         assert torch.equal(run.state.global_state[name], tensor)
+        assert torch.equal(run.best_state.global_state[name], direct.best_state.global_state[name])
     assert ledger_a.total() == ledger_b.total() > 0
     assert ledger_a.per_round().equals(ledger_b.per_round())
 

@@ -36,7 +36,7 @@ def replay_round_plan(train: Pairs, sampler, config, round_index: int):
 
 def leak_trace_hook(trace: LeakTrace, method, train: Pairs, config, *, sampler=None, every: int = 1,
                     chunk_size: int = 256, then: Optional[Callable] = None) -> Callable:
-    """An ``on_round_end(state, record)`` hook for :func:`~fedlib.engine.run_federated` that fills ``trace``.
+    """An ``on_round_end(run, record)`` hook for :func:`~fedlib.engine.run_federated` that fills ``trace``.
 
     The hook receives no plan, so it replays the round's plan (:func:`replay_round_plan`;
     pass the same ``sampler`` as to ``run_federated``) to update the coverage every round, and
@@ -55,16 +55,17 @@ def leak_trace_hook(trace: LeakTrace, method, train: Pairs, config, *, sampler=N
     model = method.model
     sampler = sampler if sampler is not None else NegativeSampler(train, model.num_items)
 
-    def on_round_end(state, record):
-        t = state.round_index - 1  # the round just completed
+    def on_round_end(run, record):
+        t = run.round_index - 1  # the round just completed
         plan = replay_round_plan(train, sampler, config, t)
         score_fn = None
-        if state.round_index % int(every) == 0 or state.round_index == config.rounds:
+        if run.round_index % int(every) == 0 or run.round_index == config.rounds:
+            state = run.state
             device = next(iter({**state.global_state, **state.private_state}.values())).device
             score_fn = lambda u: model.score_users(state.global_state, state.private_state, u.to(device))  # noqa: E731
-        trace.record(state.round_index, plan, score_fn, chunk_size=chunk_size)
+        trace.record(run.round_index, plan, score_fn, chunk_size=chunk_size)
         if then is not None:
-            then(state, record)
+            then(run, record)
 
     return on_round_end
 
@@ -80,11 +81,11 @@ def trace_federated_run(method, split: InteractionSplit, config, *, sampler=None
         run_kwargs: passed on (``executor``, ``evaluator``, ``device``, ``on_round_end``, ...).
 
     Returns:
-        ``(state, frame)``: the final ``TrainState`` and the per-round trace.
+        ``(run, frame)``: the trainer's :class:`~fedlib.engine.trainer.RunResult` and the per-round trace.
     """
     sampler = sampler if sampler is not None else NegativeSampler(split.train, split.num_items)
     trace = LeakTrace(split.train, split.test, split.num_items, valid=split.valid)
     hook = leak_trace_hook(trace, method, split.train, config, sampler=sampler, every=every, chunk_size=chunk_size,
                            then=run_kwargs.pop("on_round_end", None))
-    state = run_federated(method, split.train, config, sampler=sampler, on_round_end=hook, **run_kwargs)
-    return state, trace.frame()
+    run = run_federated(method, split.train, config, sampler=sampler, on_round_end=hook, **run_kwargs)
+    return run, trace.frame()

@@ -14,15 +14,15 @@ Typical use (FedMF on a split, batched executor)::
 
     method = fedmf_method(FedMF(split.num_users, split.num_items, dim=32), lr=1.0)
     config = FederatedConfig(rounds=100, seed=0, patience=30)
-    state = run_federated(method, split.train, config, executor=BatchedExecutor(),
-                          evaluator=RankingEvaluator(split.train, split.valid, split.test))
-    state.best_metrics, state.test_metrics
+    run = run_federated(method, split.train, config, executor=BatchedExecutor(),
+                        evaluator=RankingEvaluator(split.train, split.valid, split.test))
+    run.best_metrics, run.test_metrics, run.selected_state.global_state
 
 F3CRec's noisy uploads (§5.6) and the bytes sent, recorded per round::
 
     method = fedmf_method(model, lr=1.0, upload_noise=UploadNoise(0.1, support="full"))
     ledger = CommunicationLedger()
-    state = run_federated(method, split.train, config, ledger=ledger)
+    run = run_federated(method, split.train, config, ledger=ledger)
     ledger.per_round()
 
 FedRKG's local differential privacy (clip each local step's gradient of ``P_u`` to 0.1, add
@@ -40,7 +40,7 @@ from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
 from fedlib.engine.loop import (
-    AveragingState, FederatedConfig, ParameterAveraging, TrainState, init_train_state, run_federated,
+    AveragingState, FederatedConfig, ParameterAveraging, init_train_state, run_federated,
 )
 from fedlib.engine.method import (
     FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method,
@@ -62,7 +62,7 @@ __all__ = [
     "Aggregation", "client_weights", "fedavg", "interpolate_with_previous",
     "train_centralised", "Checkpointer", "checkpoint_progress", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
-    "FederatedConfig", "TrainState", "init_train_state", "run_federated",
+    "FederatedConfig", "run_federated",
     "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "dp_epsilon", "bce_client_loss",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
     "RoundPlan", "make_round_plan", "round_generator", "round_noise_key", "client_noise_generator", "select_clients",

@@ -1,19 +1,23 @@
-"""Training-state checkpoints: save every N rounds atomically, resume exactly.
+"""Checkpoints of a run: save every N rounds and/or seconds atomically, resume exactly.
 
-A checkpoint holds the :class:`~fedlib.engine.loop.TrainState` (global and private
-tensors, round index, best-so-far state and metrics, history, method extras) and the
-configuration it was made with. No generator state is stored: round ``t`` always draws
-from ``round_generator(seed, t)``, so resuming at round ``t`` redraws exactly what the
-uninterrupted run would have drawn.
+The trainer (:func:`~fedlib.engine.trainer.train`, hence every algorithm of the course,
+:func:`~fedlib.engine.loop.run_federated` included) saves a **snapshot** of its
+:class:`~fedlib.engine.trainer.RunResult`: the algorithm's ``state_dict`` of the state and of
+the best state, the round index, history, selection and test metrics (tensors, numbers,
+strings, lists, dicts only), with :meth:`Checkpointer.save_snapshot`, and reads it back with
+:meth:`Checkpointer.load_snapshot`. A checkpoint also holds the configuration it was made
+with; a run under another configuration refuses it. No generator state is stored: round
+``t`` always draws from ``round_generator(seed, t)``, so resuming at round ``t`` redraws
+exactly what the uninterrupted run would have drawn.
 
 Writes are atomic: the file is written to a temporary name in the same directory,
 flushed to disk and renamed over the previous checkpoint (``os.replace``), so a run killed
 at any moment leaves either the old or the new checkpoint, never a torn one.
 Checkpoints live under a directory passed in (default ``checkpoints/``, git-ignored).
 
-Besides the state, a checkpoint carries:
+Besides the snapshot, a checkpoint carries:
 
-* the **attachments**: objects outside the state that a run's result depends on (e.g. a
+* the **attachments**: objects outside the run that its result depends on (e.g. a
   selection recorder that keeps the test metrics of the best evaluation), each with
   ``state_dict()`` / ``load_state_dict(d)`` (tensors, numbers, strings, lists, dicts only);
 * the **wall time** spent on the run up to the save (``elapsed_s``), so a run resumed over
@@ -22,17 +26,11 @@ Besides the state, a checkpoint carries:
 * the rounds at which it was **resumed** (:attr:`Checkpointer.resumed_at`).
 
 A save can be scheduled every ``every`` rounds, every ``every_seconds`` of wall time (for
-runs whose rounds differ in cost by orders of magnitude between datasets), or both.
-
-Round loops of their own (not :func:`~fedlib.engine.loop.run_federated`) save a **snapshot**
-instead: a dict of their own state (tensors, numbers, strings, lists, dicts) with
-:meth:`Checkpointer.save_snapshot` / :meth:`Checkpointer.load_snapshot`, on the same schedule
-(:meth:`Checkpointer.due`) and with the same atomic write, configuration check and wall-time
-bookkeeping. Such a loop stores its random generators' states in the snapshot.
+runs whose rounds differ in cost by orders of magnitude between datasets), or both
+(:meth:`Checkpointer.due`).
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import tempfile
 import time
@@ -44,13 +42,10 @@ import torch
 __all__ = ["Checkpointer", "checkpoint_progress"]
 
 _FORMAT = 1
-_STATE_FIELDS = ("round_index", "global_state", "private_state", "history", "best_round", "best_score",
-                 "best_metrics", "best_global_state", "best_private_state", "evals_since_best",
-                 "stopped_early", "test_metrics", "extra")
 
 
 class Checkpointer:
-    """Save a run's state to ``directory/<name>.pt`` every ``every`` rounds and/or ``every_seconds``.
+    """Save a run's snapshot to ``directory/<name>.pt`` every ``every`` rounds and/or ``every_seconds``.
 
     Args:
         directory: where checkpoints go (created if missing).
@@ -87,7 +82,7 @@ class Checkpointer:
         return self.directory / f"{self.name}.pt"
 
     def attach(self, name: str, obj) -> None:
-        """Save ``obj.state_dict()`` with every checkpoint and restore it in :meth:`load`."""
+        """Save ``obj.state_dict()`` with every checkpoint and restore it in :meth:`load_snapshot`."""
         if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(f"attachment {name!r} ({type(obj).__name__}) needs state_dict() and load_state_dict()")
         self.attachments[name] = obj
@@ -102,18 +97,8 @@ class Checkpointer:
         on_clock = self.every_seconds is not None and time.perf_counter() - self._last_save >= self.every_seconds
         return bool(on_rounds or on_clock or finished)
 
-    def maybe_save(self, state, config) -> bool:
-        """Save if ``state.round_index`` or the clock is on the schedule (or the run has just stopped)."""
-        if self.due(state.round_index, state.stopped_early or state.round_index >= config.rounds):
-            self.save(state, config)
-            return True
-        return False
-
-    def save(self, state, config) -> None:
-        self._write({"state": {name: getattr(state, name) for name in _STATE_FIELDS}}, dataclasses.asdict(config))
-
     def save_snapshot(self, snapshot: Dict[str, Any], config: Mapping[str, Any]) -> None:
-        """Save a round loop's own ``snapshot`` (plain values and tensors) made under ``config``.
+        """Save a run's ``snapshot`` (plain values and tensors) made under ``config``.
 
         ``snapshot`` must hold ``round_index`` (the completed rounds; :attr:`resumed_at` records
         it). ``config``: a flat or nested dict of plain values naming everything the run's numbers
@@ -127,11 +112,35 @@ class Checkpointer:
     def load_snapshot(self, config: Mapping[str, Any], device=None) -> Optional[Dict[str, Any]]:
         """The saved snapshot, or ``None`` when there is none; restores the wall-time bookkeeping.
 
-        Raises ``ValueError`` when the file holds a :class:`TrainState` checkpoint instead, or
-        was made under a ``config`` that differs in anything but ``rounds``.
+        Raises ``ValueError`` when the file holds a checkpoint of the older flat ``state``
+        layout, was made under a ``config`` that differs in anything but ``rounds``, or lacks an
+        attachment this object has (it was written by a run that did not save it).
         """
-        payload = self._read(dict(config), device, body="snapshot")
-        return None if payload is None else payload["snapshot"]
+        if not self.path.exists():
+            return None
+        payload = torch.load(self.path, map_location=device or "cpu", weights_only=True)
+        if payload.get("format") != _FORMAT:
+            raise ValueError(f"{self.path}: unknown checkpoint format {payload.get('format')}")
+        if "snapshot" not in payload:
+            raise ValueError(f"{self.path} holds a checkpoint of the older flat 'state' layout, which runs no longer "
+                             "resume from; delete it to start the run afresh")
+        saved, current = dict(payload["config"]), dict(config)
+        saved.pop("rounds", None)    # a run may be extended, not changed
+        current.pop("rounds", None)
+        if saved != current:
+            diff = {k: (saved.get(k), current.get(k)) for k in set(saved) | set(current) if saved.get(k) != current.get(k)}
+            raise ValueError(f"{self.path} was written with a different configuration: {diff}")
+        saved_attachments = payload.get("attachments", {})
+        missing = sorted(set(self.attachments) - set(saved_attachments))
+        if missing:
+            raise ValueError(f"{self.path} holds no state for the attachments {missing}; delete it to start the run afresh")
+        for name, obj in self.attachments.items():
+            obj.load_state_dict(saved_attachments[name])
+        snapshot = payload["snapshot"]
+        self.earlier_seconds = float(payload.get("elapsed_s", 0.0))
+        self.resumed_at = [*payload.get("resumed_at", []), int(snapshot["round_index"])]
+        self._last_save = time.perf_counter()
+        return snapshot
 
     def _write(self, body: Dict[str, Any], config: Dict[str, Any]) -> None:
         payload = {"format": _FORMAT, "config": config, **body,
@@ -150,66 +159,6 @@ class Checkpointer:
                 os.unlink(tmp)
             raise
         self._last_save = time.perf_counter()
-
-    def load(self, config=None, device=None):
-        """The saved :class:`TrainState` of a parameter-averaging run, or ``None`` when there is no checkpoint.
-
-        Reads what the trainer saves for :func:`~fedlib.engine.run_federated` (and the older
-        ``TrainState`` body). Restores the attachments, :attr:`earlier_seconds` and
-        :attr:`resumed_at` (which gains the loaded round). Raises ``ValueError`` when ``config``
-        differs from the saved one in anything but ``rounds`` (a run may be extended, not
-        changed), or when the checkpoint lacks an attachment this object has (it was written by
-        a run that did not save it).
-        """
-        from fedlib.engine.loop import TrainState
-
-        if not self.path.exists():
-            return None
-        held = torch.load(self.path, map_location="cpu", weights_only=True, mmap=True)
-        body = "snapshot" if isinstance(held, dict) and "snapshot" in held else "state"
-        if body == "snapshot" and "selection" not in held["snapshot"]:
-            raise ValueError(f"{self.path} holds a snapshot of another round loop, not a TrainState; "
-                             "delete it to start the run afresh")
-        payload = self._read(None if config is None else dataclasses.asdict(config), device, body=body)
-        if body == "snapshot":
-            state = TrainState.from_snapshot(payload["snapshot"])
-        else:
-            state = TrainState(**payload["state"])
-        if config is not None and state.round_index < config.rounds and not state.stopped_early:
-            state.test_metrics = None  # an extended run is tested again when it ends
-        return state
-
-    def _read(self, config: Optional[Dict[str, Any]], device, body: str) -> Optional[Dict[str, Any]]:
-        """The checked payload (attachments restored, bookkeeping updated), or ``None`` without a file.
-
-        ``body``: ``"state"`` (a :class:`TrainState`) or ``"snapshot"``, the kind the caller reads.
-        """
-        if not self.path.exists():
-            return None
-        payload = torch.load(self.path, map_location=device or "cpu", weights_only=True)
-        if payload.get("format") != _FORMAT:
-            raise ValueError(f"{self.path}: unknown checkpoint format {payload.get('format')}")
-        if body not in payload:
-            held = "a round-loop TrainState checkpoint" if "state" in payload else "a snapshot of another round loop"
-            raise ValueError(f"{self.path} holds {held}, not a {'TrainState' if body == 'state' else 'snapshot'}; "
-                             "delete it to start the run afresh")
-        if config is not None:
-            saved, current = dict(payload["config"]), dict(config)
-            saved.pop("rounds", None)
-            current.pop("rounds", None)
-            if saved != current:
-                diff = {k: (saved.get(k), current.get(k)) for k in set(saved) | set(current) if saved.get(k) != current.get(k)}
-                raise ValueError(f"{self.path} was written with a different configuration: {diff}")
-        saved_attachments = payload.get("attachments", {})
-        missing = sorted(set(self.attachments) - set(saved_attachments))
-        if missing:
-            raise ValueError(f"{self.path} holds no state for the attachments {missing}; delete it to start the run afresh")
-        for name, obj in self.attachments.items():
-            obj.load_state_dict(saved_attachments[name])
-        self.earlier_seconds = float(payload.get("elapsed_s", 0.0))
-        self.resumed_at = [*payload.get("resumed_at", []), int(payload[body]["round_index"])]
-        self._last_save = time.perf_counter()
-        return payload
 
     def delete(self) -> None:
         """Remove the checkpoint file (e.g. once the run's result is recorded)."""
@@ -230,8 +179,9 @@ def checkpoint_progress(path) -> Dict[str, Any]:
     except Exception as error:  # a torn or foreign file: say which, not a pickle traceback
         raise ValueError(f"{path} is not a readable checkpoint ({type(error).__name__}: {error}); "
                          "delete it to start its run afresh") from error
-    body = (payload.get("state") or payload.get("snapshot")) if isinstance(payload, dict) else None
+    body = payload.get("snapshot") if isinstance(payload, dict) else None
     if not isinstance(body, dict) or payload.get("format") != _FORMAT or "round_index" not in body:
-        raise ValueError(f"{path} is not a checkpoint of format {_FORMAT} (state or snapshot with a round_index)")
+        raise ValueError(f"{path} is not a checkpoint of format {_FORMAT} (a snapshot with a round_index); "
+                         "delete it to start its run afresh")
     return {"round_index": int(body["round_index"]), "elapsed_s": float(payload.get("elapsed_s", 0.0)),
             "resumed_at": list(payload.get("resumed_at", []))}

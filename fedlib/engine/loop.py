@@ -14,8 +14,10 @@
 :class:`ParameterAveraging` is one :class:`~fedlib.engine.algorithm.Algorithm`; the rounds are
 run by the one trainer, :func:`~fedlib.engine.trainer.train`. :func:`run_federated` builds the
 algorithm from a :class:`~fedlib.engine.method.FederatedMethod` and trains it, returning the
-family's :class:`TrainState` (a flat view of the trainer's result that the method hooks and
-the experiments read).
+trainer's :class:`~fedlib.engine.trainer.RunResult` of :class:`AveragingState` (the run's
+state is ``run.state.global_state`` / ``run.state.private_state``, the selected one
+``run.selected_state``). Method hooks (``before_round``) and ``on_round_end`` callbacks
+receive that same run, live.
 
 All randomness of round ``t`` comes from :func:`~fedlib.engine.plan.round_generator`
 ``(seed, t)``, and the initial state from a generator seeded by ``seed``: nothing touches
@@ -25,7 +27,7 @@ exactly the rounds it would have drawn.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -38,13 +40,11 @@ from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.executors import BatchedExecutor
 from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import RoundPlan, make_round_plan
-from fedlib.engine.selection import Selection
-from fedlib.engine.trainer import RunResult, Schedule
+from fedlib.engine.trainer import RunResult, Schedule, start_run
 from fedlib.engine.trainer import train as train_rounds
 from fedlib.engine.uploads import record_round_communication
 
-__all__ = ["FederatedConfig", "AveragingState", "ParameterAveraging", "TrainState", "init_train_state",
-           "run_federated"]
+__all__ = ["FederatedConfig", "AveragingState", "ParameterAveraging", "run_federated"]
 
 
 
@@ -157,7 +157,7 @@ class ParameterAveraging:
     def before_round(self, run: RunResult, round_index: int) -> None:
         """The method's ``before_round`` hook (FedRKG's guidance, GPFedRec's graph, RLP2's memory)."""
         if self.method.before_round is not None:
-            self.method.before_round(TrainState.view(run), round_index)
+            self.method.before_round(run, round_index)
 
     def plan_round(self, state: AveragingState, context: RoundContext) -> RoundPlan:
         """Sample the round's clients, their negatives and batch order from ``context.rng``."""
@@ -188,130 +188,6 @@ class ParameterAveraging:
         return self.evaluator(self.method.model, state.global_state, state.private_state, split)
 
 
-@dataclass
-class TrainState:
-    """A parameter-averaging run as one flat record: the state and the trainer's bookkeeping.
-
-    What :func:`run_federated` returns and accepts as ``state=``, and what method hooks
-    (``before_round``) and ``on_round_end`` callbacks receive: the fields of the trainer's
-    :class:`~fedlib.engine.trainer.RunResult` and of its :class:`AveragingState`, side by side.
-    ``round_index`` is the number of completed rounds; ``history`` has one dict per completed
-    round (``round``, ``train_loss``, and ``valid/<metric>`` when evaluated); ``best_metrics``
-    the validation metrics of the selected round, without the ``valid/`` prefix.
-    """
-
-    round_index: int
-    global_state: Dict[str, torch.Tensor]
-    private_state: Dict[str, torch.Tensor]
-    history: List[dict] = field(default_factory=list)
-    best_round: Optional[int] = None
-    best_score: Optional[float] = None
-    best_metrics: Optional[Dict[str, float]] = None
-    best_global_state: Optional[Dict[str, torch.Tensor]] = None
-    best_private_state: Optional[Dict[str, torch.Tensor]] = None
-    evals_since_best: int = 0
-    stopped_early: bool = False
-    test_metrics: Optional[Dict[str, float]] = None
-    extra: Dict[str, object] = field(default_factory=dict)
-
-    @classmethod
-    def from_run(cls, run: RunResult) -> "TrainState":
-        """The flat record of a finished (or paused) run."""
-        best = run.best_state
-        return cls(round_index=run.round_index, global_state=run.state.global_state,
-                   private_state=run.state.private_state, history=run.history, best_round=run.best_round,
-                   best_score=run.best_score, best_metrics=run.best_metrics,
-                   best_global_state=None if best is None else best.global_state,
-                   best_private_state=None if best is None else best.private_state,
-                   evals_since_best=run.selection.evals_since_best, stopped_early=run.stopped_early,
-                   test_metrics=run.test_metrics, extra=run.state.extra)
-
-    @classmethod
-    def from_snapshot(cls, saved: Mapping[str, Any]) -> "TrainState":
-        """The flat record of a trainer checkpoint of :class:`ParameterAveraging` (``Checkpointer.load``)."""
-        best = saved["best_state"]
-        run = RunResult(state=AveragingState(**saved["state"]), selection=Selection(**saved["selection"]),
-                        round_index=int(saved["round_index"]), history=list(saved["history"]),
-                        best_state=None if best is None else AveragingState(**best),
-                        test_metrics=saved["test_metrics"], stopped_early=bool(saved["stopped_early"]))
-        return cls.from_run(run)
-
-    def to_run(self, schedule: Schedule) -> RunResult:
-        """The trainer's result that continues this record under ``schedule``."""
-        selection = Selection(f"valid/{schedule.selection_metric}", schedule.patience, schedule.prefer_later_ties,
-                              best_round=self.best_round, best_score=self.best_score,
-                              best_metrics=None if self.best_metrics is None
-                              else {f"valid/{k}": v for k, v in self.best_metrics.items()},
-                              evals_since_best=self.evals_since_best)
-        best = (None if self.best_global_state is None
-                else AveragingState(self.best_global_state, self.best_private_state, self.extra))
-        return RunResult(state=AveragingState(self.global_state, self.private_state, self.extra),
-                         selection=selection, round_index=self.round_index, history=self.history, best_state=best,
-                         test_metrics=self.test_metrics, stopped_early=self.stopped_early)
-
-    @staticmethod
-    def view(run: RunResult) -> "_RunView":
-        """A live view of ``run`` under this record's field names (reads and writes go to ``run``)."""
-        return _RunView(run)
-
-
-class _RunView:
-    """:class:`TrainState`'s field names over a live :class:`RunResult` (for hooks and callbacks)."""
-
-    __slots__ = ("_run",)
-
-    def __init__(self, run: RunResult):
-        object.__setattr__(self, "_run", run)
-
-    round_index = property(lambda self: self._run.round_index)
-    history = property(lambda self: self._run.history)
-    best_round = property(lambda self: self._run.best_round)
-    best_score = property(lambda self: self._run.best_score)
-    best_metrics = property(lambda self: self._run.best_metrics)
-    evals_since_best = property(lambda self: self._run.selection.evals_since_best)
-    test_metrics = property(lambda self: self._run.test_metrics)
-    best_global_state = property(lambda self: None if self._run.best_state is None else self._run.best_state.global_state)
-    best_private_state = property(lambda self: None if self._run.best_state is None else self._run.best_state.private_state)
-
-    @property
-    def global_state(self):
-        return self._run.state.global_state
-
-    @global_state.setter
-    def global_state(self, value):
-        self._run.state.global_state = value
-
-    @property
-    def private_state(self):
-        return self._run.state.private_state
-
-    @private_state.setter
-    def private_state(self, value):
-        self._run.state.private_state = value
-
-    @property
-    def extra(self):
-        return self._run.state.extra
-
-    @property
-    def stopped_early(self):
-        return self._run.stopped_early
-
-    @stopped_early.setter
-    def stopped_early(self, value):
-        self._run.stopped_early = bool(value)
-
-
-def init_train_state(method: FederatedMethod, config: FederatedConfig, device=None) -> TrainState:
-    """Round-0 state: the model's initialisers drawn from a generator seeded by ``config.seed``.
-
-    ``device`` defaults to :func:`fedlib.default_device` (CUDA when present). The numbers are
-    drawn on the CPU, so the initial state is the same on every device.
-    """
-    state = ParameterAveraging(method, None, config, device=device).init(config.seed)
-    return TrainState(round_index=0, global_state=state.global_state, private_state=state.private_state)
-
-
 def run_federated(
     method: FederatedMethod,
     train: Pairs,
@@ -320,13 +196,13 @@ def run_federated(
     executor=None,
     sampler: Optional[NegativeSampler] = None,
     evaluator: Optional[Callable] = None,
-    state: Optional[TrainState] = None,
+    state: Union[AveragingState, RunResult, None] = None,
     checkpointer=None,
     device=None,
     keep_best_state: bool = True,
-    on_round_end: Optional[Callable[[TrainState, dict], None]] = None,
+    on_round_end: Optional[Callable[[RunResult, dict], None]] = None,
     ledger: Optional[CommunicationLedger] = None,
-) -> TrainState:
+) -> RunResult:
     """Train ``method`` federatedly on ``train`` for ``config.rounds`` rounds with the trainer.
 
     Args:
@@ -335,12 +211,16 @@ def run_federated(
         sampler: training negative sampler (default: excludes only ``train``).
         evaluator: ``evaluator(model, global_state, private_state, which) -> {metric: value}``,
             e.g. :class:`~fedlib.engine.evaluation.RankingEvaluator`; ``None`` = no evaluation.
-        state: continue from this state (else resume from ``checkpointer`` or start fresh).
+        state: where to start. An :class:`AveragingState` (e.g. ``ParameterAveraging(...).init(seed)``
+            with a table replaced, or a continual block's grown state) starts at round 0 with
+            empty bookkeeping; a :class:`~fedlib.engine.trainer.RunResult` returned earlier is
+            continued (its rounds, history and selection carry on, and it is updated in place).
+            ``None``: resume from ``checkpointer`` when it holds a checkpoint, else start fresh.
         checkpointer: :class:`~fedlib.engine.checkpoint.Checkpointer` saving every N rounds.
         device: where a fresh state is created (default :func:`fedlib.default_device`).
         keep_best_state: keep a copy of the best-on-validation state (restored for the test).
-        on_round_end: ``callback(state, record)`` after each round (progress bars, logging);
-            ``state`` is a live :class:`TrainState` view of the run.
+        on_round_end: ``callback(run, record)`` after each round (progress bars, logging);
+            ``run`` is the live :class:`~fedlib.engine.trainer.RunResult`.
         ledger: a :class:`~fedlib.engine.communication.CommunicationLedger` to charge every
             round's messages to: each sampled client downloads the public tensors in full and
             uploads full tables or touched rows + indices (``method.upload_mode``) plus the
@@ -348,16 +228,32 @@ def run_federated(
             Only rounds run by this call are recorded (not those restored from a checkpoint).
 
     Returns:
-        The final :class:`TrainState` (``best_*`` and ``test_metrics`` filled when evaluating).
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` of :class:`AveragingState`:
+        ``state`` after the last round, and when evaluating ``best_state`` (the selected
+        state, ``keep_best_state``), ``best_round``, ``best_metrics`` and ``test_metrics``.
     """
     algorithm = ParameterAveraging(method, train, config, executor=executor, sampler=sampler, evaluator=evaluator,
                                    device=device)
     schedule = config.schedule(keep_best_state=keep_best_state)
-    callback = None if on_round_end is None else (lambda run, record: on_round_end(TrainState.view(run), record))
-    run = train_rounds(algorithm, schedule, seed=config.seed, start=None if state is None else state.to_run(schedule),
-                    checkpointer=checkpointer, checkpoint_config=config_dict(config), ledger=ledger,
-                    on_round_end=callback, evaluate=evaluator is not None)
-    return TrainState.from_run(run)
+    if isinstance(state, AveragingState):
+        start = start_run(algorithm, schedule, config.seed, state=state)
+    elif state is None or isinstance(state, RunResult):
+        start = state
+    else:
+        raise TypeError(f"state must be an AveragingState (start from it at round 0) or a RunResult (continue it), "
+                        f"got {type(state).__name__}")
+    return train_rounds(algorithm, schedule, seed=config.seed, start=start, checkpointer=checkpointer,
+                        checkpoint_config=config_dict(config), ledger=ledger, on_round_end=on_round_end,
+                        evaluate=evaluator is not None)
+
+
+def init_train_state(method: FederatedMethod, config: FederatedConfig, device=None) -> AveragingState:
+    """Transitional: ``ParameterAveraging(method, None, config, device=device).init(config.seed)``.
+
+    Kept only while one caller still imports it by this name (FedKDRec's FedMF/FedNCF rows);
+    new code calls :meth:`ParameterAveraging.init`.
+    """
+    return ParameterAveraging(method, None, config, device=device).init(config.seed)
 
 
 def config_dict(config: FederatedConfig) -> dict:

@@ -393,8 +393,9 @@ class FederatedMethod:
         aggregation: FedAvg weighting.
         client_loss: local loss (default :func:`bce_client_loss`).
         server_mix: optional ``(previous_global, aggregated, round) -> global`` hook.
-        before_round: optional ``(state, round_index) -> None`` hook run before the plan
-            (may change ``state.private_state`` / ``state.global_state`` in place).
+        before_round: optional ``(run, round_index) -> None`` hook run before the plan; ``run``
+            is the trainer's live :class:`~fedlib.engine.trainer.RunResult` (it may change
+            ``run.state.private_state`` / ``run.state.global_state``, and reads the selection).
         name: label for logs and checkpoints.
         upload_noise: Laplace noise added by each client to its upload (``None`` = none).
         upload_mode: what a client sends for a ``public_rows`` table. ``"full"``: the whole

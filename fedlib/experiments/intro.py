@@ -19,7 +19,7 @@ from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
 from fedlib.engine.centralised import CentralisedState, sgd_centralised
 from fedlib.engine.executors import BatchedExecutor
-from fedlib.engine.loop import FederatedConfig, init_train_state, run_federated
+from fedlib.engine.loop import FederatedConfig, ParameterAveraging, run_federated
 from fedlib.engine.method import FederatedMethod
 from fedlib.engine.plan import make_round_plan, round_generator
 from fedlib.engine.trainer import Schedule, start_run
@@ -135,17 +135,18 @@ def short_run(method: FederatedMethod, train: Pairs, evaluator: Callable, *, rou
     config = FederatedConfig(rounds=rounds, seed=seed, num_negatives=num_negatives, batch_size=batch_size,
                              clients_per_round=clients_per_round, eval_every=rounds, test_at_end=False,
                              selection_metric=metric)
-    start = init_train_state(method, config, device=device)
+    start = ParameterAveraging(method, None, config, device=device).init(config.seed)  # what run_federated draws
     initial_items = start.global_state["item_emb"].clone()
     initial_private = {name: tensor.clone() for name, tensor in start.private_state.items()}
     at_start = float(evaluator(method.model, start.global_state, start.private_state, "valid")[metric])
     t0 = time.perf_counter()
-    state = run_federated(method, train, config, evaluator=evaluator, state=start)
+    run = run_federated(method, train, config, evaluator=evaluator, state=start)
     seconds = time.perf_counter() - t0
-    change = torch.linalg.norm(state.global_state["item_emb"] - initial_items) / torch.linalg.norm(initial_items)
+    last = run.state
+    change = torch.linalg.norm(last.global_state["item_emb"] - initial_items) / torch.linalg.norm(initial_items)
     trained = torch.zeros(method.model.num_users, dtype=torch.bool)
     for name, before in initial_private.items():  # a user was trained if any of its private rows moved
-        trained |= (state.private_state[name] != before).reshape(before.shape[0], -1).any(1).cpu()
-    return {f"valid {metric}": float(state.history[-1][f"valid/{metric}"]), f"valid {metric} at start": at_start,
+        trained |= (last.private_state[name] != before).reshape(before.shape[0], -1).any(1).cpu()
+    return {f"valid {metric}": float(run.history[-1][f"valid/{metric}"]), f"valid {metric} at start": at_start,
             "item table change": float(change), "users trained": float(trained.float().mean()),
             "seconds per round": seconds / rounds}

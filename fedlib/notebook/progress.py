@@ -13,7 +13,7 @@ class RoundProgress:
     metric. Use as a context manager so the bar closes even when training stops early::
 
         with RoundProgress(config.rounds, "FedMF") as progress:
-            state = run_federated(..., on_round_end=progress)
+            run = run_federated(..., on_round_end=progress)
     """
 
     def __init__(self, total: int, description: str = "rounds", metric: Optional[str] = None,
@@ -21,8 +21,8 @@ class RoundProgress:
         self.bar = tqdm(total=total, desc=description, leave=False)
         self.metric, self.then = metric, then
 
-    def __call__(self, state, record: dict) -> None:
-        self.bar.n = state.round_index
+    def __call__(self, run, record: dict) -> None:
+        self.bar.n = run.round_index
         postfix = {"loss": f"{record.get('train_loss', float('nan')):.4f}"}
         key = f"valid/{self.metric}" if self.metric else next((k for k in record if k.startswith("valid/")), None)
         if key and key in record:
@@ -30,7 +30,7 @@ class RoundProgress:
         self.bar.set_postfix(postfix, refresh=False)
         self.bar.refresh()
         if self.then is not None:
-            self.then(state, record)
+            self.then(run, record)
 
     def __enter__(self) -> "RoundProgress":
         return self

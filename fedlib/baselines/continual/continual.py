@@ -63,8 +63,8 @@ import torch
 
 from fedlib.data.splits import BlockStream, InteractionSplit
 from fedlib.device import default_device
-from fedlib.engine import (BatchedExecutor, FederatedConfig, FederatedMethod, RankingEvaluator, TrainState,
-                           fedmf_method, fedncf_method, init_train_state, pfedrec_method, run_federated)
+from fedlib.engine import (AveragingState, BatchedExecutor, FederatedConfig, FederatedMethod, ParameterAveraging,
+                           RankingEvaluator, RunResult, fedmf_method, fedncf_method, pfedrec_method, run_federated)
 from fedlib.engine.plan import RoundPlan
 from fedlib.metrics import paired_ttest
 from fedlib.models import FedMF, FedNCF, PFedRec
@@ -263,7 +263,7 @@ def grow_state(old: Dict[str, torch.Tensor], fresh: Dict[str, torch.Tensor]) -> 
     return out
 
 
-def initial_block_state(ctx: BlockContext, seed: int, device=None) -> TrainState:
+def initial_block_state(ctx: BlockContext, seed: int, device=None) -> AveragingState:
     """Round-0 state of block ``ctx.index``.
 
     Block 0: the backbone's initialisation (seeded by the block's config). Block ``t ≥ 1``: the
@@ -272,14 +272,13 @@ def initial_block_state(ctx: BlockContext, seed: int, device=None) -> TrainState
     """
     device = torch.device(device) if device is not None else default_device()
     if ctx.previous is None:
-        return init_train_state(ctx.base_method, ctx.config, device=device)
+        return ParameterAveraging(ctx.base_method, None, ctx.config, device=device).init(ctx.config.seed)
     dtype = getattr(torch, ctx.config.dtype)
     generator = _growth_generator(seed, ctx.index)
     fresh_global = ctx.model.init_global(generator, dtype=dtype, device=device)
     fresh_private = ctx.model.init_private(generator, dtype=dtype, device=device)
-    return TrainState(round_index=0,
-                      global_state=grow_state(ctx.previous.global_state, fresh_global),
-                      private_state=grow_state(ctx.previous.private_state, fresh_private))
+    return AveragingState(global_state=grow_state(ctx.previous.global_state, fresh_global),
+                          private_state=grow_state(ctx.previous.private_state, fresh_private))
 
 
 # ======================================================================================
@@ -390,8 +389,8 @@ def run_continual(
     accuracy_matrix: bool = True,
     ks=(20,),
     device=None,
-    on_block_start: Optional[Callable[[BlockContext, TrainState], None]] = None,
-    on_round_end: Optional[Callable[[TrainState, dict], None]] = None,
+    on_block_start: Optional[Callable[[BlockContext, AveragingState], None]] = None,
+    on_round_end: Optional[Callable[[RunResult, dict], None]] = None,
 ) -> ContinualResult:
     """Train ``method`` on ``backbone`` block after block (see the module docstring).
 
@@ -443,19 +442,19 @@ def run_continual(
             if on_block_start is not None:
                 on_block_start(ctx, state)
             evaluator = _evaluator(split, ks)
-            state = run_federated(block_method, split.train, block_config, executor=wrapped, evaluator=evaluator,
-                                  state=state, device=device, on_round_end=on_round_end)
-            best_global = state.best_global_state if state.best_global_state is not None else state.global_state
-            best_private = state.best_private_state if state.best_private_state is not None else state.private_state
+            run = run_federated(block_method, split.train, block_config, executor=wrapped, evaluator=evaluator,
+                                state=state, device=device, on_round_end=on_round_end)
+            selected = run.selected_state
             # The method's model scores: a method may wrap the backbone (RLP2's error compensation).
-            users, per_user = evaluator.per_user(block_method.model, best_global, best_private, "test")
+            users, per_user = evaluator.per_user(block_method.model, selected.global_state, selected.private_state,
+                                                 "test")
             result = BlockResult(
                 index=t, name=split.name, num_users=split.num_users, num_items=split.num_items,
-                best_round=state.best_round, rounds_run=state.round_index, stopped_early=state.stopped_early,
-                valid_metrics=dict(state.best_metrics or {}), test_metrics=dict(state.test_metrics or {}),
+                best_round=run.best_round, rounds_run=run.round_index, stopped_early=run.stopped_early,
+                valid_metrics=dict(run.best_metrics or {}), test_metrics=dict(run.test_metrics or {}),
                 test_users=np.asarray(users), test_per_user={k: v.cpu().numpy() for k, v in per_user.items()},
-                history=list(state.history), global_state=_detach_state(best_global),
-                private_state=_detach_state(best_private),
+                history=list(run.history), global_state=_detach_state(selected.global_state),
+                private_state=_detach_state(selected.private_state),
             )
 
         # A[t][s] for every s ≤ t (row t of the accuracy matrix).

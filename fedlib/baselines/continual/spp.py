@@ -607,14 +607,13 @@ class SPP(ContinualMethod):
         # Selected like the block itself: the block's validation set and selection metric.
         cutoff = int(config.selection_metric.split("@")[1])
         evaluator = RankingEvaluator(ctx.split.train, ctx.split.valid, ctx.split.test, ks=(cutoff,))
-        state = run_federated(ctx.base_method, ctx.split.train, config, evaluator=evaluator, state=state,
-                              executor=self.executor if self.executor is not None else BatchedExecutor(),
-                              device=device)
-        best_global = state.best_global_state if state.best_global_state is not None else state.global_state
-        best_private = state.best_private_state if state.best_private_state is not None else state.private_state
-        self.proxy_runs[ctx.index] = {"seconds": time.perf_counter() - started, "rounds_run": state.round_index,
-                                      "best_round": state.best_round, "valid": dict(state.best_metrics or {})}
-        return best_global, best_private
+        run = run_federated(ctx.base_method, ctx.split.train, config, evaluator=evaluator, state=state,
+                            executor=self.executor if self.executor is not None else BatchedExecutor(),
+                            device=device)
+        selected = run.selected_state
+        self.proxy_runs[ctx.index] = {"seconds": time.perf_counter() - started, "rounds_run": run.round_index,
+                                      "best_round": run.best_round, "valid": dict(run.best_metrics or {})}
+        return selected.global_state, selected.private_state
 
     def make_method(self, ctx: BlockContext) -> FederatedMethod:
         base = ctx.base_method

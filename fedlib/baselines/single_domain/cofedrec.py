@@ -112,7 +112,7 @@ SUPCON_VARIANTS = ("in", "out")
 CONTRASTIVE_ROWS = ("table", "batch")
 #: ``round_generator`` stream of the server's draws (0 = the round plan, 1 = noise keys).
 SERVER_STREAM = 0xC0FE
-#: ``TrainState.extra`` keys: the last item membership ``(I,)``, a summary of the last server step.
+#: ``AveragingState.extra`` keys: the last item membership ``(I,)``, a summary of the last server step.
 MEMBERSHIP_KEY = "cofedrec_membership"
 STATS_KEY = "cofedrec_server"
 
@@ -626,12 +626,12 @@ class CoFedRecLoss:
 
 
 class CoClusteringServer:
-    """CoFedRec's server as a ``before_round(state, t)`` hook.
+    """CoFedRec's server as a ``before_round(run, t)`` hook.
 
     Round 0: nothing. Round ``t >= 1``: the participants of round ``t − 1`` upload their
     tables; :func:`co_cluster_step` (draws from ``round_generator(seed, t, SERVER_STREAM)``)
-    gives ``M`` (sent to the loss and kept in ``state.extra[MEMBERSHIP_KEY]``) and ``V_s``
-    (written into the similar group's tables). A summary goes to ``state.extra[STATS_KEY]``.
+    gives ``M`` (sent to the loss and kept in ``run.state.extra[MEMBERSHIP_KEY]``) and ``V_s``
+    (written into the similar group's tables). A summary goes to ``run.state.extra[STATS_KEY]``.
 
     Args:
         loss: the method's :class:`CoFedRecLoss` (receives ``M``).
@@ -646,13 +646,14 @@ class CoClusteringServer:
         self.num_clusters = _check_positive_int("num_clusters", num_clusters, "item clusters K")
         self.max_iter = _check_positive_int("max_iter", max_iter, "K-Means iterations")
 
-    def __call__(self, state, round_index: int) -> None:
+    def __call__(self, run, round_index: int) -> None:
         if round_index == 0:
             self.loss.set_membership(None)
             return
         participants = guidance_participants(self.train, self.config, int(round_index) - 1)
         if participants.size == 0:
             return
+        state = run.state  # the trainer's live run: its AveragingState is changed in place
         tables = state.private_state[self.table]  # (U, I, d)
         uniforms = server_uniforms(round_generator(self.config.seed, int(round_index), SERVER_STREAM),
                                    self.num_clusters)
@@ -736,9 +737,9 @@ def cofedrec_method(model: CoFedRecModel, train: Pairs, config, lr: float = 0.05
     if extra_hook is None:
         hook = server
     else:
-        def hook(state, round_index):
-            server(state, round_index)
-            extra_hook(state, round_index)
+        def hook(run, round_index):
+            server(run, round_index)
+            extra_hook(run, round_index)
     rates = {name: (lr * model.num_items * lr_eta if kind.endswith("rows") else lr)
              for name, kind in model.param_kinds.items()}
     steps = CoFedRecModel.update_steps if two_step else None

@@ -49,7 +49,7 @@ Where the code departs from the paper, and how to get the code's behaviour:
   :class:`FedRAPCodeExecutor` takes the code's (:data:`FEDRAP_CODE_OPTIMIZER`).
 
 How the round index reaches the loss. ``FederatedMethod.client_loss(model, params, batch)``
-is not told the round, but ``before_round(state, t)`` is. :class:`FedRAPLoss` is therefore a
+is not told the round, but ``before_round(run, t)`` is. :class:`FedRAPLoss` is therefore a
 small object with a ``round_index`` that its :meth:`FedRAPLoss.before_round` hook sets;
 :func:`fedrap_method` wires the two together. Code that drives an executor directly (without
 :func:`~fedlib.engine.run_federated`) must call ``loss.set_round(t)`` itself.
@@ -241,8 +241,8 @@ class FedRAPLoss:
         curriculum_weight(round_index, self.curriculum, self.scale)  # validates
         self.round_index = int(round_index)
 
-    def before_round(self, state, round_index: int) -> None:
-        """Engine hook ``(state, t) -> None``: sets the round; the state is not touched."""
+    def before_round(self, run, round_index: int) -> None:
+        """Engine hook ``(run, t) -> None``: sets the round; the run is not touched."""
         self.set_round(round_index)
 
     def weights(self, round_index: Optional[int] = None) -> Tuple[float, float]:
@@ -268,9 +268,9 @@ def _chain(first: Callable, second: Optional[Callable]) -> Callable:
     if second is None:
         return first
 
-    def hook(state, round_index):
-        first(state, round_index)
-        second(state, round_index)
+    def hook(run, round_index):
+        first(run, round_index)
+        second(run, round_index)
     return hook
 
 

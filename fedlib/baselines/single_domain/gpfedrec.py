@@ -97,11 +97,11 @@ __all__ = [
 REG_ROWS = ("table", "batch")
 #: Label of a context example (a row added so the loss can regularise it; no BCE term).
 CONTEXT_LABEL = -1.0
-#: ``TrainState.extra`` key of the last broadcast global table ``q_g`` ``(I, d)``.
+#: ``AveragingState.extra`` key of the last broadcast global table ``q_g`` ``(I, d)``.
 BROADCAST_KEY = "gpfedrec_broadcast"
-#: ``TrainState.extra`` key of the last graph's summary (threshold, neighbours, participants).
+#: ``AveragingState.extra`` key of the last graph's summary (threshold, neighbours, participants).
 GRAPH_STATS_KEY = "gpfedrec_graph"
-#: ``TrainState.extra`` key of every round's graph summary (a list, one entry per server step).
+#: ``AveragingState.extra`` key of every round's graph summary (a list, one entry per server step).
 GRAPH_LOG_KEY = "gpfedrec_graph_log"
 
 
@@ -381,13 +381,13 @@ class GPFedRecLoss:
 
 
 class GraphGuidedServer:
-    """GPFedRec's server as a ``before_round(state, t)`` hook (see the module docstring).
+    """GPFedRec's server as a ``before_round(run, t)`` hook (see the module docstring).
 
     Round 0: records the shared initial table as the first broadcast. Round ``t >= 1``: the
     participants of round ``t − 1`` (tables that differ from the last broadcast) upload their
     tables; :func:`graph_personalise` gives ``r_u`` (written to ``target_item_emb``) and
     ``q_g`` (written into every user's ``item_emb``: the download). A summary of the graph goes
-    to ``state.extra[GRAPH_STATS_KEY]`` and is appended to ``state.extra[GRAPH_LOG_KEY]``.
+    to ``run.state.extra[GRAPH_STATS_KEY]`` and is appended to ``run.state.extra[GRAPH_LOG_KEY]``.
 
     Args:
         similarity, threshold_scale, layers, chunk_size: see :func:`graph_personalise`.
@@ -404,7 +404,8 @@ class GraphGuidedServer:
         self.similarity, self.threshold_scale, self.layers = similarity, float(threshold_scale), int(layers)
         self.chunk_size, self.table, self.target = _check_chunk(chunk_size), table, target
 
-    def __call__(self, state, round_index: int) -> None:
+    def __call__(self, run, round_index: int) -> None:
+        state = run.state  # the trainer's live run: its AveragingState is changed in place
         tables = state.private_state[self.table]  # (U, I, d)
         broadcast = state.extra.get(BROADCAST_KEY)
         if round_index == 0:
@@ -484,9 +485,9 @@ def gpfedrec_method(model: GPFedRecModel, lr: float = 0.1, lr_eta: float = 80.0,
     if extra_hook is None:
         hook = server
     else:
-        def hook(state, round_index):
-            server(state, round_index)
-            extra_hook(state, round_index)
+        def hook(run, round_index):
+            server(run, round_index)
+            extra_hook(run, round_index)
     kwargs.setdefault("name", "GPFedRec")
     return FederatedMethod(model, rates, update_steps=model.update_steps, client_loss=GPFedRecLoss(reg, reg_rows),
                            before_round=hook, **kwargs)

@@ -445,7 +445,7 @@ def run_live(config: Mapping[str, Any], profile: str, *, cache_dir: Path, descri
     incremental = max(0, int(config["num_blocks"]) - 1)
     bar = tqdm(total=incremental * int(config["rounds"]), desc=description or config["method"], unit="round")
 
-    def tick(state, round_record):
+    def tick(run, round_record):
         bar.update(1)
 
     started = time.perf_counter()

@@ -252,7 +252,7 @@ def federated_config(config: Mapping[str, Any], dtype: str = "float32") -> Feder
         prefer_later_ties=True, test_at_end=False, dtype=dtype)
 
 
-#: ``TrainState.extra`` key: the round whose loss or scores were not finite (the run stopped there)
+#: ``AveragingState.extra`` key: the round whose loss or scores were not finite (the run stopped there)
 DIVERGED_KEY = "diverged_at_round"
 
 
@@ -347,41 +347,42 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
             hooks.append(leak_trace_hook(trace, method, split.train, fed_config, sampler=sampler,
                                          every=config["trace_every"]))
         if progress is not None:
-            hooks.append(lambda state, record: progress(record))
+            hooks.append(lambda run, record: progress(record))
 
-        def on_round_end(state, record):
+        def on_round_end(run, record):
             loss = record.get("train_loss")
             if recorder.diverged or (loss is not None and not math.isfinite(loss)):
                 # A NaN/inf loss or NaN scores: the parameters are lost; stop (recorded below;
                 # kept in the state so that a checkpoint of the stopped run carries it).
-                state.extra.setdefault(DIVERGED_KEY, int(record["round"]))
-                state.stopped_early = True
+                run.state.extra.setdefault(DIVERGED_KEY, int(record["round"]))
+                run.stopped_early = True
                 return
             probe_round = config["probe_round"]
-            if probe_round is not None and state.stopped_early and state.round_index <= probe_round:
+            if probe_round is not None and run.stopped_early and run.round_index <= probe_round:
                 # A probe cell measures the guidance of its probe round (the paper's round 900):
                 # patience may not end it before then. Selection still reads every evaluation
                 # (a later best is selected); once past the probe round patience applies again.
-                state.stopped_early = False
+                run.stopped_early = False
             for hook in hooks:
-                hook(state, record)
+                hook(run, record)
 
         if checkpointer is not None:
             checkpointer.attach("selection", recorder)
-        state = run_federated(method, split.train, fed_config, executor=executor, sampler=sampler,
-                              evaluator=recorder, device=device, keep_best_state=False, on_round_end=on_round_end,
-                              checkpointer=checkpointer)
-        history = state.history
-        rounds_run = state.round_index
-        if DIVERGED_KEY in state.extra:
-            extra["diverged_at_round"] = state.extra[DIVERGED_KEY]
+        run = run_federated(method, split.train, fed_config, executor=executor, sampler=sampler,
+                            evaluator=recorder, device=device, keep_best_state=False, on_round_end=on_round_end,
+                            checkpointer=checkpointer)
+        history = run.history
+        rounds_run = run.round_index
+        server_extra = run.state.extra
+        if DIVERGED_KEY in server_extra:
+            extra["diverged_at_round"] = server_extra[DIVERGED_KEY]
         if trace is not None:
             extra["trace"] = trace.frame().to_dict(orient="list")
-        log = state.extra.get(LOG_KEY)
+        log = server_extra.get(LOG_KEY)
         if log:
             extra["guidance_log"] = log
         from fedlib.baselines.single_domain.gpfedrec import GRAPH_LOG_KEY
-        graph_log = state.extra.get(GRAPH_LOG_KEY)
+        graph_log = server_extra.get(GRAPH_LOG_KEY)
         if graph_log:  # GPFedRec: is the user graph complete, round by round?
             extra["graph_log"] = [{k: entry[k] for k in ("round", "mean_neighbours", "min_neighbours", "complete",
                                                          "similarity_rows")} for entry in graph_log]

@@ -566,7 +566,7 @@ def _check_model_training_inputs(model, global_state, private_state, global_tabl
         state, which = (global_state, "global_state") if kind.startswith("public") else (private_state, "private_state")
         if name not in state:
             raise ValueError(f"{which} misses {name!r} ({kind}) of {type(model).__name__}: pass the run's "
-                             "TrainState.global_state and TrainState.private_state")
+                             "run.state.global_state and run.state.private_state (all of the backbone's tensors)")
     tables = private_state[PERSONAL_TABLE]
     _check_tables(tables, global_table)
     num_users, num_items, dim = tables.shape

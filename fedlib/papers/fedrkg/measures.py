@@ -178,21 +178,21 @@ def guidance_probe(method, config, split, evaluator, fed_config):
         users, values = evaluator.per_user(model, state.global_state, state.private_state, "test")
         return np.asarray(users).tolist(), {k: v.cpu().numpy().tolist() for k, v in values.items()}
 
-    def hook(state, t):
+    def hook(run, t):
         if t != config["probe_round"]:
             if inner is not None:
-                inner(state, t)
+                inner(run, t)
             return
-        users, before = per_user(state)
-        tables_before = state.private_state["personal_item_emb"].clone()
+        users, before = per_user(run.state)
+        tables_before = run.state.private_state["personal_item_emb"].clone()
         if inner is not None:
-            inner(state, t)
-        _, after = per_user(state)
+            inner(run, t)
+        _, after = per_user(run.state)
         probe.update(users=users, before=before, after=after)
-        if GATE_WEIGHT_KEY in state.extra:
+        if GATE_WEIGHT_KEY in run.state.extra:
             participants = guidance_participants(split.train, fed_config, t - 1)
             p_g = global_knowledge(tables_before, participants)
-            weight, bias = state.extra[GATE_WEIGHT_KEY], state.extra[GATE_BIAS_KEY]
+            weight, bias = run.state.extra[GATE_WEIGHT_KEY], run.state.extra[GATE_BIAS_KEY]
             rows = {"logit_all": [], "value_all": [], "logit_popular": [], "value_popular": []}
             mask = torch.as_tensor(popular, device=tables_before.device)
             with torch.no_grad():

@@ -15,14 +15,14 @@ Schedule (Algorithm 1; the code's ``main.py``). The code aggregates ``P_g`` afte
 rounds ``r ∈ {T, 2T, …} (< R)`` and applies guidance at the *start* of round ``r + 1``, for
 every user, before that round's local training; the gate is trained on the examples of that
 round (its positives and freshly drawn negatives). In :func:`~fedlib.engine.run_federated`
-terms (0-based round ``t`` = rounds completed), guidance runs in ``before_round(state, t)``
+terms (0-based round ``t`` = rounds completed), guidance runs in ``before_round(run, t)``
 when ``t − 1`` is a positive multiple of ``T`` (:meth:`KnowledgeGuidance.is_guidance_round`).
 
 How it plugs into the engine (:class:`KnowledgeGuidance`). The gate ``(w_u, b_u)`` is private
 per-client state that the backbone does not score with, so it is kept out of the model and
-stored in ``TrainState.extra`` (:data:`GATE_WEIGHT_KEY`, :data:`GATE_BIAS_KEY`; saved by
+stored in ``AveragingState.extra`` (:data:`GATE_WEIGHT_KEY`, :data:`GATE_BIAS_KEY`; saved by
 checkpoints). :meth:`KnowledgeGuidance.attach` puts :meth:`~KnowledgeGuidance.before_round_hook`
-in the method's ``before_round(state, t)``, which receives neither the round plan nor the
+in the method's ``before_round(run, t)``, which receives neither the round plan nor the
 data, so the hook re-derives both: the participants of round ``t − 1``
 (:func:`fedlib.engine.plan.guidance_participants`) and the examples of round ``t``
 (:func:`guidance_examples`) are pure functions of ``(seed, round)``, hence the same as the
@@ -65,7 +65,7 @@ __all__ = [
     "client_parameter_counts",
 ]
 
-#: ``TrainState.extra`` keys: gate weights ``(U, 3d)``, biases ``(U,)``, one record per guidance.
+#: ``AveragingState.extra`` keys: gate weights ``(U, 3d)``, biases ``(U,)``, one record per guidance.
 GATE_WEIGHT_KEY = "fedrkg_gate_weight"
 GATE_BIAS_KEY = "fedrkg_gate_bias"
 LOG_KEY = "fedrkg_guidance"
@@ -305,7 +305,7 @@ class KnowledgeGuidance:
     # -- the engine hook -------------------------------------------------------------------
     def before_round_hook(self, train: Pairs, config, num_items: int, sampler: Optional[NegativeSampler] = None,
                           inner: Optional[Callable] = None, model: Optional[FederatedModel] = None) -> Callable:
-        """A ``before_round(state, t)`` hook for :class:`~fedlib.engine.FederatedMethod`.
+        """A ``before_round(run, t)`` hook for :class:`~fedlib.engine.FederatedMethod`.
 
         Args:
             train: the training pairs given to ``run_federated``.
@@ -320,11 +320,12 @@ class KnowledgeGuidance:
         """
         sampler = sampler if sampler is not None else NegativeSampler(train, num_items)
 
-        def hook(state, round_index):
+        def hook(run, round_index):
             if inner is not None:
-                inner(state, round_index)
+                inner(run, round_index)
             if not self.is_guidance_round(round_index) or self.mode == "personal_only":
                 return
+            state = run.state  # the trainer's live run: guidance changes its tables and gates in place
             participants = guidance_participants(train, config, round_index - 1)  # who uploaded after round t − 1
             examples = None
             if self.mode == "adaptive" and self.gate_epochs > 0:
