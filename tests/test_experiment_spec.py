@@ -471,3 +471,117 @@ def test_a_dataset_shown_under_the_papers_name_and_columns_that_ride_along(tmp_p
         compare(spec, ours, "t", keys, "quick")  # the table shows the paper's names, not ours
     with pytest.raises(SpecError, match=r"shown\.toml: \[tables\.t\] key 'columns\.dataset': '@dataset\.name'"):
         load_spec(write(tmp_path, SHOWN.replace("@dataset.paper", "@dataset.name"), "shown.toml"))
+
+
+SIZES = """
+paper = "toy4"
+version = 1
+
+[options]
+datasets = ["A"]
+
+[lists]
+rows = [
+    { method = "M", dim = 256, columns = { note = "M at n={cell[dim]}, the paper's size" } },
+    { method = "M", dim = 64, columns = { note = "M at n={cell[dim]}, the small size" } },
+    { method = "B" },
+]
+
+[choices.dataset]
+A = { domains = ["a1", "a2"] }
+Z = { domains = ["z1"] }
+
+[choices.method]
+M = { dim = 256 }
+B = { dim = 64 }
+
+[cell]
+dataset = "@dataset"
+method = "@method"
+dim = "@method.dim"
+
+[tables.t]
+keys = ["dataset", "method", "dim", "metric"]
+metrics = { pattern = "{metric}" }
+columns = { dim = "{cell[dim]}", note = "{method}" }
+repeat_paper = { dim = { by = ["method"], mark = "repeats_paper_value" } }
+rows = [{ dataset = "$datasets", cases = "@rows" }]
+
+[tables.ours]
+keys = ["dataset", "domain", "method", "dim", "metric"]
+metrics = { pattern = "{domain}/{metric}", metric = { hr = "HR", mrr = "MRR" } }
+columns = { dim = "{cell[dim]}" }
+skeleton = { domain = "@dataset.domains" }
+rows = [{ dataset = ["A", "Z"], method = "M" }]
+"""
+
+
+def _sizes_builder(spec, **overrides):
+    def cell(dataset, method, **settings):
+        return spec.config({"dataset": dataset, "method": method}, {**settings, **overrides})
+    return cell
+
+
+def test_paper_rows_repeat_per_our_sizes_marked_and_columns_read_the_cell(tmp_path, monkeypatch):
+    """FedCSR's case: the paper's one row per method beside every size we run that method at; a
+    profile's size replaces the block's (the two FedCSR cells become one row group, the later one's note)."""
+    import pandas as pd
+
+    import fedlib.reporting as reporting
+    from fedlib.experiments.spec import build_table
+
+    spec = load_spec(write(tmp_path, SIZES, "sizes.toml"))
+    paper = pd.DataFrame({"table": ["t", "t", "t"], "paper": ["toy4"] * 3, "dataset": ["A", "A", "Q"],
+                          "method": ["M", "B", "M"], "metric": ["HR"] * 3, "value": [40.0, 30.0, 20.0],
+                          "unit": ["percent"] * 3, "confidence": ["high"] * 3})
+    monkeypatch.setattr(reporting, "load_paper_table", lambda paper_id, table_id: paper.copy())
+    rows = spec.table_rows("t", _sizes_builder(spec), {})
+    assert [(k["method"], k["dim"], k["note"]) for k, _ in rows] == [
+        ("M", "256", "M at n=256, the paper's size"), ("M", "64", "M at n=64, the small size"), ("B", "64", "B")]
+
+    table = build_table(spec, "t", [], "quick", builder=_sizes_builder(spec))
+    got = [(r.dataset, r.method, r.dim, r.repeats_paper_value, r.value_paper) for r in table.itertuples()]
+    # the third paper row (dataset Q) shares its method with our rows: repeated as well
+    assert got == [("A", "M", "256", "False", 40.0), ("A", "M", "64", "True", 40.0), ("A", "B", "64", "False", 30.0),
+                   ("Q", "M", "256", "False", 20.0), ("Q", "M", "64", "True", 20.0)]
+
+    smoke = build_table(spec, "t", [], "quick", builder=_sizes_builder(spec, dim=8))
+    assert [(r.method, r.dim, r.repeats_paper_value) for r in smoke.itertuples()] == [
+        ("M", "8", "False"), ("B", "8", "False"), ("M", "8", "False")]
+    from fedlib.experiments.spec import unique_row_groups
+    groups = unique_row_groups(spec.table_rows("t", _sizes_builder(spec, dim=8), {}))
+    assert [(k["method"], k["note"]) for k, _ in groups] == [("M", "M at n=8, the small size"), ("B", "B")]
+
+
+def test_a_table_of_ours_only_expects_its_row_groups_times_the_metric_fields(tmp_path):
+    from fedlib.experiments.spec import build_table
+
+    spec = load_spec(write(tmp_path, SIZES, "sizes.toml"))
+    table = build_table(spec, "ours", [], "quick", builder=_sizes_builder(spec))
+    assert [(r.dataset, r.domain, r.metric) for r in table.itertuples()] == [
+        ("A", "a1", "HR"), ("A", "a1", "MRR"), ("A", "a2", "HR"), ("A", "a2", "MRR"), ("Z", "z1", "HR"), ("Z", "z1", "MRR")]
+    assert table["value_paper"].isna().all() and (table["unit"] == "percent").all() and (table["dim"] == "256").all()
+    assert (table["note"].str.len() > 0).all()  # every missing row says why
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('repeat_paper = { dim = { by = ["method"], mark = "repeats_paper_value" } }',
+     'repeat_paper = { dim = { by = "method" } }', r"sizes\.toml: \[tables\.t\] key 'repeat_paper\.dim': a repeat per"),
+    ('repeat_paper = { dim = { by = ["method"], mark = "repeats_paper_value" } }',
+     'repeat_paper = { dim = { by = ["backbone"] } }', r"sizes\.toml: \[tables\.t\] key 'repeat_paper\.dim': 'backbone' is"),
+    ('repeat_paper = { dim = { by = ["method"], mark = "repeats_paper_value" } }',
+     'repeat_paper = { dim = { by = ["method"], marks = "x" } }', r"sizes\.toml: \[tables\.t\] key 'repeat_paper\.dim'"),
+    ('skeleton = { domain = "@dataset.domains" }', 'skeleton = { domains = "@dataset.domains" }',
+     r"sizes\.toml: \[tables\.ours\] key 'skeleton\.domains': not a field"),
+    ('skeleton = { domain = "@dataset.domains" }', 'skeleton = { unit = "percent" }',
+     r"sizes\.toml: \[tables\.ours\] key 'skeleton': the metric field 'domain' has no values"),
+    ('skeleton = { domain = "@dataset.domains" }', 'skeleton = { domain = "@dataset.names" }',
+     r"sizes\.toml: \[tables\.ours\] key 'skeleton\.domain': '@dataset\.names': choices"),
+    ('rows = [{ dataset = "$datasets", cases = "@rows" }]', 'rows = [{ dataset = "A", cases = "@rows" }]\n'
+     '[parts]\np.blocks = [{ dataset = "A", cases = "@rows" }]',
+     r"sizes\.toml: \[parts\.p\] key 'cases': only the cases of a table's row blocks name columns"),
+])
+def test_malformed_repeats_skeletons_and_case_columns_are_named(tmp_path, old, new, message):
+    assert old in SIZES, old
+    with pytest.raises(SpecError, match=message):
+        load_spec(write(tmp_path, SIZES.replace(old, new, 1), "sizes.toml"))

@@ -32,7 +32,9 @@ The file, section by section:
   is an axis of one-at-a-time sweeps, each entry ``{param, values, times?, label?, ...}``
   giving ``params = {param: value × times}`` plus its other keys; ``cases = [{...}, ...]`` (or
   an ``"@list"`` of inline tables) is an axis whose values are sets of keywords, for settings
-  that vary together (``{ method = "FedRKG", guidance = "fixed" }``, ``{ method = "FedRAP" }``);
+  that vary together (``{ method = "FedRKG", guidance = "fixed" }``, ``{ method = "FedRAP" }``; in a
+  table's rows a case may carry its own ``columns`` over its block's: write such cases as an
+  ``"@list"``, so that their column references are resolved per row);
   ``part = "<other>"`` makes the block another part's cells.
 * ``[report]``: ``available``, the datasets that can be run offline (a row of another
   dataset without our value is noted "needs download", see :func:`compare`).
@@ -50,6 +52,21 @@ The file, section by section:
   ``unmatched_in_paper_unit = true`` (our rows without a paper value shown in the paper's percent).
   ``like = "<other table>"`` takes the other table's layout, its own keys replacing the other's
   (a paper table that is a subset of another: same rows, another paper table).
+
+  Three more table options, for paper tables whose rows differ by a setting of ours:
+
+  * a column format may read the row's cell config: ``dim = "{cell[dim]}"`` is the size the cell
+    was built with (a profile's keywords may override the block's ``dim``); two row groups that
+    build the same cell are one row group, with the later one's columns (its note);
+  * ``repeat_paper = { dim = { by = ["method"], mark = "repeats_paper_value" } }``: each paper row
+    once per distinct value of ``dim`` among the table's row groups that share its ``by`` columns
+    (in row order; a paper row no row group shares them with is kept once, ``dim`` empty), the
+    copies after the first with ``mark`` true, so that a status counts the paper cell once
+    (FedCSR at n = 256 and 64 beside the paper's one FedCSR row, each baseline at its own size);
+  * ``skeleton = { domain = "@dataset.domains", unit = "percent" }``: a table of ours only (no
+    ``paper_tables`` file): its expected rows are the row groups × the values of the metric
+    pattern's fields (a field's list in ``metrics``, else the reference here, resolved with the
+    row's choices), each in ``unit`` (default percent), with an empty paper value.
 """
 from __future__ import annotations
 
@@ -63,14 +80,17 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import pandas as pd
 
-__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "compare", "build_table"]
+__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "compare", "build_table",
+           "unique_row_groups", "repeat_per_rows", "skeleton"]
 
 #: The papers' folders; paper ``<slug>`` keeps its specification in ``<slug>/spec.toml`` (read as a file, not imported).
 PAPERS_DIR = Path(__file__).resolve().parents[1] / "papers"
 SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
 BLOCK_DIRECTIVES = {"only", "sweep", "part", "cases", "columns"}
 TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish", "repeat_paper",
-              "unmatched_in_paper_unit"}
+              "unmatched_in_paper_unit", "skeleton"}
+#: The keys of a ``repeat_paper`` entry that repeats the paper rows per value of our row groups.
+REPEAT_BY_ROWS = {"by", "mark"}
 #: Where a table row block's own ``columns`` travel with its keywords (never handed to the builder).
 ROW_COLUMNS = "__columns"
 #: ``{ none = "<type>" }`` in ``[cell]``: a ``None`` default; a given value is cast with this type.
@@ -207,7 +227,7 @@ class Spec:
                     axes.append(list(self._sweep_values(value)))
                     continue
                 if key == "cases":
-                    axes.append([dict(case) for case in self.resolve(value, {}, options)])
+                    axes.append([_case_columns(case) for case in self.resolve(value, {}, options)])
                     continue
                 if key == "columns":
                     axes.append([{ROW_COLUMNS: value}])
@@ -223,7 +243,10 @@ class Spec:
             for combination in itertools.product(*axes):
                 keywords: Dict[str, Any] = {}
                 for part in combination:
+                    columns = {**keywords.get(ROW_COLUMNS, {}), **part.get(ROW_COLUMNS, {})}
                     keywords.update(part)
+                    if columns:  # a case's own columns override its block's
+                        keywords[ROW_COLUMNS] = columns
                 yield self._finish_sweep(keywords)
 
     def _sweep_values(self, entries: Sequence[Mapping[str, Any]]) -> Iterator[Dict[str, Any]]:
@@ -290,8 +313,9 @@ class Spec:
         names = [k for k in layout["keys"] if k not in _pattern_fields(layout["metrics"]["pattern"])]
         pairs = []
         for keywords, config in self._build(layout["rows"], builder, options, f"tables.{table_id}", fixed):
-            columns = {k: (self.resolve(v, keywords) if v[:1] == "@" else v.format(**keywords)) if isinstance(v, str)
-                       else v for k, v in {**layout.get("columns", {}), **keywords.get(ROW_COLUMNS, {})}.items()}
+            columns = {k: (self.resolve(v, keywords) if v[:1] == "@" else v.format(**keywords, cell=config))
+                       if isinstance(v, str) else v
+                       for k, v in {**layout.get("columns", {}), **keywords.get(ROW_COLUMNS, {})}.items()}
             row = {k: columns[k] if k in columns else keywords[k] for k in names}
             # a column that is not a key rides along (a row's note, or a value the paper's derive hook reads)
             pairs.append(({**row, **{k: v for k, v in columns.items() if k not in layout["keys"]}}, config))
@@ -319,6 +343,12 @@ class Spec:
             return out
 
         return cells
+
+
+def _case_columns(case: Mapping[str, Any]) -> Dict[str, Any]:
+    """A case's keywords, its own ``columns`` (a table row's) set apart as :data:`ROW_COLUMNS`."""
+    out = {k: v for k, v in case.items() if k != "columns"}
+    return {**out, ROW_COLUMNS: case["columns"]} if "columns" in case else out
 
 
 def _is_choice(value: Any) -> bool:
@@ -451,6 +481,8 @@ def _check(spec: Spec) -> None:
                         raise _fail(path, where, "key 'cases': an array of inline tables of keywords (or an "
                                                  f"'@list' of them), got {value!r}")
                     check_reference(value, where, "cases")
+                    if not rows and any("columns" in case for case in cases):
+                        raise _fail(path, where, "key 'cases': only the cases of a table's row blocks name columns")
                 elif key == "columns" and not rows:
                     raise _fail(path, where, "key 'columns': only the row blocks of a table name key columns")
                 elif key != "part":
@@ -474,6 +506,26 @@ def _check(spec: Spec) -> None:
         check_blocks(layout["rows"], where, rows=True)
         for key, value in layout.get("repeat_paper", {}).items():
             check_reference(value, where, f"repeat_paper.{key}")
+            if isinstance(value, dict):
+                by = value.get("by")
+                if set(value) - REPEAT_BY_ROWS or not isinstance(by, list) or not isinstance(value.get("mark", ""), str):
+                    raise _fail(path, where, f"key 'repeat_paper.{key}': a repeat per our rows is written "
+                                             "{ by = [<key columns>], mark = \"<column>\" }, got " + repr(value))
+                stray = [k for k in [key, *by] if k not in layout["keys"]]
+                if stray:
+                    raise _fail(path, where, f"key 'repeat_paper.{key}': {stray[0]!r} is not one of keys "
+                                             f"{layout['keys']}")
+        if "skeleton" in layout:
+            fields = _pattern_fields(layout["metrics"]["pattern"])
+            stray = [k for k in layout["skeleton"] if k not in [*fields, "unit"]]
+            if stray:
+                raise _fail(path, where, f"key 'skeleton.{stray[0]}': not a field of the metric pattern "
+                                         f"{fields} (nor 'unit')")
+            bare = [f for f in fields if f not in layout["skeleton"] and not isinstance(layout["metrics"].get(f), (list, dict))]
+            if bare:
+                raise _fail(path, where, f"key 'skeleton': the metric field {bare[0]!r} has no values (give them "
+                                         f"in metrics.{bare[0]} or skeleton.{bare[0]})")
+            check_reference(layout["skeleton"], where, "skeleton")
         for key, value in layout.get("columns", {}).items():
             check_reference(value, where, f"columns.{key}")
 
@@ -521,7 +573,7 @@ def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note
 
 def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, *,
             repeat_paper: Mapping[str, Sequence[Any]] = {}, unmatched_in_paper_unit: bool = False,
-            **kwargs) -> pd.DataFrame:
+            paper: Optional[pd.DataFrame] = None, **kwargs) -> pd.DataFrame:
     """:func:`~fedlib.reporting.compare_with_paper` of ``ours`` against ``paper_tables/<paper>/<table_id>``.
 
     An empty ``ours`` is fine; a dataset unknown to ``[choices.dataset]`` is a bug of the
@@ -535,6 +587,8 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
     order, so that every variant is compared with the same paper value. ``unmatched_in_paper_unit``:
     when every paper row is in percent, our rows without a paper value are converted from
     fractions to percent too (else they would stay in fractions beside percent rows).
+    ``paper``: the paper rows to compare with, instead of the ``paper_tables`` file (a skeleton of
+    expected rows, :func:`skeleton`, or the file's rows repeated per our rows, :func:`repeat_per_rows`).
     """
     from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, compare_with_paper, load_paper_table
 
@@ -554,7 +608,7 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
 
     kwargs.setdefault("unmatched", "keep")
     kwargs.setdefault("missing_note", missing_note)  # a paper's own rule replaces this one
-    paper = load_paper_table(spec.paper, table_id)
+    paper = load_paper_table(spec.paper, table_id) if paper is None else paper
     for key, values in repeat_paper.items():
         paper = pd.concat([paper.assign(**{key: value}) for value in values], ignore_index=True)
     out = compare_with_paper(ours, paper, list(keys), profile=profile, **kwargs)
@@ -564,6 +618,51 @@ def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], 
             out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
         out.loc[unmatched, "unit"] = "percent"
     return out
+
+
+def unique_row_groups(pairs: Sequence[Tuple[Mapping[str, Any], Mapping[str, Any]]]) -> List[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """``pairs`` with one pair per cell: a later pair of the same config replaces an earlier one in its
+    place (as :func:`~fedlib.reporting.results.cell_index` keys the cell's runs by the later pair)."""
+    from fedlib.reporting.results import config_hash
+
+    out: Dict[str, Tuple[Any, Dict[str, Any]]] = {}
+    for keys, config in pairs:
+        out[config_hash(config)] = (keys, dict(config))
+    return list(out.values())
+
+
+def repeat_per_rows(paper: pd.DataFrame, key: str, by: Sequence[str], mark: str,
+                    rows: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """``paper``'s rows, each once per distinct ``rows[i][key]`` among the ``rows`` whose ``by`` columns
+    equal the paper row's (in order; none: once, ``key`` empty); copies after the first have ``mark`` true."""
+    values: Dict[tuple, List[Any]] = {}
+    for row in rows:
+        found = values.setdefault(tuple(str(row[k]) for k in by), [])
+        if row[key] not in found:
+            found.append(row[key])
+    out = [{**r, key: value, **({mark: i > 0} if mark else {})}
+           for r in paper.to_dict("records")
+           for i, value in enumerate(values.get(tuple(str(r[k]) for k in by), [""]))]
+    return pd.DataFrame(out, columns=list(dict.fromkeys([*paper.columns, key, *([mark] if mark else [])])))
+
+
+def skeleton(spec: Spec, table_id: str, rows: Sequence[Mapping[str, Any]], keywords: Sequence[Mapping[str, Any]]
+             ) -> pd.DataFrame:
+    """The expected rows of a table of ours only (``skeleton`` in its layout): each row group (key
+    columns ``rows[i]``, built from ``keywords[i]``) × the metric fields' values, empty paper values."""
+    layout = spec.table(table_id)
+    fields = _pattern_fields(layout["metrics"]["pattern"])
+    given = layout["skeleton"]
+    out = []
+    for row, chosen in zip(rows, keywords):
+        shown = {f: list(dict.fromkeys(v.values() if isinstance(v, dict) else v))
+                 for f, v in layout["metrics"].items() if f != "pattern"}  # a mapping's shown values
+        axes = [shown[f] if f not in given else spec.resolve(given[f], chosen) for f in fields]
+        for values in itertools.product(*axes):
+            cell = {**row, **dict(zip(fields, values))}
+            out.append({**{k: cell.get(k, "") for k in layout["keys"]}, "table": table_id, "value": float("nan"),
+                        "unit": given.get("unit", "percent"), "confidence": ""})
+    return pd.DataFrame(out, columns=[*layout["keys"], "table", "value", "unit", "confidence"])
 
 
 def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Callable[..., Dict[str, Any]],
@@ -592,8 +691,20 @@ def build_table(spec: Spec, table_id: str, records, profile: str, *, builder: Ca
     if "derive" in layout:
         ours = hooks[layout["derive"]](ours, context)
     repeat = {key: spec.resolve(values, {}, {**spec._default_options(), **options})
-              for key, values in layout.get("repeat_paper", {}).items()}
+              for key, values in layout.get("repeat_paper", {}).items() if not isinstance(values, dict)}
+    paper = None
+    if "skeleton" in layout or len(repeat) < len(layout.get("repeat_paper", {})):
+        from fedlib.reporting import load_paper_table
+
+        # the keywords each row group was built from (a skeleton resolves "@dataset.domains" with them)
+        keywords = [kw for kw, _ in spec._build(layout["rows"], builder, options, f"tables.{table_id}", cell_kwargs)]
+        groups = unique_row_groups([((kw, keys), config) for kw, (keys, config) in zip(keywords, pairs)])
+        paper = (skeleton(spec, table_id, [k for (_, k), _ in groups], [kw for (kw, _), _ in groups])
+                 if "skeleton" in layout else load_paper_table(spec.paper, table_id))
+        for key, value in layout.get("repeat_paper", {}).items():
+            if isinstance(value, dict):
+                paper = repeat_per_rows(paper, key, value["by"], value.get("mark", ""), [k for (_, k), _ in groups])
     table = compare(spec, ours, table_id, list(layout["keys"]), profile, repeat_paper=repeat,
-                    unmatched_in_paper_unit=layout.get("unmatched_in_paper_unit", False),
+                    unmatched_in_paper_unit=layout.get("unmatched_in_paper_unit", False), paper=paper,
                     **({"missing_note": missing_note} if missing_note is not None else {}))
     return hooks[layout["finish"]](table, context) if "finish" in layout else table
