@@ -8,19 +8,20 @@ the best mean validation MRR (``"<domain>/test/<M>"``, fractions in ``runs.jsonl
 prints percent, so ``value_ours``, ``std_ours`` and ``delta`` are in percent (``delta`` in
 percentage points), and rows of ours without a paper cell are shown in percent too.
 
-Every row of ours says in its note which split it was trained on (:data:`SUBSTITUTE_NOTES`: the
-C2DSR training files are not available offline) and at which size n (the paper's 256, or the
-baselines' 64). Tables 2, 6–8 and App. A.5 carry a key column ``dim`` so that FedCSR at both
-sizes sits next to the paper's one value (the n = 64 copy has ``repeats_paper_value`` true, so
-the README status counts the paper cell once). A ``dim`` in the profile's keywords
-(``cell_kwargs``, or a method's ``method_kwargs``) replaces the grid's sizes: every row of that
-method is then read at that one size (smoke and quick cells). Entertainment-Education (Table 8)
-has no sequence files: its rows keep the paper value and a "needs download" note.
+The layouts of Tables 2–8, the full ranking and Figures 2 and 6 are data (``[tables]`` of
+``spec.toml``: rows, labels, sizes and notes), built by :func:`fedlib.experiments.spec.build_table`
+(:func:`paper_table`); Tables 2, 6–8 carry a key column ``dim`` so that FedCSR at both sizes sits
+next to the paper's one value (the n = 64 copy has ``repeats_paper_value`` true, so the README
+status counts the paper cell once). A ``dim`` in the profile's keywords (``cell_kwargs``, or a
+method's ``method_kwargs``) replaces the spec's sizes: every row of that method is then read at
+that one size (smoke and quick cells). This module holds the rest: every row's split note
+(:data:`SUBSTITUTE_NOTES`: the C2DSR training files are not available offline), the
+needs-download rule (Entertainment-Education, Table 8, has no sequence files), and the tables
+whose rows are computed (Table 1's statistics, Table 9's platforms, App. A.5's volumes, the audit).
 
 :func:`all_tables` keys the tables by their ``paper_tables`` file stem; ``full_ranking``,
-``figure2``, ``figure6`` and ``audit`` are tables of ours only (no paper numbers), each
-described at its function. The figures are drawn from these frames in
-:mod:`fedlib.papers.fedcsr.figures`.
+``figure2``, ``figure6`` and ``audit`` are tables of ours only (no paper numbers). The figures
+are drawn from these frames in :mod:`fedlib.papers.fedcsr.figures`.
 """
 from __future__ import annotations
 
@@ -31,42 +32,32 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
-from fedlib.data.protocols.fedcsr import DATASETS as PROTOCOL_DATASETS
 from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
 from fedlib.experiments import grid
-from fedlib.experiments.spec import DERIVED
-from fedlib.papers.fedcsr.experiment import (ALPHAS, BASELINES, DATASETS, FEDPROX_MU, PAPER, SMALL_DIM, SPEC, cell,
-                                             load_split, method_cell)
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, compare_with_paper, load_paper_table
+from fedlib.experiments.spec import DERIVED, build_table, compare, repeat_per_rows
+from fedlib.papers.fedcsr.experiment import DATASETS, PAPER, SMALL_DIM, SPEC, cell, load_split, method_cell
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, load_paper_table
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
-__all__ = ["PAPER_LABELS", "ABLATION_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES",
+__all__ = ["PAPER_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES", "paper_table",
            "statistics_records", "table1", "main_table", "ablation_table", "table5", "table9", "appendix_a5",
            "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table", "audit_table",
            "all_tables", "write_tables", "with_flags"]
 
 AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
-HIDDEN_FACTORS = tuple(SPEC.list("hidden_factors"))
 MAIN_DIM = SPEC.choice("method", "FedCSR")["dim"]
-
-METRICS = ("MRR", "NDCG@5", "NDCG@10", "HR@1", "HR@5", "HR@10")
+METRICS = tuple(SPEC.table("table6_food_kitchen_full")["metrics"]["metric"])
 """Every score a run records per domain (Tables 6–8)."""
-SCORES = ("MRR", "HR@10", "NDCG@10")
+SCORES = tuple(SPEC.table("table3_ablation_food_kitchen")["metrics"]["metric"])
 """The scores of Tables 3–5, 9 and Figures 2, 6."""
-
-PAPER_LABELS = {"TiSASRec": "FedTiSASRec", "CLSR": "FedCLSR", "CoNet": "FedCoNet", "CCDR": "FedCCDR",
-                "PiNet": "FedPi-Net", "PSJNet": "FedPSJNet", "MIFN": "FedMIFN", "C2DSR": "FedC2DSR",
-                "FedCSR": "FedCSR"}
+PAPER_LABELS = {m: c["paper"] for m, c in SPEC.choices("method").items() if m in (*SPEC.list("baselines"), "FedCSR")}
 """Our method -> the paper's row label in Tables 2, 6–8 (every baseline federated with FedProx)."""
-
-ABLATION_LABELS = {"w/o SCL & MCL": ("w/o SCL & MCL", "SCL=no, MCL=no"),
-                   "w/o MCL": ("SCL only (w/o MCL)", "SCL=yes, MCL=no"),
-                   "w/o SCL": ("MCL only (w/o SCL)", "SCL=no, MCL=yes"),
-                   "FedCSR": ("FedCSR (SCL + MCL)", "SCL=yes, MCL=yes")}
-"""Our FedCSR variant -> (the paper's method, setting) in Tables 3–4 ("MCL only" is ours only)."""
-
-FIGURE2_VARIANTS = ("FedCSR", "w/o unified", "w/o single")
+FIGURE2_VARIANTS = tuple(SPEC.table("figure2")["rows"][0]["variant"])
 FIGURE3_VARIANTS = ("w/o SCL & MCL", "w/o MCL", "FedCSR")
+FULL_RANKING_PROTOCOL = SPEC.table("full_ranking")["columns"]["protocol"]
+"""The ``protocol`` of every row of :func:`full_ranking_table`."""
+NO_FULL_RANKING_NOTE = ("the recorded run of this cell has no full-ranking metrics ('full/<domain>/test/<M>'): it "
+                        "was recorded before every run ranked against the whole domain; re-run the cell to fill it")
 
 _SPLIT = ("the C2DSR training file is absent, so the users of the valid and test files were pooled and "
           "split 80/10/10 into train/valid/test users (seeded; training users give their whole sequence)")
@@ -89,15 +80,12 @@ MB = 1024 ** 2
 """Bytes per MB (binary, as the paper's 24.41 MB = 10^5·32·8 B)."""
 HYPOTHETICAL = "hypothetical"
 
-
 # ======================================================================================
 # Matching runs to cells
 # ======================================================================================
 def _domains(dataset: str) -> tuple:
     """The domain names of ``dataset`` as they appear in the metric names (``"Food"``, ``"A"``)."""
-    if dataset in DATASETS:
-        return tuple(PROTOCOL_DATASETS[DATASETS[dataset]]["domains"])
-    return ("A", "B")
+    return tuple(SPEC.choice("dataset", dataset)["domains"])
 
 
 def _pick(datasets: Sequence[str], preferred: str) -> str:
@@ -126,14 +114,6 @@ def _fedcsr_dims(cell_kwargs: Mapping, method_kwargs: Mapping) -> List[int]:
 
 def _size(dim: int) -> str:
     return f"n={dim}" + (" (the paper's size)" if dim == MAIN_DIM else " (paper: 256)")
-
-
-def _with_dims(paper: pd.DataFrame, dims_of) -> pd.DataFrame:
-    """The paper rows once per size in ``dims_of(row)`` (key ``dim``); copies after the first
-    have ``repeats_paper_value`` true (the README status counts the paper cell once)."""
-    rows = [{**r.to_dict(), "dim": dim, "repeats_paper_value": i > 0}
-            for _, r in paper.iterrows() for i, dim in enumerate(dims_of(r))]
-    return pd.DataFrame(rows, columns=[*paper.columns, "dim", "repeats_paper_value"])
 
 
 def _score_cells(metrics: Sequence[str] = METRICS, **fixed):
@@ -184,29 +164,10 @@ def _missing_note(row: pd.Series) -> str:
     return "not run at this profile"
 
 
-def _percent_rows_of_ours(out: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ours without a paper cell, still in fractions, shown in percent like the paper's."""
-    unmatched = out["value_paper"].isna() & out["value_ours"].notna() & (out["unit"] == "fraction")
-    for column in ("value_ours", "std_ours"):
-        out.loc[unmatched, column] = out.loc[unmatched, column].astype(float) * 100.0
-    out.loc[unmatched, "unit"] = "percent"
-    return out
-
-
-def _compare(ours: pd.DataFrame, paper: pd.DataFrame, keys: Sequence[str], profile: str) -> pd.DataFrame:
-    if ours.empty:
-        ours = pd.DataFrame(columns=[*keys, "value"])
-    out = compare_with_paper(ours, paper, list(keys), profile=profile, missing_note=_missing_note, unmatched="keep")
-    return _percent_rows_of_ours(out)
-
-
-def _ours_table(ours: pd.DataFrame, table_id: str, cells: Sequence[Mapping[str, Any]], keys: Sequence[str],
-                profile: str) -> pd.DataFrame:
-    """A table of ours only: ``cells`` (key dicts, optional ``"unit"``, default percent) are the
-    expected rows, without paper values; rows of ``ours`` outside them are kept too."""
-    skeleton = pd.DataFrame([{**{k: c.get(k, "") for k in keys}, "table": table_id, "value": math.nan,
-                              "unit": c.get("unit", "percent"), "confidence": ""} for c in cells])
-    return _compare(ours, skeleton, keys, profile)
+def _compare(ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, paper=None) -> pd.DataFrame:
+    """:func:`fedlib.experiments.spec.compare` with FedCSR's missing-note rule, ours in the paper's percent."""
+    return compare(SPEC, ours, table_id, keys, profile, paper=paper, unmatched_in_paper_unit=True,
+                   missing_note=_missing_note)
 
 
 def _derived(keys: Mapping[str, Any], value: float, std: float, sources: Sequence[Mapping[str, Any]], note: str,
@@ -219,6 +180,114 @@ def _derived(keys: Mapping[str, Any], value: float, std: float, sources: Sequenc
     return {**keys, "value": float(value), "std": float(std), "run_ids": run_ids,
             "n_seeds": len(run_ids.split(RUN_ID_SEPARATOR)) if run_ids else 0, "run_metric": "", "ours_unit": unit,
             "commit": joined("commit"), "device": joined("device"), "note": f"{DERIVED}: {note}"}
+
+
+# ======================================================================================
+# The tables laid out in spec.toml
+# ======================================================================================
+def _builder(cell_kwargs: Mapping, method_kwargs: Mapping):
+    """The cell builder of the table rows: the profile's keywords (then a method's own) over the spec's."""
+    def row_cell(dataset: str, method: str = "FedCSR", **settings):
+        return cell(dataset, method, **{**settings, **cell_kwargs, **method_kwargs.get(method, {})})
+    return row_cell
+
+
+def _full_ranking_notes(ours: pd.DataFrame, context) -> pd.DataFrame:
+    if len(ours):
+        ours["note"] = [f"{FULL_RANKING_PROTOCOL}: the ground truth against every item of its domain; {n}"
+                        for n in ours["note"]]
+    return _with_notes(ours, context.records)
+
+
+HOOKS = {"split_notes": lambda ours, context: _with_notes(ours, context.records),
+         "full_ranking_notes": _full_ranking_notes}
+
+
+def paper_table(table_id: str, records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
+                datasets: Sequence[str] = tuple(DATASETS), scenario: Optional[str] = None,
+                missing_note=_missing_note) -> pd.DataFrame:
+    """A table laid out in ``spec.toml``: ``datasets`` are the scenarios shown (``$datasets``),
+    ``scenario`` the one of Tables 3, 5 and Figure 6 (``$scenario``; default Food-Kitchen, or the
+    smoke task when only it is asked for)."""
+    options = {"datasets": [d for d in datasets if d in DATASETS or d == "synthetic"],
+               "scenario": [scenario or _pick(datasets, "Food-Kitchen")]}
+    return build_table(SPEC, table_id, records, profile, builder=_builder(cell_kwargs, method_kwargs), hooks=HOOKS,
+                       options=options, missing_note=missing_note)
+
+
+def main_table(table_id: str, records, profile: str, datasets: Sequence[str] = tuple(DATASETS),
+               cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Tables 2, 6, 7, 8: every method's scores in percent (seed means).
+
+    Keys ``dataset, domain, method, dim, metric``; ``dim`` is our embedding size (FedCSR at 256
+    and 64, baselines at 64, labelled as the paper does: :data:`PAPER_LABELS`). Table 2 holds
+    MRR, NDCG@5, HR@5 on both scenarios, Tables 6-8 all six scores of one scenario; Table 8's
+    Entertainment-Education is not available offline (every row "needs download"). The smoke
+    task's rows (``dataset = "synthetic"``) are ours only.
+    """
+    return paper_table(table_id, records, profile, cell_kwargs, method_kwargs, datasets=datasets)
+
+
+def full_ranking_table(records, profile: str, datasets: Sequence[str] = tuple(DATASETS), cell_kwargs: Mapping = {},
+                       method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """Full ranking (ours only, table id ``full_ranking``): the methods and sizes of Tables 2, 6, 7.
+
+    Each run scores its selected model (best mean validation MRR) once more on the test rows,
+    ranking the ground truth against **every item of its domain** (~29k Food / ~35k Kitchen
+    items on Food-Kitchen; the user's own items are not removed, ties count for the ground
+    truth), and records ``"full/<domain>/test/<M>"`` (:func:`fedlib.papers.fedcsr.experiment.run_cell`).
+    This table reads those values for every metric of :data:`METRICS` (percent, seed means):
+    keys ``dataset, domain, method, dim, metric, protocol``, ``protocol`` =
+    :data:`FULL_RANKING_PROTOCOL` and an empty ``value_paper`` on every row. The paper (and
+    Tables 2, 6, 7) use the sampled protocol: the two scales are not comparable, the full
+    ranking is the harder one. A table of its own rather than rows in Tables 6–7, because the
+    results check matches every row of those files to the paper cell with the same dataset,
+    domain, method and metric, and a full-ranking row must not claim a paper value.
+    A cell whose runs predate the full ranking says so (:data:`NO_FULL_RANKING_NOTE`).
+    """
+    options = {"datasets": [d for d in datasets if d in DATASETS or d == "synthetic"]}
+    without_full = set()          # (dataset, method, dim) of cells whose runs predate the full ranking
+    for keys, config in SPEC.table_rows("full_ranking", _builder(cell_kwargs, method_kwargs), options):
+        runs = runs_of_config(records, config)
+        if runs and not any(name.startswith("full/") for run in runs for name in run.metrics):
+            without_full.add((keys["dataset"], keys["method"], keys["dim"]))
+
+    def missing_note(row: pd.Series) -> str:
+        if (row["dataset"], row["method"], row["dim"]) in without_full:
+            return NO_FULL_RANKING_NOTE
+        return _missing_note(row)
+
+    return paper_table("full_ranking", records, profile, cell_kwargs, method_kwargs, datasets=datasets,
+                       missing_note=missing_note)
+
+
+def ablation_table(table_id: str, records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                   dataset: Optional[str] = None) -> pd.DataFrame:
+    """Tables 3 (Food-Kitchen, or ``dataset``: the smoke task) and 4 (Movie-Book): the SCL / MCL
+    ablation at n = 64, MRR, HR@10, NDCG@10 in percent; our variants under the paper's names
+    (``ablation_rows`` of the spec; ``"MCL only (w/o SCL)"`` is ours only)."""
+    return paper_table(table_id, records, profile, cell_kwargs, method_kwargs, scenario=dataset)
+
+
+def table5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+           dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Table 5: FedCSR (n = 64) at each α of the spec's ``alphas``, percent; ``setting = "alpha=0.1"``;
+    the α the paper does not print are rows of ours only."""
+    return paper_table("table5_alpha", records, profile, cell_kwargs, method_kwargs, scenario=dataset)
+
+
+def figure2_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                  datasets: Sequence[str] = tuple(DATASETS)) -> pd.DataFrame:
+    """Figure 2's numbers (ours only, table id ``figure2``): FedCSR, w/o unified, w/o single
+    (n = 64), MRR / HR@10 / NDCG@10 per domain in percent."""
+    return paper_table("figure2", records, profile, cell_kwargs, method_kwargs, datasets=datasets)
+
+
+def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
+                  dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Figure 6's numbers (ours only, table id ``figure6``): FedCSR (n = 64) with the hidden size
+    of SCL's ``t`` at f·n for f in the spec's ``hidden_factors``, percent."""
+    return paper_table("figure6", records, profile, cell_kwargs, method_kwargs, scenario=dataset)
 
 
 # ======================================================================================
@@ -299,160 +368,7 @@ def table1(records, profile: str, datasets: Sequence[str] = tuple(DATASETS)) -> 
                         for m, s in zip(ours["metric"], ours["setting"])]
         ours = _with_notes(ours, records)
     paper = load_paper_table(PAPER, "table1_dataset_stats").assign(setting="")
-    return _compare(ours, paper, ["dataset", "domain", "method", "setting", "metric"], profile)
-
-
-# ======================================================================================
-# Tables 2, 6, 7, 8: every method
-# ======================================================================================
-MAIN_KEYS = ["dataset", "domain", "method", "dim", "metric"]
-
-
-def _main_pairs(datasets: Sequence[str], cell_kwargs: Mapping, method_kwargs: Mapping) -> List[tuple]:
-    small = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    pairs = []
-    for d in datasets:
-        if d not in DATASETS and d != "synthetic":
-            continue
-        for dim in _fedcsr_dims(cell_kwargs, method_kwargs):
-            note = f"FedCSR at {_size(dim)}" + ("; the baselines' size" if dim == small else "")
-            pairs.append(({"dataset": d, "method": "FedCSR", "dim": str(dim), "note": note},
-                          method_cell(d, "FedCSR", cell_kwargs, method_kwargs, dim=dim)))
-        for m in BASELINES:
-            dim, config = _sized(d, m, cell_kwargs, method_kwargs)
-            pairs.append(({"dataset": d, "method": PAPER_LABELS[m], "dim": str(dim),
-                           "note": f"{m} at {_size(dim)}, federated with FedProx (mu = {FEDPROX_MU})"}, config))
-    return pairs
-
-
-def _main_table(records, profile: str, table_id: str, datasets: Sequence[str], cell_kwargs: Mapping,
-                method_kwargs: Mapping) -> pd.DataFrame:
-    fedcsr = [str(d) for d in _fedcsr_dims(cell_kwargs, method_kwargs)]
-    ours_of = {label: m for m, label in PAPER_LABELS.items()}
-    paper = _with_dims(load_paper_table(PAPER, table_id), lambda r: fedcsr if r["method"] == "FedCSR" else
-                       [str(_dim(ours_of[r["method"]], cell_kwargs, method_kwargs, SMALL_DIM))])
-    metrics = sorted(set(paper["metric"]))
-    ours = _aggregate(records, _main_pairs(datasets, cell_kwargs, method_kwargs), _score_cells(metrics))
-    return _compare(ours, paper, MAIN_KEYS, profile)
-
-
-#: Tables 2, 6, 7, 8 (paper_tables file stem) -> the one scenario they show (``None``: every one asked for).
-MAIN_TABLES = {"table2_main": None, "table6_food_kitchen_full": "Food-Kitchen",
-               "table7_movie_book_full": "Movie-Book", "table8_entertainment_education_full": "Entertainment-Education"}
-
-
-def main_table(table_id: str, records, profile: str, datasets: Sequence[str] = tuple(DATASETS),
-               cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Tables 2, 6, 7, 8 (:data:`MAIN_TABLES`): every method's scores in percent (seed means).
-
-    Keys ``dataset, domain, method, dim, metric``; ``dim`` is our embedding size (FedCSR at 256
-    and 64, baselines at 64, labelled as the paper does: :data:`PAPER_LABELS`). Table 2 holds
-    MRR, NDCG@5, HR@5 on both scenarios, Tables 6-8 all six scores of one scenario; Table 8's
-    Entertainment-Education is not available offline (every row "needs download"). The smoke
-    task's rows (``dataset = "synthetic"``) are ours only.
-    """
-    shown = MAIN_TABLES[table_id]
-    return _main_table(records, profile, table_id, [d for d in datasets if shown in (None, d)], cell_kwargs,
-                       method_kwargs)
-
-
-FULL_RANKING_PROTOCOL = "full ranking (ours only; the paper reports 1 + 999 sampled)"
-"""The ``protocol`` of every row of :func:`full_ranking_table`."""
-FULL_RANKING_KEYS = ["dataset", "domain", "method", "dim", "metric", "protocol"]
-NO_FULL_RANKING_NOTE = ("the recorded run of this cell has no full-ranking metrics ('full/<domain>/test/<M>'): it "
-                        "was recorded before every run ranked against the whole domain; re-run the cell to fill it")
-
-
-def full_ranking_table(records, profile: str, datasets: Sequence[str] = tuple(DATASETS), cell_kwargs: Mapping = {},
-                       method_kwargs: Mapping = {}) -> pd.DataFrame:
-    """Full ranking (ours only, table id ``full_ranking``): the methods and sizes of Tables 2, 6, 7.
-
-    Each run scores its selected model (best mean validation MRR) once more on the test rows,
-    ranking the ground truth against **every item of its domain** (~29k Food / ~35k Kitchen
-    items on Food-Kitchen; the user's own items are not removed, ties count for the ground
-    truth), and records ``"full/<domain>/test/<M>"`` (:func:`fedlib.papers.fedcsr.experiment.run_cell`).
-    This table reads those values for every metric of :data:`METRICS` (percent, seed means):
-    keys ``dataset, domain, method, dim, metric, protocol``, ``protocol`` =
-    :data:`FULL_RANKING_PROTOCOL` and an empty ``value_paper`` on every row. The paper (and
-    Tables 2, 6, 7) use the sampled protocol: the two scales are not comparable, the full
-    ranking is the harder one. A table of its own rather than rows in Tables 6–7, because the
-    results check matches every row of those files to the paper cell with the same dataset,
-    domain, method and metric, and a full-ranking row must not claim a paper value.
-    """
-    datasets = [d for d in datasets if d in DATASETS or d == "synthetic"]
-    pairs = [({**keys, "protocol": FULL_RANKING_PROTOCOL,
-               "note": f"{FULL_RANKING_PROTOCOL}: the ground truth against every item of its domain; {keys['note']}"},
-              config) for keys, config in _main_pairs(datasets, cell_kwargs, method_kwargs)]
-
-    def metric_cells(name: str) -> Optional[dict]:
-        if not name.startswith("full/"):
-            return None
-        keys = _score_cells(METRICS)(name[len("full/"):])
-        return {**keys, "protocol": FULL_RANKING_PROTOCOL} if keys else None
-
-    ours = _aggregate(records, pairs, metric_cells)
-    without_full = set()          # (dataset, method, dim) of cells whose runs predate the full ranking
-    for keys, config in pairs:
-        runs = runs_of_config(records, config)
-        if runs and not any(name.startswith("full/") for run in runs for name in run.metrics):
-            without_full.add((keys["dataset"], keys["method"], keys["dim"]))
-
-    def missing_note(row: pd.Series) -> str:
-        if (row["dataset"], row["method"], row["dim"]) in without_full:
-            return NO_FULL_RANKING_NOTE
-        return _missing_note(row)
-
-    cells = [{**{k: keys[k] for k in ("dataset", "method", "dim", "protocol")}, "domain": dom, "metric": m}
-             for keys, _ in pairs for dom in _domains(keys["dataset"]) for m in METRICS]
-    skeleton = pd.DataFrame([{**c, "table": "full_ranking", "value": math.nan, "unit": "percent", "confidence": ""}
-                             for c in cells], columns=[*FULL_RANKING_KEYS, "table", "value", "unit", "confidence"])
-    if ours.empty:
-        ours = pd.DataFrame(columns=[*FULL_RANKING_KEYS, "value"])
-    out = compare_with_paper(ours, skeleton, FULL_RANKING_KEYS, profile=profile, missing_note=missing_note,
-                             unmatched="keep")
-    return _percent_rows_of_ours(out)
-
-
-# ======================================================================================
-# Tables 3, 4: SCL / MCL ablation; Table 5: alpha
-# ======================================================================================
-SETTING_KEYS = ["dataset", "domain", "method", "setting", "metric"]
-
-
-def _ablation(records, profile: str, table_id: str, dataset: str, cell_kwargs: Mapping,
-              method_kwargs: Mapping) -> pd.DataFrame:
-    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    pairs = [({"dataset": dataset, "method": label, "setting": setting,
-               "note": f"variant {v!r} at {_size(dim)}" + (
-                   "; ours only (the paper prints no MCL-only row)" if v == "w/o SCL" else "")},
-              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=dim))
-             for v, (label, setting) in ABLATION_LABELS.items()]
-    ours = _aggregate(records, pairs, _score_cells(SCORES))
-    return _compare(ours, load_paper_table(PAPER, table_id), SETTING_KEYS, profile)
-
-
-def ablation_table(table_id: str, records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-                   dataset: Optional[str] = None) -> pd.DataFrame:
-    """Tables 3 (Food-Kitchen) and 4 (Movie-Book): the SCL / MCL ablation, MRR, HR@10, NDCG@10 in percent.
-
-    ``"w/o SCL & MCL"``, ``"w/o MCL"`` → ``"SCL only (w/o MCL)"``, ``"FedCSR"`` → ``"FedCSR (SCL +
-    MCL)"``, all at n = 64; ``"w/o SCL"`` → ``"MCL only (w/o SCL)"`` is ours only. ``dataset``:
-    another scenario than the table's (the smoke task).
-    """
-    dataset = dataset or {"table3_ablation_food_kitchen": "Food-Kitchen", "table4_ablation_movie_book": "Movie-Book"}[
-        table_id]
-    return _ablation(records, profile, table_id, dataset, cell_kwargs, method_kwargs)
-
-
-def table5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-           dataset: str = "Food-Kitchen") -> pd.DataFrame:
-    """Table 5: FedCSR (n = 64) at each α of :data:`~fedlib.papers.fedcsr.experiment.ALPHAS`, percent;
-    ``setting = "alpha=0.1"``; the α the paper does not print are rows of ours only."""
-    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    pairs = [({"dataset": dataset, "method": "FedCSR", "setting": f"alpha={a:g}", "note": f"FedCSR at {_size(dim)}"},
-              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, alpha=a, dim=dim)) for a in ALPHAS]
-    ours = _aggregate(records, pairs, _score_cells(SCORES))
-    return _compare(ours, load_paper_table(PAPER, "table5_alpha"), SETTING_KEYS, profile)
+    return _compare(ours, "table1_dataset_stats", ["dataset", "domain", "method", "setting", "metric"], profile, paper)
 
 
 # ======================================================================================
@@ -495,7 +411,7 @@ def table9(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapp
         federated_per_platform = (ours["method"] == "FedCSR") & ours["setting"].str.startswith("platform ")
         ours.loc[federated_per_platform, "note"] += ("; ours only: the federated model on this platform's own "
                                                      "test rows (the users of its Individual row)")
-    return _compare(ours, load_paper_table(PAPER, "table9_individual_training"), SETTING_KEYS, profile)
+    return _compare(ours, "table9_individual_training", ["dataset", "domain", "method", "setting", "metric"], profile)
 
 
 # ======================================================================================
@@ -559,48 +475,16 @@ def appendix_a5(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs:
                              "one direction, every parameter in float32; "
                              + _split_note(dataset, source["run_ids"], latest_records(records)), "MB"))
     paper = load_paper_table(PAPER, "appendixA5_comm_cost")
-    dims = [str(d) for d in _fedcsr_dims(cell_kwargs, method_kwargs)]
-    paper = _with_dims(paper, lambda r: [""] if r["dataset"].startswith(HYPOTHETICAL) else dims)
-    return _compare(pd.DataFrame(rows), paper, ["dataset", "method", "dim", "metric"], profile)
+    measured = [{"dataset": d, "dim": str(dim)} for d in paper["dataset"] if not d.startswith(HYPOTHETICAL)
+                for dim in _fedcsr_dims(cell_kwargs, method_kwargs)]  # the hypothetical row: once, no size
+    paper = repeat_per_rows(paper, "dim", ["dataset"], "repeats_paper_value", measured)
+    return _compare(pd.DataFrame(rows), "appendixA5_comm_cost", ["dataset", "method", "dim", "metric"], profile, paper)
+
 
 
 # ======================================================================================
 # Tables of ours only: Figure 2, Figure 6, the audit
 # ======================================================================================
-def figure2_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-                  datasets: Sequence[str] = tuple(DATASETS)) -> pd.DataFrame:
-    """Figure 2's numbers (ours only, table id ``figure2``): FedCSR, w/o unified, w/o single
-    (n = 64), MRR / HR@10 / NDCG@10 per domain in percent."""
-    datasets = [d for d in datasets if d in DATASETS or d == "synthetic"]
-    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    pairs = [({"dataset": d, "method": v, "note": f"variant {v!r} at n={dim}"},
-              method_cell(d, "FedCSR", cell_kwargs, method_kwargs, variant=v, dim=dim))
-             for d in datasets for v in FIGURE2_VARIANTS]
-    cells = [{"dataset": d, "domain": dom, "method": v, "metric": m}
-             for d in datasets for v in FIGURE2_VARIANTS for dom in _domains(d) for m in SCORES]
-    ours = _aggregate(records, pairs, _score_cells(SCORES))
-    return _ours_table(ours, "figure2", cells, ["dataset", "domain", "method", "metric"], profile)
-
-
-def _hidden_setting(factor: float) -> str:
-    return f"hidden = {factor:g}·n"
-
-
-def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
-                  dataset: str = "Food-Kitchen") -> pd.DataFrame:
-    """Figure 6's numbers (ours only, table id ``figure6``): FedCSR (n = 64) with the hidden size
-    of SCL's ``t`` at f·n for f in :data:`~fedlib.papers.fedcsr.experiment.HIDDEN_FACTORS`, percent."""
-    dim = _dim("FedCSR", cell_kwargs, method_kwargs, SMALL_DIM)
-    pairs = [({"dataset": dataset, "method": "FedCSR", "setting": _hidden_setting(f),
-               "note": f"FedCSR at n={dim}" + (" (the paper's choice, 2·n)" if f == 2.0 else "")},
-              method_cell(dataset, "FedCSR", cell_kwargs, method_kwargs, dim=dim, scl_hidden_factor=f))
-             for f in HIDDEN_FACTORS]
-    cells = [{"dataset": dataset, "domain": dom, "method": "FedCSR", "setting": _hidden_setting(f), "metric": m}
-             for f in HIDDEN_FACTORS for dom in _domains(dataset) for m in SCORES]
-    ours = _aggregate(records, pairs, _score_cells(SCORES))
-    return _ours_table(ours, "figure6", cells, SETTING_KEYS, profile)
-
-
 AUDIT_KEYS = ["dataset", "domain", "method", "metric", "stat"]
 AUDIT_STATS = ("valid-selected", "test-selected", "gap (test − valid selected)")
 
@@ -660,12 +544,19 @@ def audit_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs:
              for v in AUDIT_VARIANTS for dom in _domains(dataset) for m in metrics for s in AUDIT_STATS]
     cells += [{"dataset": dataset, "domain": "", "method": v, "metric": "round", "stat": s, "unit": "rounds"}
               for v in AUDIT_VARIANTS for s in AUDIT_STATS[:2]]
-    return _ours_table(ours, "audit", cells, AUDIT_KEYS, profile)
+    paper = pd.DataFrame([{**{k: c.get(k, "") for k in AUDIT_KEYS}, "table": "audit", "value": math.nan,
+                           "unit": c.get("unit", "percent"), "confidence": ""} for c in cells])
+    return _compare(ours, "audit", AUDIT_KEYS, profile, paper)
 
 
 # ======================================================================================
 # Everything
 # ======================================================================================
+#: Tables 2, 6, 7, 8 (paper_tables file stems).
+MAIN_TABLES = ("table2_main", "table6_food_kitchen_full", "table7_movie_book_full",
+               "table8_entertainment_education_full")
+
+
 def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
                datasets: Sequence[str] = tuple(DATASETS)) -> Dict[str, pd.DataFrame]:
     """Every table (paper tables keyed by their ``paper_tables`` file stem, ``full_ranking`` after
