@@ -235,3 +235,9 @@ def test_the_paper_grid_checkpoints_its_cells(monkeypatch):
     monkeypatch.setattr(X.grid, "run_recorded_grid", lambda *args, **kwargs: seen.update(kwargs))
     X.run_grid([X.cell("synthetic", **TINY)], "paper", progress=False)
     assert seen["checkpoint_every_s"] == X.CHECKPOINT_EVERY_S > 0
+
+
+def test_a_scenario_without_data_is_refused_naming_the_runnable_ones():
+    # Entertainment-Education is a dataset choice (Table 8 lists its paper rows) without a registry entry
+    with pytest.raises(ValueError, match="Food-Kitchen, Movie-Book and 'synthetic'"):
+        X.load_split("Entertainment-Education")

@@ -40,7 +40,7 @@ from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.evaluation import RankingEvaluator, union_pairs
 from fedlib.engine.executors import BatchedExecutor, LocalUpdateResult, SequentialExecutor, make_executor
 from fedlib.engine.loop import (
-    AveragingState, FederatedConfig, ParameterAveraging, init_train_state, run_federated,
+    AveragingState, FederatedConfig, ParameterAveraging, run_federated,
 )
 from fedlib.engine.method import (
     FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method,

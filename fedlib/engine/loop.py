@@ -247,15 +247,6 @@ def run_federated(
                         evaluate=evaluator is not None)
 
 
-def init_train_state(method: FederatedMethod, config: FederatedConfig, device=None) -> AveragingState:
-    """Transitional: ``ParameterAveraging(method, None, config, device=device).init(config.seed)``.
-
-    Kept only while one caller still imports it by this name (FedKDRec's FedMF/FedNCF rows);
-    new code calls :meth:`ParameterAveraging.init`.
-    """
-    return ParameterAveraging(method, None, config, device=device).init(config.seed)
-
-
 def config_dict(config: FederatedConfig) -> dict:
     """Plain-dict form of a config (for checkpoints and result caches)."""
     return asdict(config)

@@ -163,6 +163,10 @@ def _load_split(dataset: str, num_negatives: int, seed: int):
         from fedlib.data.synthetic import cross_domain_sequences
         return cross_domain_sequences(num_users=120, items_a=30, items_b=30, topics=4, num_negatives=num_negatives,
                                       seed=seed)
+    if dataset not in DATASETS:
+        raise ValueError(f"{dataset!r} has no dataset in the registry: its sequence files (the C2DSR release) are not "
+                         f"available, so Table 8 shows the paper's numbers only; the scenarios that can be run are "
+                         f"{', '.join(DATASETS)} and 'synthetic'")
     return protocol.build(DATASETS[dataset], num_negatives=num_negatives, seed=seed)
 
 

@@ -37,7 +37,7 @@ import torch
 
 from fedlib.data.protocols import build_split
 from fedlib.device import default_device
-from fedlib.engine import CommunicationLedger, FederatedConfig, init_train_state, run_federated
+from fedlib.engine import CommunicationLedger, FederatedConfig, run_federated
 from fedlib.baselines import registry
 from fedlib.engine.centralised import Centralised
 from fedlib.engine.method import LocalOptimizer
@@ -275,9 +275,9 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
              } if config["method"] == "FedNCF" else {}
     optimizer = LocalOptimizer("adam", weight_decay=config["weight_decay"])
     job = registry.get(config["method"], "single-domain").build(split, fed, dim=config["dim"], lr=config["lr"],
-                                                                optimizer=optimizer, **tower)
+                                                                optimizer=optimizer, device=device, **tower)
     method = job.algorithm.method
-    state = init_train_state(method, fed, device=device)
+    state = job.algorithm.init(fed.seed)
     if init is not None:
         state.global_state["item_emb"] = init.to(state.global_state["item_emb"])
     evaluations = []
@@ -285,7 +285,7 @@ def _run_parameter_transfer(config, split, recorder, init, device, progress):
     def evaluator(_model, global_state, private_state, which="valid"):
         # The trainer evaluates after rounds eval_every, 2 eval_every, ... and the last (no patience here),
         # so the i-th evaluation follows round min(i * eval_every, rounds) (the trainer's RunResult, not the
-        # starting TrainState, counts the rounds).
+        # starting state, counts the rounds).
         evaluations.append(min((len(evaluations) + 1) * fed.eval_every, fed.rounds))
         value = recorder(evaluations[-1], lambda users: method.model.score_users(global_state, private_state, users),
                          None, device)
