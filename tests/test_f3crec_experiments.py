@@ -1,6 +1,7 @@
 """F3CRec experiment grid and table builders: cells, cached base block, derived cells, provenance."""
 import math
 import os
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -75,9 +76,42 @@ def test_base_block_is_trained_once_and_reloaded(tmp_path):
     files = list((tmp_path / "base").glob("*.pt"))
     assert len(files) == 1
     again = X.base_block(X.cell("synthetic", "FedMF", "KD", **TINY), stream, tmp_path, "cpu")  # other method, same base
-    for name, value in first.global_state.items():
-        assert torch.equal(value, again.global_state[name])
-    assert first.test_metrics == again.test_metrics
+    for name, value in first.selected_state.global_state.items():
+        assert torch.equal(value, again.selected_state.global_state[name])
+    assert first.test_metrics == again.test_metrics and first.history == again.history
+    assert again.method == "FT" and again.artifacts["num_items"] == stream[0].num_items
+    # the file holds plain values and tensors (nothing is unpickled from it)
+    assert set(torch.load(files[0], weights_only=True)) == {"config", "run"}
+
+
+class _OldBlockResult:  # stands for the pickled BlockResult objects older versions cached
+    def __init__(self, test_metrics):
+        self.test_metrics = test_metrics
+
+
+@pytest.mark.parametrize("stale", ["pickled object", "other layout", "other key", "truncated"])
+def test_base_block_trains_again_over_a_cache_file_it_cannot_read(tmp_path, stale):
+    config = X.cell("synthetic", "FedMF", "FT", **TINY)
+    stream = X.load_stream(config)
+    fresh = X.base_block(config, stream, None, "cpu")
+    path = tmp_path / "base" / f"{X.config_hash(X.base_config(config))}.pt"
+    path.parent.mkdir()
+    if stale == "pickled object":
+        torch.save(_OldBlockResult({"NDCG@20": 0.5}), path)
+    elif stale == "other layout":
+        torch.save({"config": X.base_config(config), "run": {"format": "fedlib.continual.block-run/0"}}, path)
+    elif stale == "other key":
+        other = X.base_block(X.cell("synthetic", "FedMF", "FT", **{**TINY, "seed": 1}), stream, tmp_path, "cpu")
+        (path.parent / f"{X.config_hash(X.base_config({**config, 'seed': 1}))}.pt").replace(path)
+        assert other.test_metrics != fresh.test_metrics
+    else:
+        path.write_bytes(b"PK\x03\x04")
+    with pytest.warns(UserWarning, match="not a block-0 run this version can read.*training block 0 again"):
+        result = X.base_block(config, stream, tmp_path, "cpu")
+    assert result.test_metrics == fresh.test_metrics and result.history == fresh.history
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the file was replaced: read back without a warning
+        assert X.base_block(config, stream, tmp_path, "cpu").test_metrics == fresh.test_metrics
 
 
 def test_user_groups_split_by_mean_shift():

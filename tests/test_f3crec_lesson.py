@@ -66,8 +66,9 @@ def test_memory_consumed_share_counts_training_items_in_the_top_n(monkeypatch):
         def make_model(self, num_users, num_items):
             return Model()
 
-    class Base:
-        global_state, private_state = {"q": torch.zeros(1)}, {}
+    class Base:  # block 0's run: only its selected state is read
+        class selected_state:
+            global_state, private_state = {"q": torch.zeros(1)}, {}
 
     monkeypatch.setattr(f3crec_experiments, "make_backbone", lambda config: Backbone())
     share = f3crec_experiments.memory_consumed_share({}, Base(), [Split()], top_n=2)

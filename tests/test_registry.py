@@ -107,7 +107,7 @@ def test_every_continual_method_trains_block_by_block(name, data):
     result = run_continual(stream, fedmf_backbone(dim=DIM, lr=4.0), METHODS[("continual", name)].build(**params),
                            config, device="cpu")
     assert len(result.blocks) == stream.num_blocks
-    assert all(1 <= block.rounds_run <= ROUNDS for block in result.blocks)
+    assert all(1 <= block.round_index <= ROUNDS for block in result.blocks)
     scores = [block.test_metrics for block in result.blocks]
     assert all(s and np.isfinite(list(s.values())).all() for s in scores), scores
 

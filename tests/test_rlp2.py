@@ -224,9 +224,9 @@ def test_run_continual_end_to_end_memory_grows_with_new_users(tiny_stream):
         assert all(np.isfinite(v) for v in block.test_metrics.values())
     assert np.isfinite(result.accuracy["NDCG@20"][2, :3]).all()
     # compensation changes the block-1 scores (block 0 stays the plain backbone)
-    b1 = result.blocks[1]
-    model = fedmf_backbone(dim=4).make_model(b1.num_users, b1.num_items)
+    b1 = result.blocks[1].selected_state
+    model = fedmf_backbone(dim=4).make_model(tiny_stream[1].num_users, tiny_stream[1].num_items)
     wrapped = ErrorCompensatedModel(model, method.memory)
-    users = torch.arange(b1.num_users)
+    users = torch.arange(tiny_stream[1].num_users)
     plain = torch.sigmoid(model.score_users(b1.global_state, b1.private_state, users))
     assert not torch.allclose(wrapped.score_users(b1.global_state, b1.private_state, users), plain)

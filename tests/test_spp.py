@@ -233,9 +233,10 @@ def test_spp_runs_end_to_end(stream, ft):
     assert result.method == "SPP" and len(result.blocks) == 3
     assert all(np.isfinite(result.per_block("NDCG@20")))
     assert set(method.proxy_runs) == {1, 2} and method.proxy_runs[1]["rounds_run"] <= 2
-    assert not torch.equal(result.blocks[1].global_state["item_emb"], ft.blocks[1].global_state["item_emb"])
+    assert not torch.equal(result.blocks[1].selected_state.global_state["item_emb"],
+                           ft.blocks[1].selected_state.global_state["item_emb"])
     records = method.losses[1].records
-    assert len(records) == result.blocks[1].rounds_run
+    assert len(records) == result.blocks[1].round_index
     old_users = stream[0].num_users
     first = records[0]
     # every participant replays; old users up to 2 n items, new users up to n
@@ -250,8 +251,8 @@ def test_plasticity_proxy_is_the_fine_tuned_block_model(stream, ft):
     run_continual(stream, BACKBONE, method, CONFIG, device="cpu", base=ft.blocks[0], num_blocks=2,
                   accuracy_matrix=False)
     proxy_global, proxy_private = method.plasticity_states[1]
-    assert torch.equal(proxy_global["item_emb"], ft.blocks[1].global_state["item_emb"])
-    assert torch.equal(proxy_private["user_emb"], ft.blocks[1].private_state["user_emb"])
+    assert torch.equal(proxy_global["item_emb"], ft.blocks[1].selected_state.global_state["item_emb"])
+    assert torch.equal(proxy_private["user_emb"], ft.blocks[1].selected_state.private_state["user_emb"])
 
 
 def test_batched_and_sequential_executors_agree():
@@ -266,5 +267,5 @@ def test_batched_and_sequential_executors_agree():
                                executor=SequentialExecutor())
     for metric, value in batched.blocks[1].test_metrics.items():
         assert sequential.blocks[1].test_metrics[metric] == pytest.approx(value, abs=1e-6)
-    torch.testing.assert_close(sequential.blocks[1].global_state["item_emb"],
-                               batched.blocks[1].global_state["item_emb"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(sequential.blocks[1].selected_state.global_state["item_emb"],
+                               batched.blocks[1].selected_state.global_state["item_emb"], atol=1e-5, rtol=1e-5)

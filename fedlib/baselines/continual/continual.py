@@ -45,6 +45,11 @@ loss, a ``server_mix`` hook) and ``after_block`` stores what the next block need
 :mod:`fedlib.papers.f3crec.method`. The ranks of a few items among all items
 (:func:`student_ranks`), which F3CRec's Eq. 2 and SPP's ranking discrepancy both read, are here.
 
+Results: every block is one trainer run, so each block is the trainer's
+:class:`~fedlib.engine.trainer.RunResult` (its ``method`` and the block's own fields in
+``artifacts``, :data:`BLOCK_ARTIFACTS`); :class:`ContinualResult` is the protocol's record of
+the sequence of them, with the accuracy matrix that needs every block.
+
 A client loss that needs extra rows in every local batch (F3CRec's replay items, which are
 not among the batch's positives/negatives) declares a
 ``prepare_round(plan, global_state, private_state)`` method; :class:`PlanAugmentingExecutor`
@@ -55,7 +60,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 import pandas as pd
@@ -66,6 +71,7 @@ from fedlib.device import default_device
 from fedlib.engine import (AveragingState, BatchedExecutor, FederatedConfig, FederatedMethod, ParameterAveraging,
                            RankingEvaluator, RunResult, fedmf_method, fedncf_method, pfedrec_method, run_federated)
 from fedlib.engine.plan import RoundPlan
+from fedlib.engine.selection import Selection
 from fedlib.metrics import paired_ttest
 from fedlib.models import FedMF, FedNCF, PFedRec
 from fedlib.models.base import FederatedModel
@@ -74,7 +80,8 @@ __all__ = [
     "Backbone", "fedmf_backbone", "fedncf_backbone", "pfedrec_backbone",
     "PreviousBlock", "BlockContext", "ContinualMethod", "FineTuning", "PlanAugmentingExecutor",
     "block_seed", "grow_state", "initial_block_state",
-    "BlockResult", "ContinualResult", "run_continual", "count_higher_scores", "student_ranks",
+    "BLOCK_ARTIFACTS", "block_artifacts", "block_row", "ContinualResult", "BLOCK_FORMAT", "block_payload",
+    "block_from_payload", "run_continual", "count_higher_scores", "student_ranks",
 ]
 
 #: SeedSequence stream tags, so block seeds and growth initialisers never share numbers.
@@ -282,50 +289,56 @@ def initial_block_state(ctx: BlockContext, seed: int, device=None) -> AveragingS
 
 
 # ======================================================================================
-# Results
+# Results: each block is the trainer's RunResult; the continual run is the sequence of them
 # ======================================================================================
-@dataclass
-class BlockResult:
-    """One block of a continual run.
+#: The keys :func:`run_continual` puts in every block's ``RunResult.artifacts``.
+BLOCK_ARTIFACTS = ("block", "name", "num_users", "num_items", "test_users", "test_per_user", "seconds")
 
-    Attributes:
-        index, name: block ``t`` and the split's name.
-        num_users, num_items: accumulated sizes of the block.
-        best_round: selected round (number of completed rounds at selection).
-        rounds_run, stopped_early: how the run ended.
-        valid_metrics: validation metrics of the selected round.
-        test_metrics: ``A[t][t]``: the selected state on this block's test set.
-        test_users: ``(n,) int64`` evaluated users (those with test items in the block).
-        test_per_user: ``metric -> (n,) float64`` aligned with ``test_users`` (paired t-tests).
-        history: per-round records of :func:`~fedlib.engine.run_federated`.
-        global_state, private_state: the best-validation state (what the next block starts from).
-        seconds: wall-clock time of training + evaluation.
+
+def block_artifacts(run: RunResult) -> Dict[str, Any]:
+    """The block-specific fields of one block's run (``run.artifacts``), checked.
+
+    ``block`` (``t``), ``name`` (the split's), ``num_users``/``num_items`` (the block's
+    accumulated sizes), ``test_users`` (``(n,) int64``, the users with test items in the block),
+    ``test_per_user`` (``metric -> (n,) float64`` aligned with ``test_users``, for paired
+    t-tests), ``seconds`` (wall-clock time of training + evaluation, the accuracy-matrix row
+    included). Raises ``ValueError`` naming the missing keys for a run that is not a block's.
     """
+    missing = [key for key in BLOCK_ARTIFACTS if key not in run.artifacts]
+    if missing:
+        raise ValueError(f"run.artifacts lacks {missing}: pass the RunResult of one block of run_continual "
+                         "(ContinualResult.blocks[t]) or of fedlib.papers.f3crec.experiment.base_block")
+    return run.artifacts
 
-    index: int
-    name: str
-    num_users: int
-    num_items: int
-    best_round: Optional[int]
-    rounds_run: int
-    stopped_early: bool
-    valid_metrics: Dict[str, float]
-    test_metrics: Dict[str, float]
-    test_users: np.ndarray
-    test_per_user: Dict[str, np.ndarray]
-    history: List[dict]
-    global_state: Dict[str, torch.Tensor]
-    private_state: Dict[str, torch.Tensor]
-    seconds: float = 0.0
+
+def block_row(run: RunResult) -> Dict[str, Any]:
+    """One block as a summary row: ``block`` (``"D<t>"``), sizes, selected and last round,
+    seconds, ``valid/<metric>`` of the selected round and ``test/<metric>`` (``A[t][t]``)."""
+    info = block_artifacts(run)
+    row = {"block": f"D{info['block']}", "users": info["num_users"], "items": info["num_items"],
+           "best_round": run.best_round, "rounds": run.round_index, "seconds": round(info["seconds"], 2)}
+    row.update({f"valid/{k}": v for k, v in (run.best_metrics or {}).items()})
+    row.update({f"test/{k}": v for k, v in (run.test_metrics or {}).items()})
+    return row
 
 
 @dataclass
 class ContinualResult:
-    """A whole continual run.
+    """A whole continual run: the record of the continual protocol, one trainer run per block.
+
+    This is not a view of one run but a sequence of them: the trainer returns one
+    :class:`~fedlib.engine.trainer.RunResult` per trainer run (per block here), and the
+    accuracy matrix ``A[t][s]`` needs every block's model, so it is kept beside them.
 
     Attributes:
         method, backbone: labels.
-        blocks: one :class:`BlockResult` per trained block.
+        blocks: one :class:`~fedlib.engine.trainer.RunResult` per trained block, in order:
+            ``best_round``, ``round_index`` (rounds run), ``stopped_early``, ``best_metrics``
+            (validation metrics of the selected round), ``test_metrics`` (``A[t][t]``),
+            ``history``, ``selected_state`` (the best-validation :class:`AveragingState`, what
+            the next block starts from), ``method`` (the continual method's name; ``"FT"`` for a
+            shared base block) and the block's own fields in ``artifacts``
+            (:data:`BLOCK_ARTIFACTS`, read with :func:`block_artifacts`).
         accuracy: ``metric -> (T, T)`` array, ``accuracy[m][t, s]`` = model after block ``t``
             on block ``s``'s test set (NaN for ``s > t``, and off the diagonal when the matrix
             was not requested).
@@ -333,7 +346,7 @@ class ContinualResult:
 
     method: str
     backbone: str
-    blocks: List[BlockResult]
+    blocks: List[RunResult]
     accuracy: Dict[str, np.ndarray]
 
     def per_block(self, metric: str = "NDCG@20") -> np.ndarray:
@@ -341,22 +354,80 @@ class ContinualResult:
         return np.array([b.test_metrics[metric] for b in self.blocks])
 
     def summary(self) -> pd.DataFrame:
-        """One row per block: sizes, selected round, validation and test metrics."""
-        rows = []
-        for b in self.blocks:
-            row = {"block": f"D{b.index}", "users": b.num_users, "items": b.num_items, "best_round": b.best_round,
-                   "rounds": b.rounds_run, "seconds": round(b.seconds, 2)}
-            row.update({f"valid/{k}": v for k, v in b.valid_metrics.items()})
-            row.update({f"test/{k}": v for k, v in b.test_metrics.items()})
-            rows.append(row)
-        return pd.DataFrame(rows)
+        """One row per block (:func:`block_row`): sizes, selected round, validation and test metrics."""
+        return pd.DataFrame([block_row(b) for b in self.blocks])
 
     def paired_ttest(self, other: "ContinualResult", block: int, metric: str = "NDCG@20"):
         """Paired t-test of this run against ``other`` on block ``block``'s test users."""
-        a, b = self.blocks[block], other.blocks[block]
-        if not np.array_equal(a.test_users, b.test_users):
+        a, b = block_artifacts(self.blocks[block]), block_artifacts(other.blocks[block])
+        if not np.array_equal(a["test_users"], b["test_users"]):
             raise ValueError("the two runs evaluated different users on this block")
-        return paired_ttest(a.test_per_user[metric], b.test_per_user[metric])
+        return paired_ttest(a["test_per_user"][metric], b["test_per_user"][metric])
+
+
+# ======================================================================================
+# A block's run as plain values (F3CRec's block-0 cache)
+# ======================================================================================
+#: Tag of :func:`block_payload`'s layout; a payload with another tag is not read (retrain it).
+BLOCK_FORMAT = "fedlib.continual.block-run/1"
+
+
+def block_payload(run: RunResult) -> Dict[str, Any]:
+    """One block's run as plain values and tensors, loadable with ``torch.load(weights_only=True)``.
+
+    Holds what :func:`block_from_payload` needs to rebuild the same :class:`RunResult`: the
+    trainer's run (last and selected state, history, selection, test metrics) plus ``method``,
+    ``wall_seconds`` and the block's artifacts (numpy arrays stored as tensors), tagged
+    :data:`BLOCK_FORMAT`.
+    """
+    info = block_artifacts(run)
+
+    def state(value: Optional[AveragingState]):
+        if value is None:
+            return None
+        return {"global_state": value.global_state, "private_state": value.private_state, "extra": value.extra}
+
+    artifacts = {**{k: info[k] for k in BLOCK_ARTIFACTS},
+                 "test_users": torch.from_numpy(np.asarray(info["test_users"])),
+                 "test_per_user": {k: torch.from_numpy(np.asarray(v)) for k, v in info["test_per_user"].items()}}
+    return {"format": BLOCK_FORMAT, "round_index": run.round_index, "state": state(run.state),
+            "best_state": state(run.best_state), "history": run.history, "selection": run.selection.state_dict(),
+            "audit": None if run.audit is None else run.audit.state_dict(), "test_metrics": run.test_metrics,
+            "stopped_early": run.stopped_early, "wall_seconds": run.wall_seconds, "method": run.method,
+            "artifacts": artifacts}
+
+
+def _selection_from(saved: Optional[Dict[str, Any]]) -> Optional[Selection]:
+    if saved is None:
+        return None
+    selection = Selection(saved["metric"], saved["patience"], saved["prefer_later_ties"])
+    selection.load_state_dict(saved)
+    return selection
+
+
+def block_from_payload(payload: Dict[str, Any], device=None) -> RunResult:
+    """The :class:`RunResult` that :func:`block_payload` stored, its tensors on ``device``.
+
+    Raises ``ValueError`` for a payload of another layout (not tagged :data:`BLOCK_FORMAT`).
+    """
+    if not isinstance(payload, dict) or payload.get("format") != BLOCK_FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(f"not a block run of layout {BLOCK_FORMAT!r} (found {found!r}); train the block again")
+
+    def state(saved):
+        if saved is None:
+            return None
+        here = lambda tensors: {k: v.to(device) for k, v in tensors.items()}  # noqa: E731
+        return AveragingState(here(saved["global_state"]), here(saved["private_state"]), dict(saved["extra"]))
+
+    saved_artifacts = payload["artifacts"]
+    artifacts = {**saved_artifacts, "test_users": saved_artifacts["test_users"].numpy(),
+                 "test_per_user": {k: v.numpy() for k, v in saved_artifacts["test_per_user"].items()}}
+    return RunResult(state=state(payload["state"]), selection=_selection_from(payload["selection"]),
+                     round_index=int(payload["round_index"]), history=list(payload["history"]),
+                     audit=_selection_from(payload["audit"]), best_state=state(payload["best_state"]),
+                     test_metrics=payload["test_metrics"], stopped_early=bool(payload["stopped_early"]),
+                     wall_seconds=float(payload["wall_seconds"]), method=payload["method"], artifacts=artifacts)
 
 
 # ======================================================================================
@@ -372,10 +443,6 @@ def _evaluator(split: InteractionSplit, ks) -> RankingEvaluator:
     return RankingEvaluator(split.train, split.valid, split.test, ks=ks)
 
 
-def _detach_state(state: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in state.items()}
-
-
 def run_continual(
     stream: BlockStream,
     backbone: Backbone,
@@ -384,7 +451,7 @@ def run_continual(
     *,
     executor=None,
     base_config: Optional[FederatedConfig] = None,
-    base: Optional[BlockResult] = None,
+    base: Optional[RunResult] = None,
     num_blocks: Optional[int] = None,
     accuracy_matrix: bool = True,
     ks=(20,),
@@ -402,9 +469,10 @@ def run_continual(
         executor: an engine executor (default :class:`~fedlib.engine.BatchedExecutor`); it is
             wrapped in :class:`PlanAugmentingExecutor`.
         base_config: configuration of block 0 only (default ``config``).
-        base: a block-0 :class:`BlockResult` from an earlier run with the same backbone,
-            stream and seed: block 0 is not retrained (every method here trains block 0 as
-            plain FT, so the base model can be shared across methods).
+        base: block 0's :class:`~fedlib.engine.trainer.RunResult` from an earlier run with the
+            same backbone, stream and seed (``ContinualResult.blocks[0]``): block 0 is not
+            retrained (every method here trains block 0 as plain FT, so the base model can be
+            shared across methods); it becomes ``blocks[0]`` of the result as it is.
         num_blocks: train only the first blocks (default all).
         accuracy_matrix: also evaluate each block's model on every earlier block's test set.
         ks: metric cutoffs (F3CRec: 20).
@@ -413,14 +481,16 @@ def run_continual(
         on_round_end: passed to :func:`~fedlib.engine.run_federated` (progress bars).
 
     Returns:
-        :class:`ContinualResult`.
+        :class:`ContinualResult`: each block's trainer ``RunResult`` (``method`` set, the
+        block's fields in ``artifacts``, :data:`BLOCK_ARTIFACTS`) and the accuracy matrix.
     """
     device = torch.device(device) if device is not None else default_device()
     wrapped = PlanAugmentingExecutor(executor if executor is not None else BatchedExecutor())
     total = len(stream) if num_blocks is None else min(int(num_blocks), len(stream))
+    label = getattr(method, "name", type(method).__name__)
     metric_names = None
     accuracy: Dict[str, np.ndarray] = {}
-    results: List[BlockResult] = []
+    results: List[RunResult] = []
     previous: Optional[PreviousBlock] = None
 
     for t in range(total):
@@ -431,9 +501,12 @@ def run_continual(
                            config=block_config, previous=previous)
         started = time.perf_counter()
         if t == 0 and base is not None:
-            if (base.num_users, base.num_items) != (split.num_users, split.num_items):
-                raise ValueError("base was trained on a different block 0")
-            result = base
+            shared = block_artifacts(base)
+            if (shared["num_users"], shared["num_items"]) != (split.num_users, split.num_items):
+                raise ValueError(f"base was trained on a block 0 of {shared['num_users']} users and "
+                                 f"{shared['num_items']} items, this stream's has {split.num_users} and "
+                                 f"{split.num_items}: pass the base block of this stream")
+            run = base
             scoring_model = model
         else:
             block_method = method.make_method(ctx)
@@ -448,37 +521,33 @@ def run_continual(
             # The method's model scores: a method may wrap the backbone (RLP2's error compensation).
             users, per_user = evaluator.per_user(block_method.model, selected.global_state, selected.private_state,
                                                  "test")
-            result = BlockResult(
-                index=t, name=split.name, num_users=split.num_users, num_items=split.num_items,
-                best_round=run.best_round, rounds_run=run.round_index, stopped_early=run.stopped_early,
-                valid_metrics=dict(run.best_metrics or {}), test_metrics=dict(run.test_metrics or {}),
-                test_users=np.asarray(users), test_per_user={k: v.cpu().numpy() for k, v in per_user.items()},
-                history=list(run.history), global_state=_detach_state(selected.global_state),
-                private_state=_detach_state(selected.private_state),
-            )
+            run.method = label
+            run.artifacts = {"block": t, "name": split.name, "num_users": split.num_users,
+                             "num_items": split.num_items, "test_users": np.asarray(users),
+                             "test_per_user": {k: v.cpu().numpy() for k, v in per_user.items()}, "seconds": 0.0}
+        selected = run.selected_state
 
         # A[t][s] for every s ≤ t (row t of the accuracy matrix).
         if metric_names is None:
-            metric_names = list(result.test_metrics)
+            metric_names = list(run.test_metrics)
             accuracy = {m: np.full((total, total), np.nan) for m in metric_names}
         for m in metric_names:
-            accuracy[m][t, t] = result.test_metrics[m]
+            accuracy[m][t, t] = run.test_metrics[m]
         if accuracy_matrix:
             for s in range(t):
-                past = _evaluator(stream[s], ks)(scoring_model, result.global_state, result.private_state, "test")
+                past = _evaluator(stream[s], ks)(scoring_model, selected.global_state, selected.private_state, "test")
                 for m in metric_names:
                     accuracy[m][t, s] = past[m]
-        if result is not base:
-            result.seconds = time.perf_counter() - started
-        results.append(result)
+        if run is not base:
+            run.artifacts["seconds"] = time.perf_counter() - started
+        results.append(run)
 
         if t + 1 < total:
-            memory = method.after_block(ctx, result.global_state, result.private_state)
-            previous = PreviousBlock(index=t, split=split, model=model, global_state=result.global_state,
-                                     private_state=result.private_state, memory=dict(memory or {}))
+            memory = method.after_block(ctx, selected.global_state, selected.private_state)
+            previous = PreviousBlock(index=t, split=split, model=model, global_state=selected.global_state,
+                                     private_state=selected.private_state, memory=dict(memory or {}))
 
-    return ContinualResult(method=getattr(method, "name", type(method).__name__), backbone=backbone.name,
-                           blocks=results, accuracy=accuracy)
+    return ContinualResult(method=label, backbone=backbone.name, blocks=results, accuracy=accuracy)
 
 
 # ======================================================================================

@@ -41,9 +41,10 @@ import torch
 
 from fedlib.data.protocols import build_split
 from fedlib.device import default_device
-from fedlib.engine import FederatedConfig, RankingEvaluator, UploadNoise
-from fedlib.baselines.continual.continual import (BlockResult, ContinualMethod, FineTuning, fedmf_backbone, fedncf_backbone,
-                                      pfedrec_backbone, run_continual)
+from fedlib.engine import FederatedConfig, RankingEvaluator, RunResult, UploadNoise
+from fedlib.baselines.continual.continual import (ContinualMethod, FineTuning, block_artifacts, block_from_payload,
+                                                  block_payload, fedmf_backbone, fedncf_backbone, pfedrec_backbone,
+                                                  run_continual)
 from fedlib.baselines import registry
 from fedlib.experiments.spec import load_spec
 from fedlib.reporting.results import config_hash
@@ -240,22 +241,50 @@ def base_config(config: Mapping[str, Any]) -> Dict[str, Any]:
     return {k: config[k] for k in _BASE_KEYS if k in config}
 
 
-def base_block(config: Mapping[str, Any], stream, cache_dir: Optional[Path], device) -> BlockResult:
-    """Block 0 trained once per :func:`base_config`, kept in ``cache_dir/base/<hash>.pt``."""
+def _cached_block(path: Path, key: Mapping[str, Any], device) -> Optional[RunResult]:
+    """The block-0 run stored at ``path``, or ``None`` (with a warning) when the file is of
+    another layout (e.g. the pickled ``BlockResult`` objects of older versions) or another key."""
+    import pickle
+    import warnings
+
+    try:
+        saved = torch.load(path, map_location=device, weights_only=True)  # plain values only: nothing is imported
+        if config_hash(saved.get("config")) != config_hash(key):
+            raise ValueError(f"it was trained for {saved.get('config')!r}, not {dict(key)!r}")
+        return block_from_payload(saved["run"], device)
+    except pickle.UnpicklingError:
+        reason = "it holds pickled objects (the BlockResult of older versions), not plain values and tensors"
+    except (EOFError, ValueError, KeyError, AttributeError, RuntimeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    warnings.warn(f"{path} is not a block-0 run this version can read: {reason}; training block 0 again and "
+                  "replacing the file", stacklevel=3)
+    return None
+
+
+def base_block(config: Mapping[str, Any], stream, cache_dir: Optional[Path], device) -> RunResult:
+    """Block 0 trained once per :func:`base_config`, kept in ``cache_dir/base/<hash>.pt``.
+
+    Returns block 0's trainer :class:`~fedlib.engine.trainer.RunResult` as
+    :func:`~fedlib.baselines.continual.continual.run_continual` returns it (``method`` ``"FT"``,
+    the block's fields in ``artifacts``). The file holds ``{"config": base_config,
+    "run": block_payload(run)}`` as plain values and tensors, read with ``weights_only=True``;
+    a file this version cannot read (an older layout, another key) is replaced by training
+    block 0 again, which gives the same numbers (block 0 is a pure function of the key).
+    """
     key = base_config(config)
     path = None if cache_dir is None else Path(cache_dir) / "base" / f"{config_hash(key)}.pt"
     if path is not None and path.exists():
-        result = torch.load(path, map_location=device, weights_only=False)
-        return result
+        cached = _cached_block(path, key, device)
+        if cached is not None:
+            return cached
     run = run_continual(stream, make_backbone(config), FineTuning(), federated_config(config), num_blocks=1,
-                        accuracy_matrix=False, device=device)
-    result = run.blocks[0]
+                        accuracy_matrix=False, device=device).blocks[0]
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_suffix(f".tmp{id(result)}")
-        torch.save(result, partial)
+        partial = path.with_suffix(f".tmp{id(run)}")
+        torch.save({"config": dict(key), "run": block_payload(run)}, partial)
         partial.replace(path)  # atomic: a parallel worker sees either nothing or the whole file
-    return result
+    return run
 
 
 # ======================================================================================
@@ -266,7 +295,7 @@ def _per_user_ndcg(evaluator: RankingEvaluator, model, global_state, private_sta
     return np.asarray(users), per_user["NDCG@20"].cpu().numpy()
 
 
-def user_analysis(stream, backbone, run, base: BlockResult, method: ContinualMethod) -> Dict[str, Any]:
+def user_analysis(stream, backbone, run, base: RunResult, method: ContinualMethod) -> Dict[str, Any]:
     """Per-user D0-test N@20 before (``a00``) and after (``a10``) block 1, and mean Δ in block 1.
 
     Tables 4–5 split the users present in D0 and D1 by their preference shift Δ (Eq. 2, the
@@ -275,9 +304,10 @@ def user_analysis(stream, backbone, run, base: BlockResult, method: ContinualMet
     """
     evaluator = RankingEvaluator(stream[0].train, stream[0].valid, stream[0].test, ks=(20,))
     model0 = backbone.make_model(stream[0].num_users, stream[0].num_items)
-    users0, a00 = _per_user_ndcg(evaluator, model0, base.global_state, base.private_state)
+    before, after = base.selected_state, run.blocks[1].selected_state
+    users0, a00 = _per_user_ndcg(evaluator, model0, before.global_state, before.private_state)
     model1 = backbone.make_model(stream[1].num_users, stream[1].num_items)
-    users1, a10 = _per_user_ndcg(evaluator, model1, run.blocks[1].global_state, run.blocks[1].private_state)
+    users1, a10 = _per_user_ndcg(evaluator, model1, after.global_state, after.private_state)
     assert np.array_equal(users0, users1)
     out = {"users": users0.tolist(), "a00": np.round(a00, 6).tolist(), "a10": np.round(a10, 6).tolist()}
     losses = getattr(getattr(method, "inner", method), "losses", {})
@@ -306,7 +336,7 @@ def _mean_item_ranks(model, global_state, private_state, num_users: int, num_ite
     return (total / num_users).numpy()
 
 
-def item_analysis(stream, backbone, blocks: Sequence[BlockResult], fraction: float = 0.2) -> Dict[str, Any]:
+def item_analysis(stream, backbone, blocks: Sequence[RunResult], fraction: float = 0.2) -> Dict[str, Any]:
     """Table 7: ranking-change rate of static vs dynamic items, averaged over transitions.
 
     For each transition ``t−1 → t``: the item knowledge shift ``φ_i = ‖Q^{t−1}_i − Q^t_i‖²/√d``
@@ -316,15 +346,17 @@ def item_analysis(stream, backbone, blocks: Sequence[BlockResult], fraction: flo
     """
     static, dynamic = [], []
     for t in range(1, len(blocks)):
-        old, new = blocks[t - 1], blocks[t]
-        old_model = backbone.make_model(old.num_users, old.num_items)
-        new_model = backbone.make_model(new.num_users, new.num_items)
+        old_size, new_size = block_artifacts(blocks[t - 1]), block_artifacts(blocks[t])
+        old, new = blocks[t - 1].selected_state, blocks[t].selected_state
+        old_users, old_items = old_size["num_users"], old_size["num_items"]
+        old_model = backbone.make_model(old_users, old_items)
+        new_model = backbone.make_model(new_size["num_users"], new_size["num_items"])
         name = old_model.names("public_rows")[0]
         q_old = old.global_state[name].cpu()
-        q_new = new.global_state[name][: old.num_items].cpu()
+        q_new = new.global_state[name][:old_items].cpu()
         phi = ((q_old - q_new) ** 2).sum(1) / math.sqrt(q_old.shape[1])
-        r_old = _mean_item_ranks(old_model, old.global_state, old.private_state, old.num_users, old.num_items)
-        r_new = _mean_item_ranks(new_model, new.global_state, new.private_state, old.num_users, old.num_items)
+        r_old = _mean_item_ranks(old_model, old.global_state, old.private_state, old_users, old_items)
+        r_new = _mean_item_ranks(new_model, new.global_state, new.private_state, old_users, old_items)
         change = np.abs(r_old - r_new) / r_old
         order = np.argsort(phi.numpy(), kind="stable")
         k = max(1, int(round(fraction * order.size)))
@@ -363,18 +395,19 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
     extra: Dict[str, Any] = {"accuracy": {m.replace("NDCG", "N").replace("Recall", "R"): np.round(a, 6).tolist()
                                           for m, a in run.accuracy.items()}}
     for block in run.blocks:
-        label = f"D{block.index}"
+        info = block_artifacts(block)
+        label = f"D{info['block']}"
         for long, short in (("NDCG@20", "N@20"), ("Recall@20", "R@20")):
             metrics[f"{short}/{label}"] = float(block.test_metrics[long])
-        metrics[f"valid N@20/{label}"] = float(block.valid_metrics.get("NDCG@20", math.nan))
+        metrics[f"valid N@20/{label}"] = float((block.best_metrics or {}).get("NDCG@20", math.nan))
         metrics[f"best_round/{label}"] = float(block.best_round if block.best_round is not None else math.nan)
-        metrics[f"rounds/{label}"] = float(block.rounds_run)
-        metrics[f"seconds/{label}"] = float(block.seconds)
-        extra[f"users/{label}"] = block.test_users.tolist()
-        extra[f"N@20 per user/{label}"] = np.round(block.test_per_user["NDCG@20"], 5).tolist()
-    incremental = [b for b in run.blocks if b.index >= 1]
+        metrics[f"rounds/{label}"] = float(block.round_index)
+        metrics[f"seconds/{label}"] = float(info["seconds"])
+        extra[f"users/{label}"] = info["test_users"].tolist()
+        extra[f"N@20 per user/{label}"] = np.round(info["test_per_user"]["NDCG@20"], 5).tolist()
+    incremental = range(1, len(run.blocks))  # D1, D2, ...: blocks[t] is block t
     for short in ("N@20", "R@20"):
-        metrics[f"{short}/Avg"] = float(np.mean([metrics[f"{short}/D{b.index}"] for b in incremental])) \
+        metrics[f"{short}/Avg"] = float(np.mean([metrics[f"{short}/D{t}"] for t in incremental])) \
             if incremental else math.nan
     if config.get("analysis"):
         extra["users_D0"] = user_analysis(stream, backbone, run, base, method)
@@ -481,7 +514,7 @@ def forgetting_frame(results: Mapping[str, Mapping[str, Any]], metric: str = "N@
     return pd.DataFrame(rows)
 
 
-def memory_consumed_share(config: Mapping[str, Any], base: BlockResult, stream, top_n: int = 30, device=None) -> float:
+def memory_consumed_share(config: Mapping[str, Any], base: RunResult, stream, top_n: int = 30, device=None) -> float:
     """Share of the block-0 top-``top_n`` memory (Eq. 1, unmasked) the user already trained on.
 
     The public code takes each user's top-N over **all** items; a trained model ranks the
@@ -491,9 +524,10 @@ def memory_consumed_share(config: Mapping[str, Any], base: BlockResult, stream, 
     from fedlib.papers.f3crec.method import top_n_memory
 
     model = make_backbone(config).make_model(stream[0].num_users, stream[0].num_items)
-    device = next(iter(base.global_state.values())).device if device is None else device
+    selected = base.selected_state
+    device = next(iter(selected.global_state.values())).device if device is None else device
     with torch.no_grad():
-        scores = model.score_users(base.global_state, base.private_state,
+        scores = model.score_users(selected.global_state, selected.private_state,
                                    torch.arange(stream[0].num_users, device=device))  # (U, I)
     top_items = top_n_memory(scores, top_n)[0].cpu().numpy()  # (U, N)
     train = stream[0].train
