@@ -585,3 +585,16 @@ def test_malformed_repeats_skeletons_and_case_columns_are_named(tmp_path, old, n
     assert old in SIZES, old
     with pytest.raises(SpecError, match=message):
         load_spec(write(tmp_path, SIZES.replace(old, new, 1), "sizes.toml"))
+
+
+def test_every_paper_spec_ships_with_the_package():
+    """A spec.toml not listed in pyproject's package-data is missing from an installed (non-editable) fedlib."""
+    import tomllib
+
+    from fedlib.paths import project_root
+
+    root = project_root()
+    shipped = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for spec in sorted((root / "fedlib" / "papers").glob("*/spec.toml")):
+        package = f"fedlib.papers.{spec.parent.name}"
+        assert "spec.toml" in shipped.get(package, []), f"add {package} = [\"spec.toml\"] to [tool.setuptools.package-data]"
