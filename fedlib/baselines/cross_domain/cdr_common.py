@@ -42,6 +42,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from fedlib.baselines.config_checks import check_positive_ints, check_seed
 from fedlib.engine.algorithm import RoundContext
 from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
@@ -56,14 +57,6 @@ ROLES = ("valid", "test")
 
 #: ``progress(round, history_row)``, called after every evaluation (see :func:`train_cross_domain`).
 Progress = Optional[Callable[[int, Dict[str, float]], None]]
-
-
-def check_positive_ints(config: Any, names: Sequence[str], hint: str = "") -> None:
-    """Raise ``ValueError`` naming ``<Config>.<field>`` unless every field is an integer >= 1."""
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{type(config).__name__}.{name} must be an integer >= 1, got {value!r}{hint}")
 
 
 def check_training_loop(config: Any, positive_ints: Sequence[str] = ()) -> None:
@@ -86,8 +79,7 @@ def check_training_loop(config: Any, positive_ints: Sequence[str] = ()) -> None:
     if config.select_on not in ("valid", "test"):
         raise ValueError(f"{name}.select_on must be 'valid' (our rule) or 'test' (the audit of selecting on the "
                          f"test set), got {config.select_on!r}")
-    if isinstance(config.seed, bool) or not isinstance(config.seed, (int, np.integer)) or config.seed < 0:
-        raise ValueError(f"{name}.seed must be an integer >= 0, got {config.seed!r}")
+    check_seed(config)
 
 
 # --------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ from fedlib.data.splits import SequenceSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport, clone_dataclass, dataclass_from_dict, dataclass_to_dict
 from fedlib.engine.optim import adam
 from fedlib.engine.trainer import RunResult, train
+from fedlib.baselines.config_checks import check_positive_ints, check_seed
 from fedlib.baselines.sequential.sequences import make_batch, transition_graphs
 from fedlib.baselines.sequential.sequence_training import (METRICS, TIE_RULES, PlatformPlan, clone_tensors,
                                               fedavg, flat_evaluation, generator_states, generators_of, platform_graphs,
@@ -86,10 +87,8 @@ class FedProxConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        for name in ("rounds", "local_epochs", "batch_size", "patience", "eval_batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"FedProxConfig.{name} must be an integer >= 1, got {v!r}")
+        check_positive_ints(self, ("rounds", "local_epochs", "batch_size", "patience", "eval_batch_size"))
+        check_seed(self)
         if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"FedProxConfig.lr must be a finite number > 0, got {self.lr!r}")
         if not (isinstance(self.mu, (int, float)) and math.isfinite(self.mu) and self.mu >= 0):

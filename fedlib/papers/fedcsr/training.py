@@ -80,6 +80,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from fedlib.baselines.config_checks import check_positive_ints, check_seed
 from fedlib.baselines.registry import register
 from fedlib.data.splits import SequenceSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport, dataclass_from_dict, dataclass_to_dict
@@ -120,10 +121,7 @@ class FedCSRTrainConfig:
     device: str = "cpu"
 
     def __post_init__(self):
-        for name in ("rounds", "local_epochs", "batch_size", "patience", "eval_batch_size"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"FedCSRTrainConfig.{name} must be an integer >= 1, got {v!r}")
+        check_positive_ints(self, ("rounds", "local_epochs", "batch_size", "patience", "eval_batch_size"))
         if isinstance(self.lr, bool) or not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) \
                 or self.lr <= 0:
             raise ValueError(f"FedCSRTrainConfig.lr must be a finite number > 0 (e.g. 1e-3), got {self.lr!r}")
@@ -136,8 +134,7 @@ class FedCSRTrainConfig:
                              f"got {self.weight_by!r}")
         if self.tie_rule not in TIE_RULES:
             raise ValueError(f"FedCSRTrainConfig.tie_rule must be one of {TIE_RULES}, got {self.tie_rule!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
-            raise ValueError(f"FedCSRTrainConfig.seed must be an integer >= 0, got {self.seed!r}")
+        check_seed(self)
         if str(self.device).split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"FedCSRTrainConfig.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 
