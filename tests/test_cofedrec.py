@@ -327,12 +327,12 @@ def test_server_hook_groups_users_and_sends_the_membership():
     method = cofedrec_method(model, train, config, num_clusters=4)
     run = start_run(ParameterAveraging(method, None, config, device="cpu"), config.schedule(), config.seed)
     state = run.state  # the hook changes the run's state in place
-    method.before_round(run, 0)
+    method.before_round(run, 0, None)  # the server step reads no plan
     assert method.client_loss.membership is None and MEMBERSHIP_KEY not in state.extra
     tables = state.private_state["personal_item_emb"]
     tables += torch.randn(tables.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
     uploads = tables.clone()
-    method.before_round(run, 1)
+    method.before_round(run, 1, None)
     expected = co_cluster_step(uploads, train.active_users(), 4,
                                server_uniforms(round_generator(5, 1, SERVER_STREAM), 4))
     similar = expected.similar.tolist()

@@ -100,10 +100,10 @@ def test_before_round_hook_sets_the_round_and_constant_curriculum_ignores_it():
     params, batch = toy_batch()
     model = FedRAP(2, 3, dim=2)
     method = fedrap_method(model, lam=0.1, mu=0.2)
-    method.before_round(None, 5)
+    method.before_round(None, 5, None)  # FedRAP reads only the round index
     assert method.client_loss.round_index == 5
     constant = FedRAPLoss(lam=0.1, mu=0.2, curriculum="constant")
-    constant.before_round(None, 5)
+    constant.before_round(None, 5, None)
     expected = [BCE[u] - 0.1 * INDEPENDENCE[u] + 0.2 * SPARSITY[u] for u in range(2)]
     torch.testing.assert_close(constant(model, params, batch), torch.tensor(expected, dtype=torch.float64))
 

@@ -12,6 +12,7 @@ from engine_toys import NUM_ITEMS, NUM_USERS, toy_train
 from fedlib.data.sampling import NegativeSampler
 from fedlib.engine import (Checkpointer, FederatedConfig, SequentialExecutor, ParameterAveraging, make_round_plan,
                            personal_table_method, round_generator, run_federated)
+from fedlib.engine.algorithm import RoundContext
 from fedlib.engine.knowledge import global_knowledge
 from fedlib.engine.plan import guidance_participants
 from fedlib.engine.loop import config_dict
@@ -22,7 +23,8 @@ from fedlib.papers.fedrkg.guidance import (adaptive_guidance, adaptive_guidance_
                                            fused_embedding, gate_values, guidance_vector, knowledge_guidance,
                                            proposition1_step)
 from fedlib.papers.fedrkg.method import (GATE_BIAS_KEY, GATE_WEIGHT_KEY, LOG_KEY, KnowledgeGuidance,
-                                         client_parameter_counts, gate_examples_from_plan, guidance_examples)
+                                         client_parameter_counts, gate_examples_from_plan, guidance_examples,
+                                         round_gate_examples)
 
 torch.set_num_threads(1)  # other experiments share this machine
 
@@ -251,6 +253,15 @@ def test_guidance_examples_are_the_rounds_examples():
         assert ours.items[c][real].tolist() == plan.items[ex].tolist()
         assert ours.steps[c][real].tolist() == plan.steps[ex].tolist()
     assert np.array_equal(guidance_participants(train, config, t), plan.clients)
+    # The hook's examples: the round's own plan when every user trains in it ...
+    for a, b in zip(round_gate_examples(plan, train, sampler, config, t), ref):
+        assert torch.equal(a, b)
+    # ... else fresh examples for every user (the code trains every gate), not the sampled plan's.
+    sampled = make_round_plan(train, sampler, round_generator(config.seed, t), round_index=t, num_negatives=4,
+                              batch_size=16, local_epochs=1, clients_per_round=3)
+    assert len(sampled.clients) == 3
+    for a, b in zip(round_gate_examples(sampled, train, sampler, config, t), ours):
+        assert torch.equal(a, b)
 
 
 def test_hook_and_run_federated(tmp_path):
@@ -268,9 +279,12 @@ def test_hook_and_run_federated(tmp_path):
     state.private_state["personal_item_emb"] += 0.1 * torch.randn(state.private_state["personal_item_emb"].shape,
                                                                   generator=torch.Generator().manual_seed(0))
     tables = state.private_state["personal_item_emb"].clone()
-    method.before_round(run, 1)  # not a guidance round
+    algorithm = ParameterAveraging(method, train, config, device="cpu")
+    plans = [algorithm.plan_round(state, RoundContext(t, config.seed, round_generator(config.seed, t)))
+             for t in range(3)]
+    method.before_round(run, 1, plans[1])  # not a guidance round
     assert torch.equal(state.private_state["personal_item_emb"], tables) and not state.extra
-    method.before_round(run, 2)
+    method.before_round(run, 2, plans[2])
     weight, bias = state.extra[GATE_WEIGHT_KEY], state.extra[GATE_BIAS_KEY]
     assert weight.abs().sum() > 0  # the gates moved
     p_g = tables[train.active_users()].mean(0)

@@ -415,13 +415,13 @@ def test_server_hook_broadcasts_and_skips_users_without_training():
     run = start_run(ParameterAveraging(method, None, config, device="cpu"), config.schedule(), config.seed)
     state = run.state  # the server changes the run's state in place
     server = GraphGuidedServer()
-    server(run, 0)
+    server(run, 0, None)  # the graph step reads no plan
     tables = state.private_state["item_emb"]
     gen = torch.Generator().manual_seed(0)
     tables[:3] += torch.randn(3, 3, 2, generator=gen, dtype=torch.float64)  # users 0-2 trained, user 3 did not
     uploads = tables[:3].clone()
     untouched_target = state.private_state["target_item_emb"][3].clone()
-    server(run, 1)
+    server(run, 1, None)
     expected = graph_personalise(uploads)
     torch.testing.assert_close(state.private_state["target_item_emb"][:3], expected.personal)
     torch.testing.assert_close(state.private_state["target_item_emb"][3], untouched_target)

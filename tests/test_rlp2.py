@@ -172,7 +172,7 @@ def test_method_keeps_the_memory_of_the_selected_round():
     _write(method.memory, 0, [3], [0.9])
     best_g, best_p = {"item_emb": torch.ones(2, 2)}, {"user_emb": torch.ones(1, 2)}
     hook = method._before_round(None)
-    hook(SimpleNamespace(best_round=4, best_state=AveragingState(best_g, best_p)), 4)  # the run, as the trainer has it
+    hook(SimpleNamespace(best_round=4, best_state=AveragingState(best_g, best_p)), 4, None)  # the run, as the trainer has it
     _write(method.memory, 0, [5], [0.7])  # a later, unselected round
     assert method._snapshot_for({"item_emb": torch.zeros(2, 2)}, best_p) is None
     snap = method._snapshot_for({k: v.clone() for k, v in best_g.items()}, best_p)

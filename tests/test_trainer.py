@@ -10,7 +10,7 @@ import torch
 
 from fedlib.engine import (Algorithm, Checkpointer, CommunicationLedger, FederatedConfig, ParameterAveraging,
                            RankingEvaluator, RoundReport, RunResult, Schedule, fedmf_method, round_generator,
-                           run_federated, train)
+                           chain_hooks, run_federated, train)
 from fedlib.engine.algorithm import clone_dataclass, dataclass_from_dict, dataclass_to_dict
 from fedlib.data.splits import Pairs
 from fedlib.models import FedMF
@@ -206,3 +206,35 @@ def test_evaluate_splits_scores_valid_and_test_in_one_pass_with_the_same_numbers
     one_pass = train(shared, schedule, seed=5)
     assert shared.passes == 3  # one pass per evaluation, not two
     assert one_pass.history == train(RandomWalk(), schedule, seed=5).history
+
+
+class ServerStep(RandomWalk):
+    """The toy with server work before each round: it reads the round's plan (the step) and the run."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def before_round(self, run, round_index, plan):
+        self.seen.append((round_index, plan, run.round_index))
+        run.state = WalkState(position=run.state.position * 0.5, visited=run.state.visited)  # halve before each step
+
+
+def test_before_round_gets_the_rounds_plan_before_the_round_runs():
+    walk = ServerStep()
+    run = train(walk, Schedule(rounds=4, test_at_end=False), seed=3, evaluate=False)
+    planned = [step for _, step in walk.plans]
+    assert [(t, step, t) for t, step in enumerate(planned)] == walk.seen  # round t's plan, before round t ran
+    position = 3.0
+    for t in range(4):
+        position = 0.5 * position + float(round_generator(3, t).normal())  # the hook's change, then the step
+    assert float(run.state.position) == pytest.approx(position, abs=1e-6)
+
+
+def test_chain_hooks_runs_hooks_in_order_and_keeps_none_for_none():
+    calls = []
+    first = lambda run, t, plan: calls.append(("first", t, plan))  # noqa: E731
+    second = lambda run, t, plan: calls.append(("second", t, plan))  # noqa: E731
+    assert chain_hooks(None, None) is None and chain_hooks(None, first) is first
+    chain_hooks(first, None, second)(None, 2, "plan")
+    assert calls == [("first", 2, "plan"), ("second", 2, "plan")]

@@ -43,8 +43,8 @@ from fedlib.engine.loop import (
     AveragingState, FederatedConfig, ParameterAveraging, run_federated,
 )
 from fedlib.engine.method import (
-    FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, fedmf_method, fedncf_method,
-    pfedrec_method, personal_table_method,
+    FederatedMethod, GradientNoise, LocalBatch, UploadNoise, bce_client_loss, chain_hooks, fedmf_method,
+    fedncf_method, pfedrec_method, personal_table_method,
 )
 from fedlib.engine.privacy import dp_epsilon
 from fedlib.engine.selection import Selection
@@ -64,7 +64,7 @@ __all__ = [
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
     "FederatedConfig", "run_federated",
     "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "dp_epsilon", "bce_client_loss",
-    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
+    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method", "chain_hooks",
     "RoundPlan", "make_round_plan", "round_generator", "round_noise_key", "client_noise_generator", "select_clients",
     "ClientRowUpdates", "client_upload_noise", "client_gradient_noise", "gradient_noise_shapes",
     "record_round_communication",

@@ -13,8 +13,9 @@ A federated recommendation method, seen from the trainer, answers four questions
 * ``evaluate(state, split) -> {metric: value}``: ranking metrics on ``"valid"`` or
   ``"test"``.
 
-optionally ``before_round(run, t)``: server work before round ``t`` that reads the run so far
-(its state and its selection: RLP2 keeps the memory of its best round); optionally
+optionally ``before_round(run, t, plan)``: server work before round ``t`` that reads the run so far
+(its state and its selection: RLP2 keeps the memory of its best round) and the round's plan,
+drawn just before it (FedRKG trains its gates on the round's examples); optionally
 ``evaluate_splits(state, splits) -> {split: metrics}``, the same numbers as ``evaluate`` per
 split, for a model whose scoring pass is worth sharing between validation and test (graph
 embeddings); and three about its state, so that the trainer can keep the best state and checkpoint:

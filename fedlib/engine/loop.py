@@ -154,10 +154,10 @@ class ParameterAveraging:
         return AveragingState(here(saved["global_state"]), here(saved["private_state"]), dict(saved["extra"]))
 
     # --- one round -------------------------------------------------------------------------
-    def before_round(self, run: RunResult, round_index: int) -> None:
+    def before_round(self, run: RunResult, round_index: int, plan: RoundPlan) -> None:
         """The method's ``before_round`` hook (FedRKG's guidance, GPFedRec's graph, RLP2's memory)."""
         if self.method.before_round is not None:
-            self.method.before_round(run, round_index)
+            self.method.before_round(run, round_index, plan)
 
     def plan_round(self, state: AveragingState, context: RoundContext) -> RoundPlan:
         """Sample the round's clients, their negatives and batch order from ``context.rng``."""

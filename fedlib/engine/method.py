@@ -50,7 +50,7 @@ from fedlib.models.pfedrec import PFedRec
 __all__ = [
     "LocalBatch", "ClientLossFn", "bce_client_loss", "UploadNoise", "GradientNoise", "UPLOAD_MODES", "FederatedMethod",
     "LOCAL_OPTIMIZERS", "LocalOptimizer", "masked_adam_step",
-    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method",
+    "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method", "chain_hooks",
 ]
 
 
@@ -393,9 +393,12 @@ class FederatedMethod:
         aggregation: FedAvg weighting.
         client_loss: local loss (default :func:`bce_client_loss`).
         server_mix: optional ``(previous_global, aggregated, round) -> global`` hook.
-        before_round: optional ``(run, round_index) -> None`` hook run before the plan; ``run``
-            is the trainer's live :class:`~fedlib.engine.trainer.RunResult` (it may change
-            ``run.state.private_state`` / ``run.state.global_state``, and reads the selection).
+        before_round: optional ``(run, round_index, plan) -> None`` hook run after the round's
+            plan is drawn and before its local training; ``run`` is the trainer's live
+            :class:`~fedlib.engine.trainer.RunResult` (it may change ``run.state.private_state`` /
+            ``run.state.global_state``, and reads the selection), ``plan`` the round's
+            :class:`~fedlib.engine.plan.RoundPlan` (its clients and their examples; read only).
+            Several hooks run in order with :func:`chain_hooks`.
         name: label for logs and checkpoints.
         upload_noise: Laplace noise added by each client to its upload (``None`` = none).
         upload_mode: what a client sends for a ``public_rows`` table. ``"full"``: the whole
@@ -564,6 +567,22 @@ class FederatedMethod:
         """Default loss, one step on all parameters, SGD, no clipping or gradient noise (enables analytic kernels)."""
         return (self.client_loss is bce_client_loss and self.update_steps is None and self.grad_clip_norm is None
                 and self.gradient_noise is None and not self.optimizer.is_adam)
+
+
+def chain_hooks(*hooks: Optional[Callable]) -> Optional[Callable]:
+    """One ``before_round(run, round_index, plan)`` hook that runs ``hooks`` in order (``None`` skipped).
+
+    Returns ``None`` when no hook is given and the hook itself when there is one, so that a
+    method without hooks keeps ``before_round=None``.
+    """
+    present = [hook for hook in hooks if hook is not None]
+    if len(present) <= 1:
+        return present[0] if present else None
+
+    def chained(run, round_index: int, plan) -> None:
+        for hook in present:
+            hook(run, round_index, plan)
+    return chained
 
 
 # -- factories with the learning-rate schemes of the papers' public code ------------------------

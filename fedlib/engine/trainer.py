@@ -5,6 +5,7 @@
     state ← algorithm.init(seed)                       (or the checkpoint's, or a given start)
     for t = 0, 1, …, rounds − 1:
         plan          ← algorithm.plan_round(state, t)            every random choice of round t
+        [algorithm.before_round(run, t, plan)]                    optional server work that reads the run
         state, report ← algorithm.run_round(state, plan, t)       Algorithm 1 of the paper
         every eval_every rounds (and after the last):
             metrics ← algorithm.evaluate(state, "valid")          [and "test", for the audit]
@@ -256,10 +257,10 @@ def train(algorithm: Algorithm, schedule: Schedule, *, seed: int, start: Optiona
     began = time.perf_counter()
     while run.round_index < schedule.rounds and not run.stopped_early:
         t = run.round_index
-        if before_round is not None:
-            before_round(run, t)                                              # server work that reads the run
         context = RoundContext(index=t, seed=seed, rng=round_generator(seed, t), ledger=ledger)
         plan = algorithm.plan_round(run.state, context)                       # who trains, on what
+        if before_round is not None:
+            before_round(run, t, plan)                                        # server work before the round
         run.state, report = algorithm.run_round(run.state, plan, context)     # one round of Algorithm 1
         run.round_index = t + 1
         record = {"round": run.round_index, "train_loss": float(report.train_loss), **report.logged}

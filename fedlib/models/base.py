@@ -41,6 +41,7 @@ __all__ = [
     "normal_",
     "uniform_",
     "torch_linear_init",
+    "per_user_mlp_init",
 ]
 
 PARAM_KINDS = ("public_rows", "public_dense", "private_rows", "private_dense")
@@ -132,3 +133,26 @@ def torch_linear_init(fan_in: int, fan_out: int, generator, dtype, device):
         uniform_((fan_out, fan_in), bound, generator, dtype, device),
         uniform_((fan_out,), bound, generator, dtype, device),
     )
+
+
+def per_user_mlp_init(num_users: int, fan_in: int, hidden: Sequence[int], generator, dtype, device
+                      ) -> Dict[str, torch.Tensor]:
+    """An MLP tower with a one-logit head, ``nn.Linear``-initialised once and copied to every user.
+
+    Layers are drawn in order (``mlp0``, ``mlp1``, ..., then the head) from ``generator``, so
+    a model that draws its tables first and then calls this keeps its initial values.
+
+    Returns:
+        ``mlp<k>_w (U, out, in)``, ``mlp<k>_b (U, out)`` for each hidden width, ``head_w (U, h)``
+        and ``head_b (U,)``, where ``h`` is the last hidden width (``fan_in`` without hidden layers).
+    """
+    out: Dict[str, torch.Tensor] = {}
+    for k, width in enumerate(hidden):
+        weight, bias = torch_linear_init(fan_in, width, generator, dtype, device)
+        out[f"mlp{k}_w"] = weight.unsqueeze(0).repeat(num_users, 1, 1)  # (U, out, in)
+        out[f"mlp{k}_b"] = bias.unsqueeze(0).repeat(num_users, 1)  # (U, out)
+        fan_in = width
+    weight, bias = torch_linear_init(fan_in, 1, generator, dtype, device)
+    out["head_w"] = weight[0].expand(num_users, -1).clone()  # (U, h)
+    out["head_b"] = bias.expand(num_users).clone()  # (U,)
+    return out

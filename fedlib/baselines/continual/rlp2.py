@@ -489,13 +489,13 @@ class RLP2(ContinualMethod):
         return None
 
     def _before_round(self, inner):
-        def hook(run, round_index):
+        def hook(run, round_index, plan):
             # Round ``round_index`` starts right after the evaluation of the previous round;
             # if that round became the best, the memory now is the memory that went with it.
             if run.best_round is not None and run.best_round == round_index and run.best_state is not None:
                 self._best = (run.best_state.global_state, run.best_state.private_state, self.memory.snapshot())
             if inner is not None:
-                inner(run, round_index)
+                inner(run, round_index, plan)
         return hook
 
     # -- hooks ---------------------------------------------------------------------------

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -91,7 +91,7 @@ import torch.nn.functional as F
 
 from fedlib.data.splits import Pairs
 from fedlib.engine.knowledge import global_knowledge
-from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.method import FederatedMethod, LocalBatch, chain_hooks
 from fedlib.engine.plan import RoundPlan, guidance_participants, round_generator
 from fedlib.baselines.single_domain.gpfedrec import add_table_context, first_occurrence
 from fedlib.models.base import FederatedModel
@@ -626,7 +626,7 @@ class CoFedRecLoss:
 
 
 class CoClusteringServer:
-    """CoFedRec's server as a ``before_round(run, t)`` hook.
+    """CoFedRec's server as a ``before_round(run, t, plan)`` hook.
 
     Round 0: nothing. Round ``t >= 1``: the participants of round ``t − 1`` upload their
     tables; :func:`co_cluster_step` (draws from ``round_generator(seed, t, SERVER_STREAM)``)
@@ -646,7 +646,7 @@ class CoClusteringServer:
         self.num_clusters = _check_positive_int("num_clusters", num_clusters, "item clusters K")
         self.max_iter = _check_positive_int("max_iter", max_iter, "K-Means iterations")
 
-    def __call__(self, run, round_index: int) -> None:
+    def __call__(self, run, round_index: int, plan) -> None:
         if round_index == 0:
             self.loss.set_membership(None)
             return
@@ -733,13 +733,7 @@ def cofedrec_method(model: CoFedRecModel, train: Pairs, config, lr: float = 0.05
         raise ValueError("cofedrec_method builds its own client_loss (CoFedRecLoss); pass lam/temperature/... instead")
     loss = CoFedRecLoss(lam, temperature, variant, normalize, contrastive_rows)
     server = CoClusteringServer(loss, train, config, k, max_iter, model.names("private_rows")[0])
-    extra_hook: Optional[Callable] = kwargs.pop("before_round", None)
-    if extra_hook is None:
-        hook = server
-    else:
-        def hook(run, round_index):
-            server(run, round_index)
-            extra_hook(run, round_index)
+    hook = chain_hooks(server, kwargs.pop("before_round", None))
     rates = {name: (lr * model.num_items * lr_eta if kind.endswith("rows") else lr)
              for name, kind in model.param_kinds.items()}
     steps = CoFedRecModel.update_steps if two_step else None

@@ -49,7 +49,7 @@ Where the code departs from the paper, and how to get the code's behaviour:
   :class:`FedRAPCodeExecutor` takes the code's (:data:`FEDRAP_CODE_OPTIMIZER`).
 
 How the round index reaches the loss. ``FederatedMethod.client_loss(model, params, batch)``
-is not told the round, but ``before_round(run, t)`` is. :class:`FedRAPLoss` is therefore a
+is not told the round, but ``before_round(run, t, plan)`` is. :class:`FedRAPLoss` is therefore a
 small object with a ``round_index`` that its :meth:`FedRAPLoss.before_round` hook sets;
 :func:`fedrap_method` wires the two together. Code that drives an executor directly (without
 :func:`~fedlib.engine.run_federated`) must call ``loss.set_round(t)`` itself.
@@ -57,13 +57,13 @@ small object with a ``round_index`` that its :meth:`FedRAPLoss.before_round` hoo
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Optional, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.method import FederatedMethod, LocalBatch, chain_hooks
 from fedlib.models.base import FederatedModel
 from fedlib.models.personal import PersonalItemTableModel
 
@@ -241,8 +241,8 @@ class FedRAPLoss:
         curriculum_weight(round_index, self.curriculum, self.scale)  # validates
         self.round_index = int(round_index)
 
-    def before_round(self, run, round_index: int) -> None:
-        """Engine hook ``(run, t) -> None``: sets the round; the run is not touched."""
+    def before_round(self, run, round_index: int, plan) -> None:
+        """Engine hook ``(run, t, plan) -> None``: sets the round; the run and the plan are not touched."""
         self.set_round(round_index)
 
     def weights(self, round_index: Optional[int] = None) -> Tuple[float, float]:
@@ -262,16 +262,6 @@ class FedRAPLoss:
     def __repr__(self) -> str:
         return (f"FedRAPLoss(lam={self.lam}, mu={self.mu}, curriculum={self.curriculum!r}, scale={self.scale}, "
                 f"round_index={self.round_index})")
-
-
-def _chain(first: Callable, second: Optional[Callable]) -> Callable:
-    if second is None:
-        return first
-
-    def hook(run, round_index):
-        first(run, round_index)
-        second(run, round_index)
-    return hook
 
 
 def fedrap_method(model: FedRAP, lr: float = 0.5, lr_items: float = 200.0, lam: float = 0.1, mu: float = 0.1,
@@ -301,7 +291,7 @@ def fedrap_method(model: FedRAP, lr: float = 0.5, lr_items: float = 200.0, lam: 
             raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     loss = FedRAPLoss(lam, mu, curriculum, curriculum_scale)
     rates = {name: float(lr_items) if name in (personality, commonality) else float(lr) for name in model.param_kinds}
-    hook = _chain(loss.before_round, kwargs.pop("before_round", None))
+    hook = chain_hooks(loss.before_round, kwargs.pop("before_round", None))
     kwargs.setdefault("name", "FedRAP")
     return FederatedMethod(model, rates, lr_decay=lr_decay, client_loss=loss, before_round=hook, **kwargs)
 

@@ -69,15 +69,15 @@ How it maps onto the engine (gaps and workarounds):
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedlib.engine.method import FederatedMethod, LocalBatch
+from fedlib.engine.method import FederatedMethod, LocalBatch, chain_hooks
 from fedlib.engine.plan import RoundPlan
-from fedlib.models.base import FederatedModel, normal_, torch_linear_init
+from fedlib.models.base import FederatedModel, normal_, per_user_mlp_init
 from fedlib.baselines.single_domain.gpfedrec_graph import (  # the server's graph; re-exported as part of this module
     SIMILARITIES, _check_choice, _check_chunk, flatten_tables, user_similarity, neighbour_weights, message_passing,
     GraphAggregate, CERTIFICATE_MARGIN, AngleBound, angle_bound, complete_graph_threshold, rows_equal,
@@ -264,15 +264,7 @@ class GPFedRecModel(FederatedModel):
             self.target: table.unsqueeze(0).repeat(users, 1, 1),  # (U, I, d): round 0 target = the init
             "user_emb": user.expand(users, -1).clone(),  # (U, d)
         }
-        fan_in = 2 * dim
-        for k, width in enumerate(self.hidden):
-            weight, bias = torch_linear_init(fan_in, width, generator, dtype, device)
-            out[f"mlp{k}_w"] = weight.unsqueeze(0).repeat(users, 1, 1)  # (U, out, in)
-            out[f"mlp{k}_b"] = bias.unsqueeze(0).repeat(users, 1)  # (U, out)
-            fan_in = width
-        weight, bias = torch_linear_init(fan_in, 1, generator, dtype, device)
-        out["head_w"] = weight[0].expand(users, -1).clone()  # (U, h)
-        out["head_b"] = bias.expand(users).clone()  # (U,)
+        out.update(per_user_mlp_init(users, 2 * dim, self.hidden, generator, dtype, device))  # input [user; item]
         return out
 
     def _forward(self, params: Mapping[str, torch.Tensor], items: torch.Tensor) -> torch.Tensor:
@@ -381,7 +373,7 @@ class GPFedRecLoss:
 
 
 class GraphGuidedServer:
-    """GPFedRec's server as a ``before_round(run, t)`` hook (see the module docstring).
+    """GPFedRec's server as a ``before_round(run, t, plan)`` hook (see the module docstring).
 
     Round 0: records the shared initial table as the first broadcast. Round ``t >= 1``: the
     participants of round ``t − 1`` (tables that differ from the last broadcast) upload their
@@ -404,7 +396,7 @@ class GraphGuidedServer:
         self.similarity, self.threshold_scale, self.layers = similarity, float(threshold_scale), int(layers)
         self.chunk_size, self.table, self.target = _check_chunk(chunk_size), table, target
 
-    def __call__(self, run, round_index: int) -> None:
+    def __call__(self, run, round_index: int, plan) -> None:
         state = run.state  # the trainer's live run: its AveragingState is changed in place
         tables = state.private_state[self.table]  # (U, I, d)
         broadcast = state.extra.get(BROADCAST_KEY)
@@ -481,13 +473,7 @@ def gpfedrec_method(model: GPFedRecModel, lr: float = 0.1, lr_eta: float = 80.0,
                          f"lr_eta={lr_eta}, client_fraction={client_fraction}): use lr_eta >= client_fraction so that "
                          "lr · lr_eta / client_fraction − lr >= 0")
     server = GraphGuidedServer(similarity, threshold_scale, layers, chunk_size, model.table, model.target)
-    extra_hook: Optional[Callable] = kwargs.pop("before_round", None)
-    if extra_hook is None:
-        hook = server
-    else:
-        def hook(run, round_index):
-            server(run, round_index)
-            extra_hook(run, round_index)
+    hook = chain_hooks(server, kwargs.pop("before_round", None))
     kwargs.setdefault("name", "GPFedRec")
     return FederatedMethod(model, rates, update_steps=model.update_steps, client_loss=GPFedRecLoss(reg, reg_rows),
                            before_round=hook, **kwargs)

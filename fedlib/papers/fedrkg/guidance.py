@@ -91,7 +91,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from fedlib.models.base import FederatedModel, normal_, torch_linear_init
+from fedlib.models.base import FederatedModel, normal_, per_user_mlp_init
 from fedlib.models.ncf import FedNCF
 from fedlib.models.personal import PersonalItemTableModel
 
@@ -304,15 +304,7 @@ class GuidedPFedRec(_PersonalTableBackbone):
         users = self.num_users
         table = normal_((self.num_items, self.dim), self.item_init_std, generator, dtype, device)
         state = {PERSONAL_TABLE: table.unsqueeze(0).repeat(users, 1, 1)}  # (U, I, d)
-        fan_in = self.dim
-        for k, width in enumerate(self.hidden):
-            weight, bias = torch_linear_init(fan_in, width, generator, dtype, device)
-            state[f"mlp{k}_w"] = weight.unsqueeze(0).repeat(users, 1, 1)  # (U, out, in)
-            state[f"mlp{k}_b"] = bias.unsqueeze(0).repeat(users, 1)  # (U, out)
-            fan_in = width
-        weight, bias = torch_linear_init(fan_in, 1, generator, dtype, device)
-        state["head_w"] = weight[0].expand(users, -1).clone()  # (U, h)
-        state["head_b"] = bias.expand(users).clone()  # (U,)
+        state.update(per_user_mlp_init(users, self.dim, self.hidden, generator, dtype, device))
         return state
 
     def logits(self, params: Mapping[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:

@@ -178,15 +178,15 @@ def guidance_probe(method, config, split, evaluator, fed_config):
         users, values = evaluator.per_user(model, state.global_state, state.private_state, "test")
         return np.asarray(users).tolist(), {k: v.cpu().numpy().tolist() for k, v in values.items()}
 
-    def hook(run, t):
+    def hook(run, t, plan):
         if t != config["probe_round"]:
             if inner is not None:
-                inner(run, t)
+                inner(run, t, plan)
             return
         users, before = per_user(run.state)
         tables_before = run.state.private_state["personal_item_emb"].clone()
         if inner is not None:
-            inner(run, t)
+            inner(run, t, plan)
         _, after = per_user(run.state)
         probe.update(users=users, before=before, after=after)
         if GATE_WEIGHT_KEY in run.state.extra:

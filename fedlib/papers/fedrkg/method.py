@@ -15,18 +15,19 @@ Schedule (Algorithm 1; the code's ``main.py``). The code aggregates ``P_g`` afte
 rounds ``r ∈ {T, 2T, …} (< R)`` and applies guidance at the *start* of round ``r + 1``, for
 every user, before that round's local training; the gate is trained on the examples of that
 round (its positives and freshly drawn negatives). In :func:`~fedlib.engine.run_federated`
-terms (0-based round ``t`` = rounds completed), guidance runs in ``before_round(run, t)``
+terms (0-based round ``t`` = rounds completed), guidance runs in ``before_round(run, t, plan)``
 when ``t − 1`` is a positive multiple of ``T`` (:meth:`KnowledgeGuidance.is_guidance_round`).
 
 How it plugs into the engine (:class:`KnowledgeGuidance`). The gate ``(w_u, b_u)`` is private
 per-client state that the backbone does not score with, so it is kept out of the model and
 stored in ``AveragingState.extra`` (:data:`GATE_WEIGHT_KEY`, :data:`GATE_BIAS_KEY`; saved by
 checkpoints). :meth:`KnowledgeGuidance.attach` puts :meth:`~KnowledgeGuidance.before_round_hook`
-in the method's ``before_round(run, t)``, which receives neither the round plan nor the
-data, so the hook re-derives both: the participants of round ``t − 1``
-(:func:`fedlib.engine.plan.guidance_participants`) and the examples of round ``t``
-(:func:`guidance_examples`) are pure functions of ``(seed, round)``, hence the same as the
-engine's. :meth:`KnowledgeGuidance.guide` then runs Algorithm 1's lines 10–17: ``P_g``
+in the method's ``before_round(run, t, plan)``, which the trainer calls with round ``t``'s plan
+just drawn: the gates train on that plan's examples (:func:`round_gate_examples`; with client
+sampling, the users outside the plan get fresh examples too, as the code trains every gate).
+The participants of round ``t − 1``, whose plan is gone, are replayed
+(:func:`fedlib.engine.plan.guidance_participants`: the client draw is a pure function of
+``(seed, round)``). :meth:`KnowledgeGuidance.guide` then runs Algorithm 1's lines 10–17: ``P_g``
 (:func:`fedlib.engine.knowledge.global_knowledge`), the nested gate training
 (:mod:`fedlib.papers.fedrkg.gates`) and the committed update (Eqs. 3 / 9,
 :mod:`fedlib.papers.fedrkg.guidance`).
@@ -156,6 +157,15 @@ def guidance_examples(train: Pairs, sampler: NegativeSampler, config, round_inde
                            clients=train.active_users())
     return gate_examples_from_plan(plan, device=device, dtype=dtype)
 
+
+def round_gate_examples(plan: Optional[RoundPlan], train: Pairs, sampler: NegativeSampler, config, round_index: int,
+                        device=None, dtype=torch.float32) -> GateExamples:
+    """The gate examples of round ``round_index``: the round's own plan when every user with data
+    trains in it (the papers' setting, ``clients_per_round=None``), else :func:`guidance_examples`
+    for every user (also when no plan is given)."""
+    if plan is not None and np.array_equal(plan.clients, train.active_users()):
+        return gate_examples_from_plan(plan, device=device, dtype=dtype)
+    return guidance_examples(train, sampler, config, round_index, device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -305,24 +315,24 @@ class KnowledgeGuidance:
     # -- the engine hook -------------------------------------------------------------------
     def before_round_hook(self, train: Pairs, config, num_items: int, sampler: Optional[NegativeSampler] = None,
                           inner: Optional[Callable] = None, model: Optional[FederatedModel] = None) -> Callable:
-        """A ``before_round(run, t)`` hook for :class:`~fedlib.engine.FederatedMethod`.
+        """A ``before_round(run, t, plan)`` hook for :class:`~fedlib.engine.FederatedMethod`.
 
         Args:
             train: the training pairs given to ``run_federated``.
             config: the run's :class:`~fedlib.engine.FederatedConfig` (seed and plan options).
             num_items: item count of the backbone.
             sampler: the negative sampler given to ``run_federated`` (``None``: its default,
-                ``NegativeSampler(train, num_items)``); it must be the same one for the gate
-                examples to be the round's examples.
+                ``NegativeSampler(train, num_items)``); with client sampling it draws the gate
+                examples of the users outside the round's plan.
             inner: an earlier ``before_round`` hook, run first.
             model: the guided backbone whose logits train the gate (``None``: FedRKG's own,
                 :class:`~fedlib.models.PersonalItemTableModel`; see :meth:`guide`).
         """
         sampler = sampler if sampler is not None else NegativeSampler(train, num_items)
 
-        def hook(run, round_index):
+        def hook(run, round_index, plan):
             if inner is not None:
-                inner(run, round_index)
+                inner(run, round_index, plan)
             if not self.is_guidance_round(round_index) or self.mode == "personal_only":
                 return
             state = run.state  # the trainer's live run: guidance changes its tables and gates in place
@@ -330,8 +340,8 @@ class KnowledgeGuidance:
             examples = None
             if self.mode == "adaptive" and self.gate_epochs > 0:
                 tables = state.private_state["personal_item_emb"]
-                examples = guidance_examples(train, sampler, config, round_index, device=tables.device,
-                                             dtype=tables.dtype)
+                examples = round_gate_examples(plan, train, sampler, config, round_index, device=tables.device,
+                                               dtype=tables.dtype)
             self.guide(state.private_state, state.extra, participants, examples, round_index=round_index,
                        model=model, global_state=state.global_state)
 
