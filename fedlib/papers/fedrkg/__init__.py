@@ -27,8 +27,9 @@ The path from the notebook to the training step (three files):
 ``notebooks/01_fedrkg.py`` -> ``experiment.run_cells`` / ``experiment.run_cell``
 (``make_federated`` asks the method registry for FedRKG) -> ``method.py`` (``build_fedrkg``
 builds ``guided_method(guidance.guided_backbone(...))`` with ``KnowledgeGuidance(...).attach(...)``;
-each round ``KnowledgeGuidance.before_round_hook`` -> ``guide``, calling ``gates.py`` and
-``guidance.py``) -> the engine's training step (``fedlib.engine.run_federated``).
+before each guidance round the trainer hands ``KnowledgeGuidance.before_round_hook`` the round's
+plan -> ``guide``, calling ``gates.py`` and ``guidance.py``) -> the engine's training step
+(``fedlib.engine.run_federated``).
 
 Why this cut. The method is about 1,700 lines, so it needs three files under the 800-line
 bound; each file is one layer of the method and imports only the ones before it (guidance
