@@ -10,9 +10,10 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+
+from fedlib.reporting.figures import grouped_bars
 
 __all__ = ["plot_forgetting", "plot_improvement", "plot_sensitivity"]
 
@@ -65,14 +66,10 @@ def plot_improvement(frame: pd.DataFrame, title: str = "Figure 3: F3CRec over th
     frame["label"] = [label if produced[label] else f"{label} (ours: needs download)" for label in frame["label"]]
     settings = list(dict.fromkeys(frame["label"]))
     sources = list(dict.fromkeys(frame["source"]))
-    height = 0.8 / max(1, len(sources))
     fig, ax = plt.subplots(figsize=(7.5, 0.3 * len(settings) * max(1, len(sources)) + 1.6), constrained_layout=True)
-    for i, source in enumerate(sources):
-        part = frame[frame["source"] == source]
-        values = part.set_index("label")["improvement_percent"].reindex(settings)
-        positions = np.arange(len(settings)) + (i - (len(sources) - 1) / 2) * height
-        ax.barh(positions, values.to_numpy(float), height=height, color=_COLOURS[i % len(_COLOURS)], label=source)
-    ax.set_yticks(np.arange(len(settings)), settings, fontsize=9)
+    bars = {source: frame[frame["source"] == source].set_index("label")["improvement_percent"].reindex(settings)
+            for source in sources}
+    grouped_bars(ax, settings, bars, horizontal=True, colors=_COLOURS, fontsize=9)
     ax.invert_yaxis()
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set(xlabel="F3CRec vs the second-best method (%)", title=title)

@@ -10,24 +10,17 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
 from fedlib.experiments import grid
 from fedlib.papers.fedcsr.experiment import BASELINES, PAPER, SMALL_DIM, method_cell, method_label
 from fedlib.papers.fedcsr.tables import (FIGURE2_VARIANTS, FIGURE3_VARIANTS, PAPER_LABELS, SCORES, TABLE9_ALL_PLATFORMS,
                                          TABLE9_CENTRALIZED, TABLE9_FEDERATED, _dim, _fedcsr_dims, _sized)
-from fedlib.reporting.results import runs_of_config
+from fedlib.reporting.figures import curve_frame as long_curves
+from fedlib.reporting.figures import grouped_bars, plot_lines, save_figure
 
 __all__ = ["figure3_configs", "curve_frame", "series_style", "figure_prediction_targets", "figure_curves",
            "figure_individual", "figure_hidden"]
-
-
-def _save(fig, name: Optional[str], profile: str):
-    if name:
-        from fedlib.reporting import save_figure
-        save_figure(fig, PAPER, name, profile)
-    return fig
 
 
 def figure3_configs(dataset: str = "Food-Kitchen", cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
@@ -50,17 +43,13 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     (``FedPi-Net``; FedCSR variants by name), ``series`` the history key (``"valid/MRR"``: mean over
     domains, ``"Food/valid/MRR"``, ``"loss"``, ...), ``value`` as recorded (scores are fractions).
     """
-    rows = []
-    for config in configs:
-        label = method_label(config)
-        label = PAPER_LABELS.get(label, label) if config["method"] != "FedCSR" else label
-        for run in runs_of_config(records, config):
-            for point in (run.extra or {}).get("curve", []):
-                for key, value in point.items():
-                    if key != "round" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                        rows.append({"dataset": config["dataset"], "method": label, "dim": config["dim"],
-                                     "seed": run.seed, "round": point["round"], "series": key, "value": float(value)})
-    return pd.DataFrame(rows, columns=["dataset", "method", "dim", "seed", "round", "series", "value"])
+    def label(config: Mapping[str, Any]) -> Dict[str, Any]:
+        method = method_label(config)
+        method = PAPER_LABELS.get(method, method) if config["method"] != "FedCSR" else method
+        return {"dataset": config["dataset"], "method": method, "dim": config["dim"]}
+
+    return long_curves(records, label, ["dataset", "method", "dim", "seed", "round", "series", "value"],
+                       configs=configs)
 
 
 LINE_STYLES = ("-", "--", "-.", ":")
@@ -119,19 +108,8 @@ def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.suptitle(title or f"FedCSR · Figure 3: {role} {metric} over communication rounds")
     fig.tight_layout()
-    return _save(fig, name, profile)
-
-
-def _grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float]],
-                  errors: Optional[Mapping[str, Sequence[float]]] = None) -> None:
-    width = 0.8 / max(len(series), 1)
-    x = np.arange(len(groups))
-    for i, (label, values) in enumerate(series.items()):
-        yerr = None if errors is None else np.asarray(errors[label], dtype=float)
-        yerr = None if yerr is None or np.isnan(yerr).all() else np.nan_to_num(yerr)
-        ax.bar(x + (i - (len(series) - 1) / 2) * width, values, width, yerr=yerr, capsize=2, label=label)
-    ax.set_xticks(x)
-    ax.set_xticklabels(groups, fontsize=8, rotation=45 if len(groups) > 8 else 0)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def figure_prediction_targets(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
@@ -151,12 +129,13 @@ def figure_prediction_targets(frame: pd.DataFrame, name: Optional[str] = None, *
         variants = [v for v in FIGURE2_VARIANTS if v in set(rows["method"])]
         values = {v: [lookup[(g, v)]["value_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
         errors = {v: [lookup[(g, v)]["std_ours"] if (g, v) in lookup else math.nan for g in groups] for v in variants}
-        _grouped_bars(ax, groups, values, errors)
+        grouped_bars(ax, groups, values, errors)
         ax.set_ylabel(f"test {metric} (%)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("FedCSR · Figure 2: single- and unified-domain prediction targets")
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def _table9_order(setting: str) -> tuple:
@@ -203,7 +182,7 @@ def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profil
                         for s in rows["setting"]]
             series["FedCSR on this platform (ours)"] = per_group("value_ours")
             errors["FedCSR on this platform (ours)"] = per_group("std_ours")
-        _grouped_bars(ax, groups, series, errors)
+        grouped_bars(ax, groups, series, errors)
         ax.set_title(f"{domain} ({rows['dataset'].iloc[0]})")
         ax.set_ylabel(f"test {metric} (%)")
     handles, labels = axes[0][0].get_legend_handles_labels()      # below the panels: no bar is hidden
@@ -211,7 +190,8 @@ def figure_individual(frame: pd.DataFrame, name: Optional[str] = None, *, profil
                frameon=False)
     fig.suptitle("FedCSR · Figure 4: individual training (p#) vs FedCSR")
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def figure_hidden(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
@@ -226,14 +206,12 @@ def figure_hidden(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
     part = part.assign(factor=[float(s.split("=")[1].split("·")[0]) for s in part["setting"]])
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.8 * len(metrics), 3.3), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
-        for domain, line in part[part["metric"] == metric].groupby("domain", sort=False):
-            line = line.sort_values("factor")
-            ax.errorbar(line["factor"], line["value_ours"], yerr=line["std_ours"].fillna(0.0), marker="o", capsize=3,
-                        label=domain)
+        plot_lines(ax, part[part["metric"] == metric], "domain", "factor", "value_ours", yerr="std_ours", sort=False)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("hidden size of t / n")
         ax.set_ylabel(f"test {metric} (%)")
     axes[0][0].legend(fontsize=8)
     fig.suptitle("FedCSR · Figure 6: hidden size of the SCL transformation")
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig

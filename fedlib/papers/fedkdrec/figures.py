@@ -13,25 +13,20 @@ as in :mod:`fedlib.papers.fedkdrec.tables` (whose protocol names and metric map 
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-import numpy as np
 import pandas as pd
 
 from fedlib.papers.fedkdrec.experiment import ALPHAS, BACKBONES, BETA_RANGES, PAPER, cell, method_label
 from fedlib.papers.fedkdrec.tables import FULL, METRICS, PAPER_METRICS, SAMPLED
+from fedlib.reporting.figures import curve_frame as long_curves
+from fedlib.reporting.figures import results_from_records, save_figure, seed_summary_frame
 from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records
 from fedlib.reporting.results import recorded_seeds as _seeds
 from fedlib.reporting.stats import reference_spread_p
 
 __all__ = ["results_from_records", "sensitivity_frame", "sensitivity_claims", "init_frame", "figure_sensitivity",
            "history_frame", "figure_communication", "curve_frame"]
-
-
-def results_from_records(records) -> List[Dict[str, Any]]:
-    """One ``{"config", "metrics", "extra"}`` per recorded training run (the latest record wins)."""
-    return [r.result() for r in latest_records(records).values() if r.config.get("kind") is None]
 
 
 SENSITIVITY_COLUMNS = ["dataset", "backbone", "parameter", "label", "position", "metric", "protocol", "value", "std",
@@ -47,26 +42,17 @@ def sensitivity_frame(records, cell_kwargs: Mapping = {}, dataset: str = "ML-100
     ``position`` its x coordinate (α, or the middle of the β range), ``value`` and ``std``
     the seed mean and sample standard deviation in percent. Unrecorded settings are absent.
     """
-    known, seeds, rows = latest_records(records), _seeds(records), []
+    def point(backbone, parameter, label, position, **setting):
+        keys = {"dataset": dataset, "backbone": backbone, "parameter": parameter, "label": label, "position": position}
+        return keys, cell(dataset, "FedKDRec", backbone=backbone, **setting, **cell_kwargs)
+
+    points = []
     for b in backbones:
-        sweeps = [("alpha", f"{a:g}", float(a), cell(dataset, "FedKDRec", backbone=b, alpha=a, **cell_kwargs))
-                  for a in ALPHAS]
-        sweeps += [("beta", f"[{lo:g}, {hi:g}]", (lo + hi) / 2.0,
-                    cell(dataset, "FedKDRec", backbone=b, beta_range=(lo, hi), **cell_kwargs))
+        points += [point(b, "alpha", f"{a:g}", float(a), alpha=a) for a in ALPHAS]
+        points += [point(b, "beta", f"[{lo:g}, {hi:g}]", (lo + hi) / 2.0, beta_range=(lo, hi))
                    for lo, hi in BETA_RANGES]
-        for parameter, label, position, config in sweeps:
-            found = [known[h] for h in (config_hash({**config, "seed": s}) for s in seeds) if h in known]
-            for name, (metric, protocol) in METRICS.items():
-                runs = [r for r in found if r.metrics.get(name) is not None]
-                if not runs:
-                    continue
-                values = 100.0 * np.asarray([r.metrics[name] for r in runs], dtype=float)
-                rows.append({"dataset": dataset, "backbone": b, "parameter": parameter, "label": label,
-                             "position": position, "metric": metric, "protocol": protocol,
-                             "value": float(values.mean()),
-                             "std": float(values.std(ddof=1)) if len(values) > 1 else math.nan,
-                             "n_seeds": len(runs), "run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs)})
-    return pd.DataFrame(rows, columns=SENSITIVITY_COLUMNS)
+    metrics = {name: {"metric": metric, "protocol": protocol} for name, (metric, protocol) in METRICS.items()}
+    return seed_summary_frame(records, points, metrics, SENSITIVITY_COLUMNS, scale=100.0)
 
 
 SENSITIVITY_CLAIM_COLUMNS = ["claim", "backbone", "metric", "holds", "p", "ours"]
@@ -161,13 +147,6 @@ def init_frame(records, cell_kwargs: Mapping = {}, dataset: str = "ML-100K", bac
     return pd.DataFrame(rows, columns=INIT_COLUMNS)
 
 
-def _save(fig, name: Optional[str], profile: str):
-    if fig is not None and name:
-        from fedlib.reporting import save_figure
-        save_figure(fig, PAPER, name, profile)
-    return fig
-
-
 def figure_sensitivity(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
                        protocol: str = SAMPLED):
     """Figures 3 (α) and 4 (β range) from :func:`sensitivity_frame`: one row of panels per parameter.
@@ -200,7 +179,8 @@ def figure_sensitivity(frame: pd.DataFrame, name: Optional[str] = None, *, profi
     fig.legend(handles, labels, title="backbone", loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(f"FedKDRec sensitivity ({protocol}; error bars: std over the default setting's seeds)")
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 HISTORY_COLUMNS = ("round", "server_loss", "client_loss", "sent_per_client", "uploaded_per_client",
@@ -281,7 +261,8 @@ def figure_communication(results: Sequence[Mapping[str, Any]], name: Optional[st
     datasets = ", ".join(sorted({str(f["dataset"].iloc[0]) for f in chosen.values()}))
     fig.suptitle(f"{variant}: predictions sent and server loss per round ({datasets})")
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def curve_frame(results: Sequence[Mapping[str, Any]], metric: str = "NDCG@10", which: str = "test") -> pd.DataFrame:
@@ -294,16 +275,9 @@ def curve_frame(results: Sequence[Mapping[str, Any]], metric: str = "NDCG@10", w
     qualified = metric.split("/", 1)[0] in names
     wanted = ([(metric, names[metric.split("/", 1)[0]])] if qualified
               else [(f"{p}/{metric}", n) for p, n in names.items()])
-    rows = []
-    for result in results:
-        config = result["config"]
-        for point in (result.get("extra") or {}).get("curve", []):
-            for name, protocol in wanted:
-                if f"{which}/{name}" not in point:
-                    continue
-                rows.append({"dataset": config["dataset"], "method": method_label(config),
-                             "backbone": config.get("backbone"), "variant": config.get("variant"),
-                             "seed": config.get("seed"), "round": point["round"], "metric": name.split("/", 1)[1],
-                             "protocol": protocol, "which": which, "value": point[f"{which}/{name}"]})
-    return pd.DataFrame(rows, columns=["dataset", "method", "backbone", "variant", "seed", "round", "metric",
-                                       "protocol", "which", "value"])
+    series = {f"{which}/{name}": {"metric": name.split("/", 1)[1], "protocol": protocol, "which": which}
+              for name, protocol in wanted}
+    return long_curves(results, lambda config: {"dataset": config["dataset"], "method": method_label(config),
+                                                "backbone": config.get("backbone"), "variant": config.get("variant")},
+                       ["dataset", "method", "backbone", "variant", "seed", "round", "metric", "protocol", "which",
+                        "value"], series=series)

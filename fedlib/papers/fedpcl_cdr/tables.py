@@ -31,6 +31,8 @@ from fedlib.experiments.spec import TableContext, build_table
 from fedlib.papers.fedpcl_cdr.experiment import (BASELINES, PAPER, SPEC, TASKS, available_tasks, cell, load_split,
                                                  method_label, needs_download)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE
+from fedlib.reporting.figures import curve_frame as long_curves
+from fedlib.reporting.figures import plot_lines, save_figure, seed_summary_frame
 from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records, runs_of_config
 
 __all__ = ["DOMAINS", "TASK_NOTES", "comparison_tasks", "missing_note", "paper_table", "all_tables", "write_tables",
@@ -204,23 +206,13 @@ def sweep_frame(records, cell_kwargs: Mapping = {}) -> pd.DataFrame:
 
     Columns: ``task, parameter (epsilon | alpha | K), setting, domain, metric, value, std, n_seeds``.
     """
-    rows = []
+    points = []
     for keywords, config in [pair for part in ("privacy", "sensitivity")
                              for pair in SPEC.labelled_cells(part, cell, {}, **cell_kwargs)]:
         swept = next(key for key in SWEPT if key in keywords)
-        runs = runs_of_config(records, config)
-        if not runs:
-            continue
-        for name in runs[0].metrics:
-            keys = _score_cells(name)
-            if keys is None:
-                continue
-            values = [r.metrics[name] for r in runs if name in r.metrics]
-            rows.append({"task": config["task"], "parameter": SWEPT[swept], "setting": keywords[swept], **keys,
-                         "value": float(np.mean(values)),
-                         "std": float(np.std(values, ddof=1)) if len(values) > 1 else math.nan,
-                         "n_seeds": len(values)})
-    return pd.DataFrame(rows, columns=["task", "parameter", "setting", "domain", "metric", "value", "std", "n_seeds"])
+        points.append(({"task": config["task"], "parameter": SWEPT[swept], "setting": keywords[swept]}, config))
+    return seed_summary_frame(records, points, _score_cells,
+                              ["task", "parameter", "setting", "domain", "metric", "value", "std", "n_seeds"])
 
 
 def _score_cells(name: str) -> Optional[dict]:
@@ -249,16 +241,9 @@ def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] =
 
 
 def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
-    """Learning curves (every evaluation) of the given cells: one row per (cell, round, column)."""
-    rows = []
-    for config in configs:
-        for run in runs_of_config(records, config):
-            for point in (run.extra or {}).get("curve", []):
-                for key, value in point.items():
-                    if key != "round" and isinstance(value, (int, float)):
-                        rows.append({"task": config["task"], "method": method_label(config), "seed": run.seed,
-                                     "round": point["round"], "series": key, "value": float(value)})
-    return pd.DataFrame(rows, columns=["task", "method", "seed", "round", "series", "value"])
+    """Learning curves (every evaluation) of the given cells: one row per (run, round, numeric curve column)."""
+    return long_curves(records, lambda config: {"task": config["task"], "method": method_label(config)},
+                       ["task", "method", "seed", "round", "series", "value"], configs=configs)
 
 
 LOWER_BOUND = "lower bound (training stopped on validation)"
@@ -305,13 +290,6 @@ def selection_gap_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.Dat
     return pd.DataFrame(rows, columns=GAP_COLUMNS)
 
 
-def _save(fig, name: Optional[str], profile: str):
-    if name:
-        from fedlib.reporting import save_figure
-        save_figure(fig, PAPER, name, profile)
-    return fig
-
-
 SWEEP_TITLES = {
     # ε on this axis is the paper's 2β/η, which is not the Laplace mechanism's budget: a d-vector clipped
     # to L2 norm β has L1 sensitivity up to 2β√d, so the guarantee is √d (8 at d = 64) times this value.
@@ -337,10 +315,8 @@ def figure_sweeps(frame: pd.DataFrame, parameter: str, name: Optional[str] = Non
     title, label = SWEEP_TITLES[parameter]
     settings = sorted(part["setting"].unique())
     for ax, metric in zip(axes, SCORES):
-        for (task, domain), line in part[part["metric"] == metric].groupby(["task", "domain"]):
-            line = line.sort_values("setting")
-            ax.errorbar(line["setting"], line["value"], yerr=line["std"].fillna(0.0), marker="o", capsize=3,
-                        label=f"{domain} ({task})")
+        plot_lines(ax, part[part["metric"] == metric], ["task", "domain"], "setting", "value", yerr="std",
+                   label=lambda key: f"{key[1]} ({key[0]})")
         if parameter in ("epsilon", "alpha"):
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(NullFormatter())
@@ -352,7 +328,8 @@ def figure_sweeps(frame: pd.DataFrame, parameter: str, name: Optional[str] = Non
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
     fig.suptitle(f"FedPCL-CDR · {title}", fontsize=10)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def figure_list_length(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper"):
@@ -363,16 +340,16 @@ def figure_list_length(frame: pd.DataFrame, name: Optional[str] = None, *, profi
         return None
     fig, axes = plt.subplots(1, 2, figsize=(9.0, 3.3))
     for ax, metric in zip(axes, ("HR", "NDCG")):
-        for (task, domain), line in frame[frame["metric"] == metric].groupby(["task", "domain"]):
-            line = line.sort_values("N")
-            ax.plot(line["N"], line["value"], marker="o", label=f"{domain} ({task})")
+        plot_lines(ax, frame[frame["metric"] == metric], ["task", "domain"], "N", "value",
+                   label=lambda key: f"{key[1]} ({key[0]})")
         ax.set_xlabel("list length N")
         ax.set_ylabel(f"test {metric}@N (fraction)")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
     fig.suptitle("FedPCL-CDR · Figure 6: recommendation list length")
     fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig
 
 
 def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper",
@@ -397,4 +374,5 @@ def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
     ax.set_title(title or "Learning curves")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    return _save(fig, name, profile)
+    save_figure(fig, PAPER, name, profile)
+    return fig

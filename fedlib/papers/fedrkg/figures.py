@@ -22,7 +22,7 @@ records and saves it as ``figures/fedrkg/<name>_paper_profile.png``.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -31,7 +31,7 @@ import seaborn as sns
 from fedlib.papers.fedrkg.experiment import (DEFAULT_PARAMS, GUIDANCE_MODES, PAPER, SPEC, cell, guidance_rounds,
                                              method_label)
 from fedlib.papers.fedrkg.tables import curve_frame, warm_cold_frame
-from fedlib.reporting.results import latest_records
+from fedlib.reporting.figures import results_from_records, save_figure
 
 __all__ = ["results_from_records", "convergence_figure", "convergence_gains", "step_gains", "figure2",
            "interval_figure", "sensitivity_figure", "warm_cold_figure", "trace_figure", "write_recorded_figures"]
@@ -42,11 +42,6 @@ CONVERGENCE_METHODS = ("FedRKG", "w/o AG", "w/ GIE", "w/ PIE", "FedRAP", "FedMF"
 GUIDED_LABELS = tuple(label for mode, label in GUIDANCE_MODES.items() if mode != "personal_only")
 GAIN_COLUMNS = ["dataset", "method", "sampler", "guided", "guidance_round", "round_before", "value_before",
                 "round_after", "value_after", "gain"]
-
-
-def results_from_records(records) -> List[Dict[str, Any]]:
-    """One ``{"config", "metrics", "extra"}`` per recorded configuration (the latest record wins)."""
-    return [r.result() for r in latest_records(records).values() if r.config.get("kind") is None]
 
 
 def _plain(config: Mapping[str, Any]) -> bool:
@@ -368,8 +363,6 @@ def write_recorded_figures(records, probe_dataset: str = "Amazon-Video", trace_d
 
     Returns ``{name: figure or None}`` (``None``: the runs it needs are not recorded yet).
     """
-    from fedlib.reporting import save_figure
-
     results = results_from_records(records)
     interval = DEFAULT_PARAMS["FedRKG"]["interval"]
     warm_cold = pd.concat([warm_cold_frame(records, {}, sampler=s, dataset=d) for d in ("FilmTrust", probe_dataset)

@@ -32,6 +32,7 @@ from fedlib.experiments.spec import TableContext, build_table, compare, derived_
 from fedlib.papers.fedrkg.experiment import (METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell, grid_cells, load_split,
                                              method_label, part_cells)
 from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
+from fedlib.reporting.figures import curve_frame as long_curves
 from fedlib.reporting.results import recorded_seeds as _seeds, RUN_ID_SEPARATOR, config_hash, latest_records
 
 __all__ = ["METRICS", "data_statistics_records", "paper_table", "table4", "gate_tables", "ldp_accounting",
@@ -372,15 +373,14 @@ def strength_frame(records, cell_kwargs: Mapping = {}, dataset: str = "FilmTrust
 
 
 def curve_frame(results: Sequence[Mapping[str, Any]], metric: str = "Recall@10", which: str = "test") -> pd.DataFrame:
-    """Long frame of learning curves: one row per (run, evaluation), for Figures 2, 4, D.1."""
-    rows = []
-    for result in results:
-        config = result["config"]
-        for point in result["extra"].get("curve", []):
-            rows.append({"dataset": config["dataset"], "method": method_label(config), "sampler": config["sampler"],
-                         "interval": config["params"].get("interval"), "round": point["round"],
-                         "value": point.get(f"{which}/{metric}")})
-    return pd.DataFrame(rows)
+    """Long frame of learning curves for Figures 2, 4, D.1: one row per (run, evaluation recording
+    ``which/metric``), ``value`` as recorded (a fraction)."""
+    def label(config: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"dataset": config["dataset"], "method": method_label(config), "sampler": config["sampler"],
+                "interval": config["params"].get("interval")}
+
+    return long_curves(results, label, ["dataset", "method", "sampler", "interval", "round", "value"],
+                       series={f"{which}/{metric}": {}})
 
 
 # ======================================================================================
