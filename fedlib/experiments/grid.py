@@ -21,8 +21,8 @@ import pandas as pd
 
 from fedlib.reporting.results import config_hash
 
-__all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "record_split_statistics",
-           "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS"]
+__all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "split_statistics",
+           "record_split_statistics", "write_tables", "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS"]
 
 #: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
 Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
@@ -193,16 +193,29 @@ def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, trai
     return out
 
 
-def statistics_config(paper: str, dataset: str) -> Dict[str, Any]:
-    """The run configuration under which a dataset's statistics are recorded."""
-    return {"paper": paper, "kind": "data_statistics", "dataset": dataset, "seed": 0}
+def statistics_config(paper: str, dataset: str, kind: str = "data_statistics") -> Dict[str, Any]:
+    """The run configuration under which a dataset's statistics are recorded (``kind``: what is measured)."""
+    return {"paper": paper, "kind": kind, "dataset": dataset, "seed": 0}
 
 
-def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], load_split, records=()) -> list:
-    """Record each dataset's split statistics as a run, once (so every table value has a run record).
+def split_statistics(split) -> Dict[str, float]:
+    """``users``, ``items``, ``interactions`` (train + valid + test) and ``sparsity``
+    (percent: ``100·(1 − interactions / (users·items))``) of a split."""
+    interactions = len(split.train) + len(split.valid) + len(split.test)
+    return {"users": float(split.num_users), "items": float(split.num_items), "interactions": float(interactions),
+            "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
 
-    Metrics: ``users``, ``items``, ``interactions`` (train + valid + test) and ``sparsity``
-    (percent: ``100·(1 − interactions / (users·items))``). Returns one record per dataset.
+
+def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], load_split, records=(), *,
+                            metrics_of: Callable[[Any], Mapping[str, float]] = split_statistics,
+                            extra_of: Optional[Callable[[Any], Mapping[str, Any]]] = None,
+                            kind: str = "data_statistics") -> list:
+    """Record each dataset's statistics as a run, once (so every table value has a run record).
+
+    ``load_split(dataset)`` gives what is measured (a split, or whatever ``metrics_of`` reads);
+    ``metrics_of`` its metrics (default :func:`split_statistics`), ``extra_of`` the run's
+    ``extra`` (none by default). The config is :func:`statistics_config` with ``kind``; a
+    dataset whose config is among ``records`` is not measured again. Returns one record per dataset.
     """
     from fedlib.reporting import append_run
     from fedlib.reporting.results import latest_records
@@ -210,18 +223,37 @@ def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], l
     known = latest_records(records)
     out = []
     for dataset in datasets:
-        config = statistics_config(paper, dataset)
+        config = statistics_config(paper, dataset, kind)
         if config_hash(config) in known:
             out.append(known[config_hash(config)])
             continue
         started = time.perf_counter()
-        split = load_split(dataset)
-        interactions = len(split.train) + len(split.valid) + len(split.test)
-        metrics = {"users": float(split.num_users), "items": float(split.num_items),
-                   "interactions": float(interactions),
-                   "sparsity": 100.0 * (1.0 - interactions / (split.num_users * split.num_items))}
-        out.append(append_run(paper, profile, config, 0, metrics, time.perf_counter() - started))
+        measured = load_split(dataset)
+        metrics = dict(metrics_of(measured))
+        extra = dict(extra_of(measured)) if extra_of is not None else None
+        out.append(append_run(paper, profile, config, 0, metrics, time.perf_counter() - started, extra=extra))
     return out
+
+
+def write_tables(paper: str, profile: str, build: Callable[[list], Mapping[str, pd.DataFrame]],
+                 record_statistics: Optional[Callable[[list], Any]] = None) -> Dict[str, pd.DataFrame]:
+    """Record the statistics if needed, build every table and write ``results/<paper>[/<profile>]/``.
+
+    ``record_statistics(records)`` records what the tables need and is missing (e.g. a bound
+    :func:`record_split_statistics`); ``build(records)`` -> ``{key: frame}``. Each non-empty
+    frame is written to ``<its table column>.csv`` (the paper's table id, as the status table
+    expects) by :func:`~fedlib.reporting.write_results_table`, which validates it first.
+    Returns the built frames.
+    """
+    from fedlib.reporting import read_runs, write_results_table
+
+    if record_statistics is not None:
+        record_statistics(read_runs(paper, profile))
+    tables = dict(build(read_runs(paper, profile)))
+    for frame in tables.values():
+        if len(frame):
+            write_results_table(paper, str(frame["table"].iloc[0]), frame, profile)
+    return tables
 
 
 def pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:

@@ -80,8 +80,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 import pandas as pd
 
-__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "compare", "build_table",
-           "unique_row_groups", "repeat_per_rows", "skeleton"]
+__all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DERIVED", "metric_units", "compare",
+           "build_table", "unique_row_groups", "repeat_per_rows", "skeleton"]
 
 #: The papers' folders; paper ``<slug>`` keeps its specification in ``<slug>/spec.toml`` (read as a file, not imported).
 PAPERS_DIR = Path(__file__).resolve().parents[1] / "papers"
@@ -569,6 +569,16 @@ def derived_row(keys: Mapping[str, Any], value: float, runs: Sequence[Any], note
         row.update({column: ";".join(sorted({str(getattr(r, column)) for r in runs if getattr(r, column)}))
                     for column in ("commit", "device")})
     return row
+
+
+def metric_units(units: Mapping[str, str], default: str = "count") -> Callable[[pd.DataFrame, Any], pd.DataFrame]:
+    """A table hook (``derive``) setting each row's ``ours_unit`` by its ``metric``: ``units[metric]``,
+    else ``default``; e.g. ``metric_units({"sparsity": "percent"})`` for a table of dataset statistics."""
+    def hook(ours: pd.DataFrame, context: Any) -> pd.DataFrame:
+        if len(ours):
+            ours["ours_unit"] = [units.get(metric, default) for metric in ours["metric"]]
+        return ours
+    return hook
 
 
 def compare(spec: Spec, ours: pd.DataFrame, table_id: str, keys: Sequence[str], profile: str, *,

@@ -8,6 +8,8 @@ The pieces a paper notebook uses, in the order it uses them:
 * :func:`aggregate_runs`, :func:`compare_with_paper` - ours next to the paper's, with deltas;
 * :func:`write_results_table`, :func:`recorded_or_none` - the committed results tables;
 * :func:`paper_vs_ours` - the display, live and recorded numbers clearly labelled;
+* :func:`recorded_table`, :func:`with_flags`, :func:`recorded_deviations`,
+  :func:`deviations_by_reason` - the lessons' flags and deviations, the same in every paper;
 * :func:`save_figure`, :func:`use_style` - figures under ``figures/<paper>/``;
 * :func:`check_results_dir`, :func:`render_status_markdown` - consistency and README status.
 """
@@ -29,10 +31,12 @@ from fedlib.reporting.results import (
     current_commit,
     read_runs,
 )
+from fedlib.reporting.recorded import FLAG_ORDER, deviations_by_reason, recorded_deviations, recorded_table, with_flags
 from fedlib.reporting.results_tables import read_results_table, recorded_or_none, write_results_table
 from fedlib.reporting.status import render_status_markdown, update_readme
 
 __all__ = [
+    "FLAG_ORDER",
     "NEEDS_DOWNLOAD_NOTE",
     "REQUIRED_COLUMNS",
     "STANDARD_COLUMNS",
@@ -52,6 +56,10 @@ __all__ = [
     "paper_vs_ours",
     "paper_grid",
     "deviations",
+    "deviations_by_reason",
+    "recorded_deviations",
+    "recorded_table",
+    "with_flags",
     "read_results_table",
     "read_runs",
     "recorded_or_none",
