@@ -91,7 +91,7 @@ from fedlib.data import dataset_status
 from fedlib.data.sampling import NegativeSampler
 from fedlib.papers.fedkdrec import agents, clients, lesson
 from fedlib.papers.fedkdrec import experiment as experiments
-from fedlib.reporting import deviations, paper_grid, save_figure, use_style
+from fedlib.reporting import deviations_by_reason, paper_grid, recorded_deviations, save_figure, use_style
 
 use_style()
 torch.manual_seed(settings.seed)
@@ -455,9 +455,10 @@ paper_grid(table4[table4["dataset"] == "MovieLens-100K"], rows=["setting", "meth
 # nothing is left out; `fedlib.reporting.deviations` refuses a deviating cell without a reason):
 
 # %%
-found = deviations(lesson.deviation_frame(), lesson.DEVIATION_REASONS,
-                   keys=["table", "dataset", "method", "backbone", "metric", "stat"])
-summary = lesson.deviation_summary(found)
+keys = ["table", "dataset", "method", "backbone", "metric", "stat"]
+found = recorded_deviations([lesson.recorded_table(t, stat=None) for t in ("table1", "table2", "table3", "table4")],
+                            lesson.DEVIATION_REASONS, keys)
+summary = deviations_by_reason(found, keys)
 with pd.option_context("display.max_colwidth", None):
     fnb.show(summary, f"{len(found)} deviating cells of Tables 1–4 (ML-100K)", decimals=0)
 fnb.record("deviations", {"cells": len(found), "reasons": int(len(summary))})

@@ -464,7 +464,7 @@ paper_grid(table5, rows="method", columns=["metric", "task", "domain"], decimals
 summary = lesson.deviation_summary({n: lesson.recorded_table(n) for n in (1, 2, 3, 4, 5)})
 with pd.option_context("display.max_colwidth", None):
     for _, group in summary.iterrows():
-        print(f"■ {group['reason']} ({group['cells']} cells):\n  {group['which']}\n")
+        print(f"■ {group['reason']} ({group['cells']} cells):\n  {group['ours (paper)']}\n")
 fnb.record("deviations", {"cells": int(summary["cells"].sum()), "reasons": int(len(summary))})
 
 # %% [markdown]

@@ -99,7 +99,7 @@ from fedlib.baselines.sequential import sequence_training, sequences
 from fedlib.papers.fedcsr import experiment as experiments
 from fedlib.papers.fedcsr import figures, tables
 from fedlib.papers.fedcsr import model as method
-from fedlib.reporting import deviations, paper_grid, read_runs, recorded_or_none, use_style
+from fedlib.reporting import deviations_by_reason, paper_grid, read_runs, recorded_deviations, recorded_or_none, use_style
 
 PAPER = "fedcsr"
 profile = settings.profile
@@ -455,22 +455,16 @@ for name, rows in (("fig3_convergence_paper_profile_fedcsr", family), ("fig3_con
 # ### Every deviation above 20 %
 #
 # All cells of Tables 2-5 where ours differs from the paper by more than 20 %, largest first,
-# each with its reason (`deviations` raises if a deviating cell has none, so none is left out).
+# each with its reason (`tables.DEVIATION_REASONS`; `recorded_deviations` raises if a deviating cell has none, so
+# none is left out), grouped by table and reason with every cell named.
 
 # %%
 recorded_tables = pd.concat([recorded_or_none(PAPER, t) for t in ("table2", "table3", "table4", "table5")], ignore_index=True)
-reasons = [
-    ({"dataset": "Food-Kitchen", "domain": "Kitchen", "method": ["FedCSR", "FedCSR (SCL + MCL)", "SCL only (w/o MCL)",
-                                                                 "MCL only (w/o SCL)", "w/o SCL & MCL"]},
-     "Kitchen stays below the paper at every setting of ours: the substitute split (13k of 34k training sequences)"),
-    ({"method": ["FedCSR", "FedCSR (SCL + MCL)", "SCL only (w/o MCL)", "MCL only (w/o SCL)", "w/o SCL & MCL"]},
-     "substitute split, 20 rounds (paper 100), sampled softmax, n = 64 except Table 2's n = 256 row; one seed"),
-    ({}, "baseline re-implemented from its own paper at n = 64 (paper 256), federated with FedProx, on the substitute split; one seed"),
-]
-deviation_list = deviations(recorded_tables, reasons, keys=["table", "dataset", "domain", "method", "metric"])
+deviation_list = recorded_deviations([recorded_tables], tables.DEVIATION_REASONS, tables.DEVIATION_KEYS)
 print(f"{len(deviation_list)} of {recorded_tables['value_ours'].notna().sum()} cells deviate by more than 20 %; "
       f"ours higher in {(deviation_list['Δ %'] > 0).sum()}, lower in {(deviation_list['Δ %'] < 0).sum()}")
-fnb.show(deviation_list.groupby(["table", "reason"]).size().rename("cells").reset_index(), "Deviating cells per reason")
+with pd.option_context("display.max_colwidth", None):
+    fnb.show(deviations_by_reason(deviation_list, tables.DEVIATION_KEYS, by=["table"]), "Deviating cells per reason")
 fnb.record("deviations", {"count": int(len(deviation_list)), "higher": int((deviation_list["Δ %"] > 0).sum())})
 
 # %% [markdown]

@@ -11,15 +11,16 @@ id of the run they are computed from, an empty ``run_metric`` and a note saying 
 """
 from __future__ import annotations
 
-import time
+import functools
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import pandas as pd
 
-from fedlib.experiments.spec import TableContext, build_table, compare, derived_row
+from fedlib.experiments import grid
+from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
 from fedlib.metrics import paired_ttest
-from fedlib.reporting import append_run
+from fedlib.reporting import deviations_by_reason, recorded, recorded_deviations
 from fedlib.papers.f3crec.experiment import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
                                              SENSITIVITY_GRID, SPEC, cell, eps_scale)
 from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
@@ -32,33 +33,26 @@ __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "a
 # ======================================================================================
 # Table 1: data blocks (statistics recorded as runs)
 # ======================================================================================
-def statistics_config(dataset: str) -> Dict[str, Any]:
-    """The run configuration under which a dataset's block statistics are recorded."""
-    return {"paper": PAPER, "kind": "data_blocks", "dataset": dataset, "seed": 0}
+#: The run configuration under which a dataset's block statistics are recorded (kind "data_blocks").
+statistics_config = functools.partial(grid.statistics_config, PAPER, kind="data_blocks")
 
 
 def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, records=()) -> list:
     """Record each dataset's block statistics as a run (once per configuration)."""
     from fedlib.data.stats import stats_table
 
-    known = latest_records(records)
     names = SPEC.table("table1")["metrics"]["metric"]  # recorded statistic -> Table 1's name
-    out = []
-    for dataset in datasets:
-        config = statistics_config(dataset)
-        if config_hash(config) in known:
-            out.append(known[config_hash(config)])
-            continue
-        started = time.perf_counter()
-        wide = stats_table(DATASETS[dataset], "f3crec", compare=False)
-        metrics = {f"{stat}/{row['block']}": float(row[stat]) for _, row in wide.iterrows() for stat in names}
-        out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
-    return out
+
+    def block_statistics(raw) -> Dict[str, float]:
+        wide = stats_table(raw, "f3crec", compare=False)
+        return {f"{stat}/{row['block']}": float(row[stat]) for _, row in wide.iterrows() for stat in names}
+    return grid.record_split_statistics(PAPER, profile, datasets, DATASETS.__getitem__, records,
+                                        metrics_of=block_statistics, kind="data_blocks")
 
 
 def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
+    ours = metric_units({"sparsity": "percent"})(ours, context)
     if len(ours):
-        ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
         ours.loc[ours["dataset"] == "Lastfm-2K", "note"] = (
             "closest variant of the paper's Lastfm-2K preprocessing; see the data-protocol notes")
     return ours
@@ -274,34 +268,17 @@ def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS
 
 def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {}) -> Dict[str, pd.DataFrame]:
     """Record Table 1's statistics if needed, build every table and write ``results/f3crec[/profile]/``."""
-    from fedlib.reporting import read_runs, write_results_table
-
-    records = read_runs(PAPER, profile)
-    data_statistics_records(profile, [d for d in datasets if d in OFFLINE_DATASETS], records)
-    records = read_runs(PAPER, profile)
-    tables = all_tables(records, profile, datasets, cell_kwargs)
-    for table_id, frame in tables.items():
-        write_results_table(PAPER, table_id, frame, profile)
-    return tables
+    offline = [d for d in datasets if d in OFFLINE_DATASETS]
+    return grid.write_tables(PAPER, profile, lambda records: all_tables(records, profile, datasets, cell_kwargs),
+                             lambda records: data_statistics_records(profile, offline, records))
 
 
 # ======================================================================================
 # Lesson display: recorded tables with their flags, and the reason of every deviation
 # ======================================================================================
-def recorded_table(table_id: str, profile: str = "paper") -> pd.DataFrame:
-    """``results/f3crec[/profile]/<table_id>.csv`` with a ``flags`` column for :func:`paper_grid`.
-
-    Every cell is one run (``one_seed``, as in the paper); a cell recorded from a tree with
-    uncommitted changes (commit ``...+dirty``) is flagged ``dirty``.
-    """
-    from fedlib.paths import results_dir
-
-    frame = pd.read_csv(results_dir(PAPER, profile) / f"{table_id}.csv")
-    dirty = frame["commit"].astype(str).str.endswith("+dirty")
-    produced = frame["value_ours"].notna()
-    frame["flags"] = [";".join(f for f, on in (("one_seed", p), ("dirty", d)) if on)
-                      for p, d in zip(produced, dirty)]
-    return frame
+#: ``recorded_table(table_id, profile="paper")``: ``results/f3crec[/profile]/<table_id>.csv`` with its flags
+#: (:func:`fedlib.reporting.recorded_table`; every cell is one run, ``one_seed``, as in the paper)
+recorded_table = functools.partial(recorded.recorded_table, PAPER)
 
 
 #: (match, reason) rules for :func:`fedlib.reporting.deviations`, first match wins. They cover
@@ -321,27 +298,11 @@ DEVIATION_REASONS = [
 
 def deviation_summary(frames: Mapping[str, pd.DataFrame], keys: Sequence[str] = ("dataset", "backbone", "method"),
                       threshold: float = 0.20) -> pd.DataFrame:
-    """Every cell more than ``threshold`` from the paper, grouped by table, dataset and reason.
-
-    Runs :func:`fedlib.reporting.deviations` (which raises on a deviating cell without a
-    reason) on each table and counts the cells per (table, dataset, reason), with the range
-    of their relative deltas: nothing is selected, every deviating cell is in one group.
-    """
-    from fedlib.reporting import deviations
-
-    parts = []
-    for table_id, frame in frames.items():
-        present = [k for k in keys if k in frame.columns]
-        extra = [k for k in ("block", "stat", "setting", "metric") if k in frame.columns]
-        rules = [(rule, reason) for rule, reason in DEVIATION_REASONS if set(rule) <= set(frame.columns)]
-        found = deviations(frame, rules, present + extra + ["table"], threshold=threshold)
-        parts.append(found)
-    found = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
-    if found.empty:
-        return pd.DataFrame(columns=["table", "dataset", "reason", "cells", "Δ % from", "Δ % to"])
-    grouped = found.groupby(["table", "dataset", "reason"], sort=False)["Δ %"]
-    summary = grouped.agg(cells="size", low="min", high="max").reset_index()
-    return summary.rename(columns={"low": "Δ % from", "high": "Δ % to"})
+    """Every cell more than ``threshold`` from the paper, grouped by table, dataset and reason
+    (:func:`fedlib.reporting.deviations_by_reason`; raises on a deviating cell without a reason)."""
+    named = ["table", *keys, "block", "stat", "setting", "metric"]
+    found = recorded_deviations(frames, DEVIATION_REASONS, named, threshold=threshold)
+    return deviations_by_reason(found, named, by=["table", "dataset"])
 
 
 def lesson_claims(table2_frame: pd.DataFrame) -> pd.DataFrame:

@@ -26,7 +26,6 @@ are drawn from these frames in :mod:`fedlib.papers.fedcsr.figures`.
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
@@ -36,13 +35,13 @@ from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics
 from fedlib.experiments import grid
 from fedlib.experiments.spec import DERIVED, build_table, compare, repeat_per_rows
 from fedlib.papers.fedcsr.experiment import DATASETS, PAPER, SMALL_DIM, SPEC, cell, load_split, method_cell
-from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, load_paper_table
+from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, load_paper_table, read_runs, recorded
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
 
 __all__ = ["PAPER_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES", "paper_table",
            "statistics_records", "table1", "main_table", "ablation_table", "table5", "table9", "appendix_a5",
            "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table", "audit_table",
-           "all_tables", "write_tables", "with_flags"]
+           "all_tables", "write_tables", "with_flags", "DEVIATION_REASONS", "DEVIATION_KEYS"]
 
 AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
 MAIN_DIM = SPEC.choice("method", "FedCSR")["dim"]
@@ -321,21 +320,10 @@ def statistics_records(profile: str, datasets: Sequence[str] = tuple(DATASETS), 
     of :func:`_statistics_metrics` and ``extra["substitute_split"]`` says which split it is.
     Datasets without data (Entertainment-Education) are skipped.
     """
-    from fedlib.reporting import append_run
-
-    known, out = latest_records(records), []
-    for dataset in datasets:
-        if dataset not in DATASETS and dataset != "synthetic":
-            continue
-        config = grid.statistics_config(PAPER, dataset)
-        if config_hash(config) in known:
-            out.append(known[config_hash(config)])
-            continue
-        started = time.perf_counter()
-        split = load_split(dataset, cell(dataset)["num_negatives"])
-        out.append(append_run(PAPER, profile, config, 0, _statistics_metrics(split), time.perf_counter() - started,
-                              extra={"substitute_split": bool(split.extra.get("substitute_train", False))}))
-    return out
+    return grid.record_split_statistics(
+        PAPER, profile, [d for d in datasets if d in DATASETS or d == "synthetic"],
+        lambda dataset: load_split(dataset, cell(dataset)["num_negatives"]), records, metrics_of=_statistics_metrics,
+        extra_of=lambda split: {"substitute_split": bool(split.extra.get("substitute_train", False))})
 
 
 def table1(records, profile: str, datasets: Sequence[str] = tuple(DATASETS)) -> pd.DataFrame:
@@ -588,23 +576,26 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
 def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
                  datasets: Sequence[str] = tuple(DATASETS)) -> Dict[str, pd.DataFrame]:
     """Record the statistics if needed, build every table and write ``results/fedcsr[/profile]/<table id>.csv``."""
-    from fedlib.reporting import read_runs, write_results_table
-
-    statistics_records(profile, datasets, read_runs(PAPER, profile))
-    tables = all_tables(read_runs(PAPER, profile), profile, cell_kwargs, method_kwargs, datasets=datasets)
-    for frame in tables.values():
-        if len(frame):
-            write_results_table(PAPER, str(frame["table"].iloc[0]), frame, profile)
-    return tables
+    return grid.write_tables(PAPER, profile,
+                             lambda records: all_tables(records, profile, cell_kwargs, method_kwargs, datasets=datasets),
+                             lambda records: statistics_records(profile, datasets, records))
 
 
 def with_flags(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with a ``flags`` column for :func:`fedlib.reporting.paper_grid`: ``substitute``
-    where our value comes from the substitute split (its note says SUBSTITUTE), ``one_seed`` where
-    it rests on one seed; empty where we have no value."""
-    notes = frame["note"].fillna("").astype(str) if "note" in frame else pd.Series("", index=frame.index)
-    seeds = frame["n_seeds"] if "n_seeds" in frame else pd.Series(np.nan, index=frame.index)
-    has_value = frame["value_ours"].notna()
-    flags = [";".join(f for f, on in (("substitute", "SUBSTITUTE" in note), ("one_seed", n == 1)) if on) if value else ""
-             for note, n, value in zip(notes, seeds, has_value)]
-    return frame.assign(flags=flags)
+    """``frame`` (a recorded ``results/fedcsr/*.csv`` table) with its ``flags``
+    (:func:`fedlib.reporting.with_flags` against the paper-profile runs): ``substitute`` where our
+    value comes from the substitute split (its note says SUBSTITUTE), ``one_seed`` ..."""
+    return recorded.with_flags(frame, read_runs(PAPER, "paper"))
+
+
+_FEDCSR_ROWS = ["FedCSR", "FedCSR (SCL + MCL)", "SCL only (w/o MCL)", "MCL only (w/o SCL)", "w/o SCL & MCL"]
+#: ``(match, reason)`` rules for :func:`fedlib.reporting.recorded_deviations` over Tables 2-5, first match wins.
+DEVIATION_REASONS = [
+    ({"dataset": "Food-Kitchen", "domain": "Kitchen", "method": _FEDCSR_ROWS},
+     "Kitchen stays below the paper at every setting of ours: the substitute split (13k of 34k training sequences)"),
+    ({"method": _FEDCSR_ROWS},
+     "substitute split, 20 rounds (paper 100), sampled softmax, n = 64 except Table 2's n = 256 row; one seed"),
+    ({}, "baseline re-implemented from its own paper at n = 64 (paper 256), federated with FedProx, on the substitute "
+         "split; one seed"),
+]
+DEVIATION_KEYS = ["table", "dataset", "domain", "method", "dim", "setting", "metric"]

@@ -238,39 +238,16 @@ def summary_frame(runs: Mapping[str, "LiveRun"], columns: Optional[list] = None)
 # The paper's tables from the recorded paper-profile runs
 # ======================================================================================
 def recorded_table(table: str, protocol: Optional[str] = "sampled 1+99", stat: Optional[str] = "score") -> pd.DataFrame:
-    """``results/fedkdrec/<table>.csv`` filtered to one protocol and statistic, with ``flags``.
+    """``results/fedkdrec/<table>.csv`` filtered to one protocol and statistic, with ``flags``
+    (:func:`fedlib.reporting.recorded_table`; centralised runs train a fixed number of epochs, never ``at_cap``)."""
+    from fedlib.reporting import recorded_table as flagged
 
-    Flags (read from each cell's runs in ``runs.jsonl``): ``one_seed`` when one run stands
-    behind the cell, ``dirty`` when a run came from a checkout with uncommitted changes,
-    ``at_cap`` when a federated run selected its last round (200: may be undertrained).
-    Baselines without a backbone get ``"—"`` so that they form a row of their own.
-    """
-    from fedlib.reporting import read_runs
-    from fedlib.reporting.results import latest_records
-    from fedlib.reporting.results_tables import read_results_table
-
-    frame = read_results_table(X.PAPER, table)
+    frame = flagged(X.PAPER, table, at_cap_exempt={"method": ["Centralized"]})
     if protocol is not None and "protocol" in frame:
         frame = frame[frame["protocol"] == protocol]
     if stat is not None and "stat" in frame:
         frame = frame[frame["stat"] == stat]
-    if "backbone" in frame:
-        frame = frame.assign(backbone=frame["backbone"].fillna("—"))
-    runs = latest_records(read_runs(X.PAPER, "paper"))  # config hash -> latest record
-    flags = []
-    for _, row in frame.iterrows():
-        ids = [i for i in str(row.get("run_ids", "")).split(";") if i and i != "nan"]
-        marks = []
-        if len(ids) == 1 and pd.notna(row["value_ours"]):
-            marks.append("one_seed")
-        if "+dirty" in str(row.get("commit", "")):
-            marks.append("dirty")
-        picked = [runs[i] for i in ids if i in runs]
-        if any(r.metrics.get("best_round") == r.config.get("rounds") and r.config.get("method") != "Centralized"
-               for r in picked):
-            marks.append("at_cap")
-        flags.append(";".join(marks))
-    return frame.assign(flags=flags).reset_index(drop=True)
+    return frame.reset_index(drop=True)
 
 
 #: one reason per deviating cell (first match wins); ``deviations`` raises on a cell without one
@@ -297,29 +274,3 @@ DEVIATION_REASONS = [
     ({}, "every prediction-transfer variant stays well below the centralised model after 200 rounds with 10 % of the "
          "clients, while the paper's match or beat it; without the authors' code the gap is unexplained"),
 ]
-
-
-def deviation_summary(found: pd.DataFrame) -> pd.DataFrame:
-    """The output of :func:`fedlib.reporting.deviations` grouped by reason: how many cells, the
-    range of their relative deviation, and every cell named (table, row, metric). Nothing is dropped."""
-    def name(row):
-        parts = [row["table"].replace("table", "T"), row["method"]]
-        parts += [row["backbone"]] if row.get("backbone", "—") not in ("—", "") else []
-        parts += [row["metric"] if len(str(row["metric"])) < 12 else "comm."]
-        parts += ["rel." if str(row.get("stat", "—")).startswith("rel") else ""]
-        return " ".join(p for p in parts if p)
-
-    named = found.assign(cell=found.apply(name, axis=1))
-    grouped = named.groupby("reason", sort=False).agg(
-        cells=("cell", "size"), low=("Δ %", "min"), high=("Δ %", "max"), which=("cell", lambda c: ", ".join(c)))
-    grouped["Δ % range"] = [f"{lo:+.0f} … {hi:+.0f}" for lo, hi in zip(grouped["low"], grouped["high"])]
-    return grouped.reset_index()[["reason", "cells", "Δ % range", "which"]]
-
-
-def deviation_frame() -> pd.DataFrame:
-    """Every recorded cell of Tables 1–4 (sampled protocol, every statistic) for the deviation list."""
-    parts = [recorded_table(t, stat=None) for t in ("table1", "table2", "table3", "table4")]
-    frame = pd.concat(parts, ignore_index=True)
-    for column in ("backbone", "stat", "setting"):
-        frame[column] = frame[column].fillna("—") if column in frame else "—"
-    return frame

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.experiments import grid
-from fedlib.experiments.spec import TableContext, build_table, derived_row
+from fedlib.experiments.spec import TableContext, build_table, derived_row, metric_units
 from fedlib.papers.fedkdrec.experiment import BACKBONES, OFFLINE_DATASETS, PAPER, SPEC, cell, load_split
 from fedlib.reporting import load_paper_table  # noqa: F401  (tests compare with the paper's tables)
 from fedlib.reporting.stats import describe_p, welch_p
@@ -145,25 +145,16 @@ def _scores_in_percent(table: pd.DataFrame, context: TableContext) -> pd.DataFra
     return table
 
 
-def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
-    if len(ours):
-        ours["ours_unit"] = ["percent" if m == "Sparsity" else "count" for m in ours["metric"]]
-    return ours
-
-
 TABLE_HOOKS = {"change_vs_centralized": _change_vs_centralized, "drop_vs_full": _drop_vs_full,
                "mark_repeats": _mark_repeats, "bytes_in_units": _bytes_in_units,
-               "scores_in_percent": _scores_in_percent, "statistics_units": _statistics_units}
-
-
-def _statistics_config(dataset: str) -> dict:
-    return grid.statistics_config(PAPER, dataset)
+               "scores_in_percent": _scores_in_percent, "statistics_units": metric_units({"Sparsity": "percent"})}
 
 
 def paper_table(table_id: str, records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS,
                 cell_kwargs: Mapping = {}) -> pd.DataFrame:
     """One table of the spec (``table1_main`` ... ``table5_dataset_stats``): paper vs ours, from the latest records."""
-    builder, cell_kwargs = (_statistics_config, {}) if table_id == "table5_dataset_stats" else (cell, cell_kwargs)
+    statistics = functools.partial(grid.statistics_config, PAPER)
+    builder, cell_kwargs = (statistics, {}) if table_id == "table5_dataset_stats" else (cell, cell_kwargs)
     return build_table(SPEC, table_id, records, profile, builder=builder, hooks=TABLE_HOOKS,
                        options={"datasets": list(datasets)}, cell_kwargs=dict(cell_kwargs))
 
@@ -190,16 +181,9 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, *, datasets: Se
 def write_tables(profile: str, cell_kwargs: Mapping = {}, *, datasets: Sequence[str] = OFFLINE_DATASETS
                  ) -> Dict[str, pd.DataFrame]:
     """Record the data statistics if needed, build every table and write ``results/fedkdrec[/profile]/``."""
-    from fedlib.reporting import read_runs, write_results_table
-
-    records = read_runs(PAPER, profile)
-    data_statistics_records(profile, [d for d in datasets if d in OFFLINE_DATASETS or d == "synthetic"], records)
-    records = read_runs(PAPER, profile)
-    tables = all_tables(records, profile, cell_kwargs, datasets=datasets)
-    for table_id, frame in tables.items():
-        # files are named by the paper's table id (``table1.csv``), as the status table expects
-        write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id, frame, profile)
-    return tables
+    measured = [d for d in datasets if d in OFFLINE_DATASETS or d == "synthetic"]
+    return grid.write_tables(PAPER, profile, lambda records: all_tables(records, profile, cell_kwargs, datasets=datasets),
+                             lambda records: data_statistics_records(profile, measured, records))
 
 
 # ======================================================================================

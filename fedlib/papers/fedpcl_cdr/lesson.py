@@ -252,11 +252,15 @@ DEVIATION_REASONS = [
 """``(match, reason)`` rules for :func:`fedlib.reporting.deviations`, first match wins."""
 
 
-def recorded_table(number: int) -> pd.DataFrame:
-    """``results/fedpcl_cdr/table<number>.csv`` (paper profile) with a short ``task`` label ("Task 1")."""
-    from fedlib.paths import project_root
+DEVIATION_KEYS = ["table", "task", "domain", "method", "setting", "stat", "metric"]
 
-    frame = pd.read_csv(project_root() / "results" / X.PAPER / f"table{number}.csv")
+
+def recorded_table(number: int) -> pd.DataFrame:
+    """``results/fedpcl_cdr/table<number>.csv`` (paper profile) with its ``flags``
+    (:func:`fedlib.reporting.recorded_table`) and a short ``task`` label ("Task 1")."""
+    from fedlib.reporting import recorded_table as flagged
+
+    frame = flagged(X.PAPER, f"table{number}")
     frame["task"] = frame["task"].str.extract(r"(Task \d)")[0]
     for column in ("stat", "setting"):
         if column not in frame.columns:
@@ -265,21 +269,10 @@ def recorded_table(number: int) -> pd.DataFrame:
 
 
 def deviation_summary(frames: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
-    """Every cell of the given tables more than 20 % from the paper, grouped by its reason.
+    """Every cell of the given tables more than 20 % from the paper, grouped by its reason
+    (:func:`fedlib.reporting.deviations_by_reason`: ``reason``, ``cells``, the ``Δ %`` range and
+    ``ours (paper)``, every cell named). Raises if a deviating cell has no reason."""
+    from fedlib.reporting import deviations_by_reason, recorded_deviations
 
-    Uses :func:`fedlib.reporting.deviations` (which raises if a cell has no reason), so no
-    deviating cell can be left out. Columns: ``reason``, ``cells`` (how many), ``which`` (each
-    cell as ``T<table>/<task> <domain> <method> <metric> <Δ %>``,
-    metric HR or NDCG at 10).
-    """
-    from fedlib.reporting import deviations
-
-    tidy = pd.concat(list(frames.values()), ignore_index=True)
-    tidy = tidy[tidy["value_ours"].notna() & tidy["value_paper"].notna()]
-    keys = ["table", "task", "domain", "method", "metric", "stat", "setting"]
-    found = deviations(tidy.fillna({"method": "", "stat": "", "setting": ""}), DEVIATION_REASONS, keys)
-    found["cell"] = [f"T{r.table[-1]}/{r.task[-1]} {r.domain} {r.method} {r.metric.split(' ')[0].split('@')[0]}"
-                     f"{' ' + r.setting.split(' ')[-1] if r.setting else ''} {r['Δ %']:+.0f}%".replace("  ", " ")
-                     for _, r in found.iterrows()]
-    grouped = found.groupby("reason", sort=False)["cell"]
-    return pd.DataFrame({"cells": grouped.size(), "which": grouped.agg("; ".join)}).reset_index()
+    found = recorded_deviations(frames, DEVIATION_REASONS, DEVIATION_KEYS)
+    return deviations_by_reason(found, DEVIATION_KEYS)

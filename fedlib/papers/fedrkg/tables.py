@@ -28,11 +28,13 @@ import numpy as np
 import pandas as pd
 
 from fedlib.experiments import grid
-from fedlib.experiments.spec import TableContext, build_table, compare, derived_row
+from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
 from fedlib.papers.fedrkg.experiment import (METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell, grid_cells, load_split,
                                              method_label, part_cells)
 from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
+from fedlib.reporting import recorded
 from fedlib.reporting.figures import curve_frame as long_curves
+from fedlib.reporting.recorded import with_flags  # noqa: F401  (the lesson flags the recorded tables with it)
 from fedlib.reporting.results import recorded_seeds as _seeds, RUN_ID_SEPARATOR, config_hash, latest_records
 
 __all__ = ["METRICS", "data_statistics_records", "paper_table", "table4", "gate_tables", "ldp_accounting",
@@ -55,12 +57,6 @@ def data_statistics_records(profile: str, datasets: Sequence[str] = OFFLINE_DATA
 # ======================================================================================
 # The tables laid out in the spec (C.1, 1, 2, 3, 5, D.1, D.2) and their hooks
 # ======================================================================================
-def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
-    if len(ours):
-        ours["ours_unit"] = ["percent" if m == "sparsity" else "count" for m in ours["metric"]]
-    return ours
-
-
 def _diverged_notes(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
     """A cell whose run ended on a NaN loss says at which round (its best finite evaluation counts)."""
     diverged = {r.config_hash: r.extra["diverged_at_round"] for r in latest_records(context.records).values()
@@ -113,7 +109,7 @@ def _epsilon_notes(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
 
 
 #: The functions the table layouts of the spec name (``derive``).
-TABLE_HOOKS = {"statistics_units": _statistics_units, "diverged_notes": _diverged_notes,
+TABLE_HOOKS = {"statistics_units": metric_units({"sparsity": "percent"}), "diverged_notes": _diverged_notes,
                "improvement_over_best_baseline": _improvement_over_best_baseline, "epsilon_notes": _epsilon_notes}
 
 
@@ -402,16 +398,10 @@ def all_tables(records, profile: str, datasets: Sequence[str] = OFFLINE_DATASETS
 def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_kwargs: Mapping = {},
                  samplers: Sequence[str] = SAMPLERS, **placement) -> Dict[str, pd.DataFrame]:
     """Record the data statistics if needed, build every table and write ``results/fedrkg[/profile]/``."""
-    from fedlib.reporting import read_runs, write_results_table
-
-    records = read_runs(PAPER, profile)
-    data_statistics_records(profile, [d for d in datasets if d in OFFLINE_DATASETS], records)
-    records = read_runs(PAPER, profile)
-    tables = all_tables(records, profile, datasets, cell_kwargs, samplers, **placement)
-    for table_id, frame in tables.items():
-        # files are named by the paper's table id (``table1.csv``), as the status table expects
-        write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id, frame, profile)
-    return tables
+    offline = [d for d in datasets if d in OFFLINE_DATASETS]
+    return grid.write_tables(PAPER, profile,
+                             lambda records: all_tables(records, profile, datasets, cell_kwargs, samplers, **placement),
+                             lambda records: data_statistics_records(profile, offline, records))
 
 
 # ======================================================================================
@@ -551,31 +541,6 @@ DEVIATION_REASONS = [
 ]
 
 
-def with_flags(frame: pd.DataFrame, records) -> pd.DataFrame:
-    """``frame`` (a ``results/fedrkg/*.csv`` table) with a ``flags`` column read from its runs.
-
-    ``one_seed``: one recorded seed; ``diverged``: a run ended on a NaN loss (its best finite
-    evaluation counts); ``at_cap``: a run selected its last allowed round (it may still have
-    been improving); ``dirty``: a run was recorded from a working tree with uncommitted changes.
-    """
-    known = latest_records(records)
-    flags = []
-    for _, row in frame.iterrows():
-        runs = [known[h] for h in str(row.get("run_ids", "") or "").split(RUN_ID_SEPARATOR) if h in known]
-        marks = []
-        if runs and int(row.get("n_seeds") or 0) == 1:
-            marks.append("one_seed")
-        if any((r.extra or {}).get("diverged_at_round") is not None for r in runs):
-            marks.append("diverged")
-        if any(r.metrics.get("best_round") is not None and r.metrics.get("best_round") == r.config.get("rounds")
-               for r in runs):
-            marks.append("at_cap")
-        if any(str(r.commit).endswith("+dirty") for r in runs):
-            marks.append("dirty")
-        flags.append(";".join(marks))
-    return frame.assign(flags=flags)
-
-
 DEVIATION_KEYS = ["table", "dataset", "method", "setting", "sampler", "metric"]
 
 
@@ -587,40 +552,18 @@ def recorded_deviations(frames: Sequence[pd.DataFrame], metrics: Optional[Sequen
         metrics: keep only these metrics (``None``: every metric).
 
     Returns:
-        :func:`fedlib.reporting.deviations` over the stacked tables: one row per cell, keys
-        :data:`DEVIATION_KEYS`, ``ours``, ``paper``, ``Δ %`` and ``reason``. Raises when a
-        deviating cell matches no rule.
+        :func:`fedlib.reporting.recorded_deviations`: one row per cell, keys :data:`DEVIATION_KEYS`,
+        ``ours``, ``paper``, ``Δ %`` and ``reason``. Raises when a deviating cell matches no rule.
     """
-    from fedlib.reporting import deviations
-
-    stacked = pd.concat(list(frames), ignore_index=True)
-    for column in DEVIATION_KEYS + ["stat"]:
-        if column not in stacked:
-            stacked[column] = ""
-    stacked[DEVIATION_KEYS + ["stat"]] = stacked[DEVIATION_KEYS + ["stat"]].fillna("")
-    if metrics is not None:
-        stacked = stacked[stacked["metric"].isin(list(metrics))]
-    return deviations(stacked, DEVIATION_REASONS, DEVIATION_KEYS)
+    frames = [f if metrics is None else f[f["metric"].isin(list(metrics))] for f in frames]
+    return recorded.recorded_deviations(frames, DEVIATION_REASONS, DEVIATION_KEYS)
 
 
 def deviations_by_reason(found: pd.DataFrame) -> pd.DataFrame:
-    """:func:`recorded_deviations` grouped by reason: the cells of each reason in one line.
-
-    Columns: ``reason``, ``cells`` (how many) and ``ours (paper)``: the cells of one table row
-    (``table dataset method [setting] sampler``) together, each metric as ``metric ours (paper)``,
-    e.g. ``table1 FilmTrust FedMF leaky: R@10 43.31 (31.05), N@10 ...``.
-    """
-    rows = []
-    keys = [k for k in DEVIATION_KEYS if k != "metric"]
-    for reason, part in found.groupby("reason", sort=False):
-        cells = []
-        for where, group in part.groupby(keys, sort=False):
-            label = " ".join(str(k) for k in where if str(k))
-            metrics = ", ".join(f"{r['metric']} {r['ours']:.2f} ({r['paper']:.2f})" if r["metric"] else
-                                f"{r['ours']:.2f} ({r['paper']:.2f})" for _, r in group.iterrows())
-            cells.append(f"{label}: {metrics}")
-        rows.append({"reason": reason, "cells": len(part), "ours (paper)": "; ".join(cells)})
-    return pd.DataFrame(rows, columns=["reason", "cells", "ours (paper)"])
+    """:func:`recorded_deviations` grouped by reason (:func:`fedlib.reporting.deviations_by_reason`):
+    ``reason``, ``cells``, the ``Δ %`` range and ``ours (paper)``, the metrics of one table row together
+    (``table1 FilmTrust FedMF leaky: R@10 43.31 (31.05), N@10 ...``)."""
+    return recorded.deviations_by_reason(found, DEVIATION_KEYS)
 
 
 # ======================================================================================
