@@ -15,7 +15,7 @@ from fedlib.engine.algorithm import RoundReport
 from fedlib.baselines.cross_domain import cdr_single_domain as S
 from fedlib.baselines.cross_domain.cdr_common import (CrossDomainAlgorithm, audit_blocks, check_training_loop, evaluate_both,
                                                      evaluate_scorer, finish_run, flat_metrics, history_rows,
-                                                     selected_blocks, train_cross_domain)
+                                                     RunSummary, selected_blocks, train_cross_domain, train_with)
 
 DOMAINS = ("A", "B")
 
@@ -59,6 +59,38 @@ def _result(script, config, rounds=None):
     run = train_cross_domain(Scripted(script), config, rounds=len(script) if rounds is None else rounds)
     return finish_run(run, "toy", config, DOMAINS, seconds=1.5, scalars={"bytes_up": 7}, models={"A": "model A"},
                       artifacts={"messages": "sent"})
+
+
+def test_train_with_builds_on_the_device_trains_and_labels_the_run_with_the_methods_summary(tmp_path):
+    """train_with: ``build(device)``, the family's schedule (select_on overridable), ``summarise(algorithm, run)``
+    into finish_run's artifacts; the checkpoint config is asked for only when a checkpointer is given."""
+    from fedlib.engine import Checkpointer
+
+    built, asked = [], []
+
+    def build(device):
+        built.append(device)
+        return Scripted([(0.3, 0.2), (0.5, 0.1), (0.4, 0.9)])
+
+    def summarise(algorithm, run):
+        return RunSummary(scalars={"rounds": run.round_index}, models={"A": f"model after {run.state.done}"},
+                          artifacts={"script": algorithm.script})
+
+    def checkpoint_config(config):
+        asked.append(config)
+        return {"patience": config.patience}
+
+    config = _config(patience=5)
+    run = train_with(build, config, method="toy", rounds=3, summarise=summarise, checkpoint_config=checkpoint_config)
+    assert built == [torch.device("cpu")] and asked == []
+    assert run.method == "toy" and run.artifacts["domains"] == DOMAINS and run.artifacts["config"] is config
+    assert run.artifacts["scalars"] == {"rounds": 3} and run.artifacts["models"] == {"A": "model after 3"}
+    assert run.artifacts["script"] == [(0.3, 0.2), (0.5, 0.1), (0.4, 0.9)] and run.artifacts["seconds"] >= 0
+    assert run.best_round == 2 and flat_metrics(run)["A/test/HR@10"] == 0.1
+    on_test = train_with(build, config, method="toy", rounds=3, summarise=summarise, select_on="test",
+                         device="cpu", checkpointer=Checkpointer(tmp_path, name="toy", every=1),
+                         checkpoint_config=checkpoint_config)
+    assert on_test.best_round == 3 and asked == [config]
 
 
 def test_selects_on_validation_stops_on_patience_and_keeps_the_best_test_evaluation_as_audit():

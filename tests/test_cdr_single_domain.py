@@ -273,9 +273,8 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(small_
             raise _Killed
 
     with pytest.raises(_Killed):
-        S._train(small_split, config, S.DOMAIN_CLASSES[type(config)], "cpu", None, (5, 10), 4,
-                 Checkpointer(tmp_path, name="run", every=1),
-                 on_round_end=kill_after_round_2)
+        S.train_single_domain(small_split, config, checkpointer=Checkpointer(tmp_path, name="run", every=1),
+                              on_round_end=kill_after_round_2)
     checkpointer = Checkpointer(tmp_path, name="run", every=1)
     resumed = S.train_single_domain(small_split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [1]  # killed during round 2: its checkpoint was not yet written

@@ -11,7 +11,6 @@ from fedlib.data.synthetic import overlapping_domains
 from fedlib.engine.privacy import rdp_epsilon
 from fedlib.baselines.cross_domain import p2dtr, p2fcdr, pricdr
 from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows, selected_blocks
-from fedlib.baselines.cross_domain.pp_cdr import train_dual_target
 
 
 # ----------------------------------------------------------------------------- PriCDR, Eq. 1
@@ -310,8 +309,6 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(method
     torch.set_num_threads(1)
     split = overlapping_domains(num_users=120, items_per_domain=80, overlap=0.5, num_negatives=49, seed=2)
     train, config = RUNS[method]
-    algorithm_class = {"PriCDR": pricdr.PriCDRAlgorithm, "P2FCDR": p2fcdr.P2FCDRAlgorithm,
-                       "P2DTR": p2dtr.P2DTRAlgorithm}[method]
     full = train(split, config)
 
     def kill_in_round_3(run, record):
@@ -319,8 +316,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(method
             raise _Killed
 
     with pytest.raises(_Killed):
-        train_dual_target(algorithm_class(split, config, torch.device("cpu"), (5, 10)), None,
-                          Checkpointer(tmp_path, name=method, every=1), on_round_end=kill_in_round_3)
+        train(split, config, checkpointer=Checkpointer(tmp_path, name=method, every=1), on_round_end=kill_in_round_3)
     checkpointer = Checkpointer(tmp_path, name=method, every=1)
     resumed = train(split, config, checkpointer=checkpointer)
     assert checkpointer.resumed_at == [2]

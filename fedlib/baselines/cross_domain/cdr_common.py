@@ -17,6 +17,8 @@ communication round of a federated one. The shared pieces:
   **test** HR@10, the FedPCL-CDR code's rule; test numbers at every evaluation);
 * :class:`CrossDomainConfig`: the settings every method's config shares, each default written
   once (size, learning rate, the schedule's patience, evaluation interval and selection split, seed);
+* :func:`train_with`: every method's train function in one call (build the algorithm on a device,
+  :func:`train_cross_domain`, the method's :class:`RunSummary`, :func:`finish_run`);
 * :func:`finish_run`: what every train function returns, the trainer's
   :class:`~fedlib.engine.trainer.RunResult` labelled with the method and carrying the family's
   ``artifacts`` (domains, config, seconds, scalars, models); its numbers in the family's layout
@@ -26,9 +28,8 @@ communication round of a federated one. The shared pieces:
 
 Example (any method)::
 
-    algorithm = MyMethod(split, config, device)            # a CrossDomainAlgorithm
-    run = train_cross_domain(algorithm, config, rounds=config.epochs)
-    return finish_run(run, "MyMethod", config, split.domains, seconds=..., scalars={...})
+    return train_with(lambda device: MyMethod(split, config, device), config, method="MyMethod",
+                      rounds=config.epochs, summarise=lambda algorithm, run: RunSummary(scalars={...}, models={...}))
 """
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ from fedlib.metrics.scorer import PairScorer, evaluate_both, evaluate_scorer
 __all__ = ["PairScorer", "evaluate_scorer", "evaluate_both", "CrossDomainConfig", "CrossDomainAlgorithm", "finish_run",
            "selected_blocks", "audit_blocks", "history_rows", "flat_metrics", "history_row",
            "train_cross_domain", "cdr_schedule", "checkpoint_config_of", "JointModelState", "SELECTION_METRIC",
-           "check_positive_ints", "check_training_loop", "Progress"]
+           "check_positive_ints", "check_training_loop", "Progress", "train_with", "RunSummary"]
 
 SELECTION_METRIC = "HR@10"
 ROLES = ("valid", "test")
@@ -394,3 +395,56 @@ def train_cross_domain(algorithm: CrossDomainAlgorithm, config: Any, *, rounds: 
 
     return train(algorithm, cdr_schedule(config, rounds, select_on), seed=algorithm.seed, checkpointer=checkpointer,
                  checkpoint_config=checkpoint_config, on_round_end=after_round)
+
+
+def _resolve_device(device) -> torch.device:
+    """``torch.device(device)``, the CPU when ``device`` is ``None``."""
+    return torch.device(device) if device is not None else torch.device("cpu")
+
+
+@dataclass
+class RunSummary:
+    """What a method adds to a finished run (:func:`finish_run`'s ``scalars``, ``models`` and own ``artifacts``)."""
+
+    scalars: Mapping[str, float]
+    models: Mapping[str, Any]
+    artifacts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def train_with(build: Callable[[torch.device], CrossDomainAlgorithm], config: Any, *, method: str, rounds: int,
+               summarise: Callable[[Any, RunResult], RunSummary], device=None, progress: Progress = None,
+               checkpointer=None, checkpoint_config: Callable[[Any], Mapping[str, Any]] = checkpoint_config_of,
+               select_on: Optional[str] = None,
+               on_round_end: Optional[Callable[[RunResult, Dict[str, float]], None]] = None) -> RunResult:
+    """Every cross-domain train function: build the algorithm, :func:`train_cross_domain`, :func:`finish_run`.
+
+    Args:
+        build: ``build(device) -> algorithm`` (the method's :class:`CrossDomainAlgorithm` on its split).
+        config: the method's config (its schedule settings: ``patience``, ``eval_every``, ``select_on``).
+        method: the run's label (``run.method``), e.g. ``"NMCDR"``.
+        rounds: the most rounds (epochs) to train.
+        summarise: ``summarise(algorithm, run) -> RunSummary``, the method's scalars, models and own
+            artifacts, read from the trained algorithm and ``run.state``.
+        device: torch device of the method's tensors (CPU by default).
+        progress: called as ``progress(round, history_row)`` after every evaluation.
+        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and resume
+            it from (a resumed run equals an uninterrupted one).
+        checkpoint_config: ``config -> plain values`` stored with a checkpoint (one made under other
+            values is refused); called only with a ``checkpointer``.
+        select_on: overrides ``config.select_on`` (``"valid"`` or ``"test"``).
+        on_round_end: ``callback(run, record)`` after every round (the trainer's; tests stop a run with it).
+
+    Returns:
+        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
+        (:func:`finish_run`; ``seconds`` counts building the algorithm, training and ``summarise``)
+        and the method's own.
+    """
+    start = time.perf_counter()
+    algorithm = build(_resolve_device(device))
+    run = train_cross_domain(algorithm, config, rounds=rounds, progress=progress, select_on=select_on,
+                             checkpointer=checkpointer,
+                             checkpoint_config=None if checkpointer is None else checkpoint_config(config),
+                             on_round_end=on_round_end)
+    summary = summarise(algorithm, run)
+    return finish_run(run, method, config, algorithm.split.domains, seconds=time.perf_counter() - start,
+                      scalars=summary.scalars, models=summary.models, artifacts=summary.artifacts)

@@ -98,10 +98,9 @@ Simplifications on this machine
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -118,8 +117,9 @@ from fedlib.engine.method import FederatedMethod, fedncf_method
 from fedlib.engine.optim import adam
 from fedlib.engine.plan import round_generator
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, PairScorer, Progress, check_training_loop,
-                                       finish_run, train_cross_domain)
+from fedlib.baselines.config_checks import check_positive_ints
+from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, PairScorer, Progress, RunSummary,
+                                       check_training_loop, train_with)
 from fedlib.models.lightgcn import LightGCN
 from fedlib.models.ncf import FedNCF, NeuMF
 
@@ -137,10 +137,6 @@ DTYPES = ("float32", "float64")
 # --------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------
-def _positive_int(name: str, value, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}{hint}")
-
 
 def _positive_float(name: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -179,7 +175,7 @@ class NeuMFConfig(CrossDomainConfig):
     def __post_init__(self):
         check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
         object.__setattr__(self, "hidden", _check_hidden(self.hidden))
-        _positive_int("num_negatives", self.num_negatives, " (NCF samples 4 per positive)")
+        check_positive_ints(self, ["num_negatives"], " (NCF samples 4 per positive)")
 
     @property
     def model(self) -> str:
@@ -213,8 +209,8 @@ class LightGCNConfig(CrossDomainConfig):
 
     def __post_init__(self):
         check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
-        _positive_int("num_layers", self.num_layers, " (LightGCN uses 3)")
-        _positive_int("num_negatives", self.num_negatives)
+        check_positive_ints(self, ["num_layers"], " (LightGCN uses 3)")
+        check_positive_ints(self, ["num_negatives"])
         _positive_float("init_std", self.init_std)
         if self.loss not in LIGHTGCN_LOSSES:
             raise ValueError(f"loss must be one of {LIGHTGCN_LOSSES} ('bpr' is LightGCN's), got {self.loss!r}")
@@ -260,9 +256,7 @@ class FedNCFConfig(CrossDomainConfig):
     def __post_init__(self):
         check_training_loop(self)  # dim, lr, patience, eval_every, batch_size, epochs/rounds, seed
         object.__setattr__(self, "hidden", _check_hidden(self.hidden))
-        _positive_int("local_epochs", self.local_epochs)
-        _positive_int("num_negatives", self.num_negatives)
-        _positive_int("chunk_size", self.chunk_size)
+        check_positive_ints(self, ["local_epochs", "num_negatives", "chunk_size"])
         fraction = self.client_fraction
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
             raise ValueError(f"client_fraction must lie in (0, 1] (share of users per round, 1.0 = all), "
@@ -571,26 +565,21 @@ def _check_split(split: DomainSplit) -> None:
         raise ValueError("split has no domain")
 
 
-def _device(device) -> torch.device:
-    return torch.device(device) if device is not None else torch.device("cpu")
-
-
 def _check_config(config, expected: type) -> None:
     if not isinstance(config, expected):
         raise ValueError(f"expected a {expected.__name__}, got {type(config).__name__}; "
                          f"train_single_domain(split, config) picks the trainer from the config type")
 
 
-def _train(split: DomainSplit, config: AnyConfig, domain_class, device, progress: Progress, ks: Sequence[int],
-           rounds: int, checkpointer=None, on_round_end=None) -> Tuple[SingleDomainBaseline, RunResult, float]:
-    """Build the algorithm and train it (the trainer's checkpoints when ``checkpointer`` is given)."""
+def _train(split: DomainSplit, config: AnyConfig, domain_class, rounds: int,
+           summarise: Callable[[SingleDomainBaseline, RunResult], RunSummary], **options) -> RunResult:
+    """:func:`~fedlib.baselines.cross_domain.cdr_common.train_with` of a :class:`SingleDomainBaseline`
+    (``options``: ``device``, ``progress``, ``ks``, ``checkpointer``, ``on_round_end``)."""
     _check_split(split)
-    device, start = _device(device), time.perf_counter()
-    algorithm = SingleDomainBaseline(split, config, domain_class, device, ks)
-    run = train_cross_domain(algorithm, config, rounds=rounds, progress=progress, checkpointer=checkpointer,
-                             checkpoint_config=None if checkpointer is None else _checkpoint_config(config),
-                             on_round_end=on_round_end)
-    return algorithm, run, time.perf_counter() - start
+    ks = options.pop("ks")
+    return train_with(lambda device: SingleDomainBaseline(split, config, domain_class, device, ks), config,
+                      method=config.model, rounds=rounds, summarise=summarise, checkpoint_config=_checkpoint_config,
+                      **options)
 
 
 def _checkpoint_config(config) -> Dict[str, Any]:
@@ -598,74 +587,73 @@ def _checkpoint_config(config) -> Dict[str, Any]:
     return {"method": config.model, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(config).items()}}
 
 
-def train_neumf(split: DomainSplit, config: NeuMFConfig = NeuMFConfig(), *, device=None, progress: Progress = None,
-                ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
-    """NeuMF on every domain of ``split`` alone (see the module docstring).
-
-    ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to
-    and resume it from (a resumed run equals an uninterrupted one); the same for every trainer here.
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the NeuMF of each
-        domain; ``scalars``: ``epochs_run``); history rows carry ``<domain>/loss``.
-    """
-    _check_config(config, NeuMFConfig)
-    algorithm, run, seconds = _train(split, config, _NeuMFDomain, device, progress, ks, config.epochs, checkpointer)
-    return finish_run(run, "NeuMF", config, split.domains, seconds=seconds, scalars={"epochs_run": run.round_index},
-                      models=algorithm.models(run.state))
+def _epochs_and_models(algorithm: SingleDomainBaseline, run: RunResult) -> RunSummary:
+    """NeuMF's and LightGCN's summary: ``epochs_run`` and each domain's trained model."""
+    return RunSummary(scalars={"epochs_run": run.round_index}, models=algorithm.models(run.state))
 
 
-def train_lightgcn(split: DomainSplit, config: LightGCNConfig = LightGCNConfig(), *, device=None,
-                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
-    """LightGCN on every domain's training graph alone (see the module docstring).
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the LightGCN of
-        each domain; ``scalars``: ``epochs_run``).
-    """
-    _check_config(config, LightGCNConfig)
-    algorithm, run, seconds = _train(split, config, _LightGCNDomain, device, progress, ks, config.epochs,
-                                     checkpointer)
-    return finish_run(run, "LightGCN", config, split.domains, seconds=seconds, scalars={"epochs_run": run.round_index},
-                      models=algorithm.models(run.state))
-
-
-def train_fedncf(split: DomainSplit, config: FedNCFConfig = FedNCFConfig(), *, device=None, progress: Progress = None,
-                 ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
-    """FedNCF (users as clients, FedAvg by sample count) in every domain alone.
-
-    Returns the trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-    (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`): ``scalars``: ``rounds_run``,
-    clients per round and measured bytes (``bytes_up``/``bytes_down`` over all domains and rounds);
-    ``models``: the :class:`~fedlib.models.ncf.FedNCF` backbone of each domain; ``states``: each
-    domain's final engine :class:`~fedlib.engine.loop.AveragingState` (public and private tensors).
-    History rows are indexed by round.
-    """
-    _check_config(config, FedNCFConfig)
-    algorithm, run, seconds = _train(split, config, _FedNCFDomain, device, progress, ks, config.rounds, checkpointer)
-    lives = run.state.domains
+def _fedncf_summary(algorithm: SingleDomainBaseline, run: RunResult) -> RunSummary:
+    """FedNCF's: rounds, bytes over all domains and rounds, clients per round; models and engine states."""
+    names, lives = algorithm.split.domains, run.state.domains
     scalars: Dict[str, float] = {"rounds_run": run.round_index,
                                "bytes_up": sum(live.bytes_up for live in lives),
                                "bytes_down": sum(live.bytes_down for live in lives)}
-    for name, domain in zip(split.domains, algorithm.domains):
+    for name, domain in zip(names, algorithm.domains):
         per_round = domain.engine_config.clients_per_round
         scalars[f"{name}/clients_per_round"] = per_round if per_round is not None else domain.split.train.active_users().size
-    return finish_run(run, "FedNCF", config, split.domains, seconds=seconds, scalars=scalars,
-                      models=algorithm.models(run.state),
-                      artifacts={"states": {name: live.averaging for name, live in zip(split.domains, lives)}})
+    return RunSummary(scalars=scalars, models=algorithm.models(run.state),
+                      artifacts={"states": {name: live.averaging for name, live in zip(names, lives)}})
 
 
-DOMAIN_CLASSES = {NeuMFConfig: _NeuMFDomain, LightGCNConfig: _LightGCNDomain, FedNCFConfig: _FedNCFDomain}
+def train_neumf(split: DomainSplit, config: NeuMFConfig = NeuMFConfig(), *, device=None, progress: Progress = None,
+                ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
+    """NeuMF on every domain of ``split`` alone (see the module docstring).
+
+    Arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`
+    (the same for every trainer here); ``models``: the NeuMF of each domain; ``scalars``:
+    ``epochs_run``; history rows carry ``<domain>/loss``.
+    """
+    _check_config(config, NeuMFConfig)
+    return _train(split, config, _NeuMFDomain, config.epochs, _epochs_and_models, device=device, progress=progress,
+                  ks=ks, checkpointer=checkpointer, on_round_end=on_round_end)
+
+
+def train_lightgcn(split: DomainSplit, config: LightGCNConfig = LightGCNConfig(), *, device=None,
+                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                   on_round_end=None) -> RunResult:
+    """LightGCN on every domain's training graph alone (see the module docstring).
+
+    ``models``: the LightGCN of each domain; ``scalars``: ``epochs_run``.
+    """
+    _check_config(config, LightGCNConfig)
+    return _train(split, config, _LightGCNDomain, config.epochs, _epochs_and_models, device=device,
+                  progress=progress, ks=ks, checkpointer=checkpointer, on_round_end=on_round_end)
+
+
+def train_fedncf(split: DomainSplit, config: FedNCFConfig = FedNCFConfig(), *, device=None, progress: Progress = None,
+                 ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
+    """FedNCF (users as clients, FedAvg by sample count) in every domain alone.
+
+    ``scalars``: ``rounds_run``, clients per round and measured bytes (``bytes_up``/``bytes_down``
+    over all domains and rounds); ``models``: the :class:`~fedlib.models.ncf.FedNCF` backbone of
+    each domain; own artifact ``states``: each domain's final engine
+    :class:`~fedlib.engine.loop.AveragingState` (public and private tensors). History rows are
+    indexed by round.
+    """
+    _check_config(config, FedNCFConfig)
+    return _train(split, config, _FedNCFDomain, config.rounds, _fedncf_summary, device=device, progress=progress,
+                  ks=ks, checkpointer=checkpointer, on_round_end=on_round_end)
+
+
 _TRAINERS = {NeuMFConfig: train_neumf, LightGCNConfig: train_lightgcn, FedNCFConfig: train_fedncf}
 
 
 def train_single_domain(split: DomainSplit, config: AnyConfig, *, device=None, progress: Progress = None,
-                        ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
+                        ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Run the baseline named by ``config.model`` (``"NeuMF"``, ``"LightGCN"`` or ``"FedNCF"``)."""
     trainer = _TRAINERS.get(type(config))
     if trainer is None:
         raise ValueError(f"config must be one of NeuMFConfig, LightGCNConfig, FedNCFConfig (models {MODELS}), "
                          f"got {type(config).__name__}")
-    return trainer(split, config, device=device, progress=progress, ks=ks, checkpointer=checkpointer)
+    return trainer(split, config, device=device, progress=progress, ks=ks, checkpointer=checkpointer,
+                   on_round_end=on_round_end)

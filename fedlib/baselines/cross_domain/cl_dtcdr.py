@@ -64,9 +64,8 @@ Simplifications on this machine:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -78,7 +77,7 @@ from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.trainer import RunResult
 from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, finish_run, train_cross_domain)
+                                       Progress, RunSummary, train_with)
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
 __all__ = [
@@ -352,36 +351,26 @@ class CLDTCDRAlgorithm(CrossDomainAlgorithm):
 
 
 def train_cl_dtcdr(split: DomainSplit, config: CLDTCDRConfig = CLDTCDRConfig(), *, device=None,
-                   progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                   ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
+                   progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                   on_round_end=None) -> RunResult:
     """Train CL-DTCDR on both domains at once and evaluate each domain on its candidates.
 
-    Args:
-        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
-        config: see :class:`CLDTCDRConfig`.
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
-        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
-            resume it from (a resumed run equals an uninterrupted one).
-        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the joint model
-        under every domain name; ``scalars``: ``epochs_run``, ``num_parameters``) and its own:
-        ``inter_positives``, the last epoch's inter-domain positives per domain.
+    ``split``: two domains, users ``0 .. n_o − 1`` shared; ``config``: :class:`CLDTCDRConfig`; the
+    other arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`.
+    ``models``: the joint model under every domain name; ``scalars``: ``epochs_run``,
+    ``num_parameters``; own artifact ``inter_positives``: the last epoch's inter-domain positives per domain.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    algorithm = CLDTCDRAlgorithm(split, config, device, ks)
-    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
-                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
-                             on_round_end=on_round_end)
-    model, positives, names = run.state.model, run.state.positives, split.domains
-    scalars = {"epochs_run": run.round_index, "num_parameters": sum(p.numel() for p in model.parameters())}
-    return finish_run(run, "CL-DTCDR", config, names, seconds=time.perf_counter() - start, scalars=scalars,
-                      models={name: model for name in names},
-                      artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
-                                                     for a, name in enumerate(names)}})
+    def summarise(algorithm: CLDTCDRAlgorithm, run: RunResult) -> RunSummary:
+        model, positives, names = run.state.model, run.state.positives, split.domains
+        return RunSummary(scalars={"epochs_run": run.round_index,
+                                   "num_parameters": sum(p.numel() for p in model.parameters())},
+                          models={name: model for name in names},
+                          artifacts={"inter_positives": {name: (positives[a].cpu() if positives else None)
+                                                         for a, name in enumerate(names)}})
+
+    return train_with(lambda device: CLDTCDRAlgorithm(split, config, device, ks), config, method="CL-DTCDR",
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, on_round_end=on_round_end)
 
 
 def _scorers(model: CLDTCDRModel, device):

@@ -103,10 +103,9 @@ Simplifications on this machine (each a documented choice):
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -118,7 +117,7 @@ from fedlib.data.splits import DomainSplit, Pairs
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.trainer import RunResult
 from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, finish_run, train_cross_domain)
+                                       Progress, RunSummary, train_with)
 from fedlib.models.base import normal_
 from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 
@@ -505,56 +504,46 @@ class GAAlgorithm(CrossDomainAlgorithm):
 
 
 def train_ga(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
-             progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-             ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
+             progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+             on_round_end=None) -> RunResult:
     """Train a GA model (GA-DTCDR, GA-DTCDR-P, GA-MTCDR, GA-MTCDR-P by the config's flags).
 
-    Args:
-        split: 2 or more domains; users ``0 .. n_o − 1`` are common to all of them.
-        config: :class:`GADTCDRConfig`, :class:`GAMTCDRPConfig` or any :class:`GAConfig`.
-        device: torch device (CPU by default).
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
-        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
-            resume it from (a resumed run equals an uninterrupted one).
-        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` named by :func:`method_name`, with the
-        family's artifacts (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``
-        maps every domain to the one shared :class:`GAModel`; ``scalars``: ``epochs_run``) and its
-        own: ``attention_weights`` per target domain, the ``richness`` ranking, ``richer`` and
-        (spectral) the ``singular_values``.
+    ``split``: 2 or more domains, users ``0 .. n_o − 1`` common to all; ``config``:
+    :class:`GADTCDRConfig`, :class:`GAMTCDRPConfig` or any :class:`GAConfig`; the other arguments
+    and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`. The run
+    is named by :func:`method_name`; ``models`` maps every domain to the one shared
+    :class:`GAModel`; ``scalars``: ``epochs_run``; own artifacts: ``attention_weights`` per target
+    domain, the ``richness`` ranking, ``richer`` and (spectral) the ``singular_values``.
     """
     if len(split.domains) < 2:
         raise ValueError(f"GA models combine domains: need at least 2 domains, got {len(split.domains)}")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    algorithm = GAAlgorithm(split, config, device, ks)
-    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
-                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
-                             on_round_end=on_round_end)
-    names, model = algorithm.names, run.state.model
-    artifacts = {
-        "attention_weights": {name: model.attention_weights(m) for m, name in enumerate(names)},
-        "richness": dict(zip(names, algorithm.richness)),
-        "richer": algorithm.richer.cpu(),
-    }
-    if model.singular_values:
-        artifacts["singular_values"] = dict(zip(names, model.singular_values))
-    return finish_run(run, method_name(config), config, split.domains, seconds=time.perf_counter() - start,
-                      scalars={"epochs_run": run.round_index}, models={name: model for name in names},
-                      artifacts=artifacts)
+
+    def summarise(algorithm: GAAlgorithm, run: RunResult) -> RunSummary:
+        names, model = algorithm.names, run.state.model
+        artifacts = {
+            "attention_weights": {name: model.attention_weights(m) for m, name in enumerate(names)},
+            "richness": dict(zip(names, algorithm.richness)),
+            "richer": algorithm.richer.cpu(),
+        }
+        if model.singular_values:
+            artifacts["singular_values"] = dict(zip(names, model.singular_values))
+        return RunSummary(scalars={"epochs_run": run.round_index}, models={name: model for name in names},
+                          artifacts=artifacts)
+
+    return train_with(lambda device: GAAlgorithm(split, config, device, ks), config, method=method_name(config),
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, on_round_end=on_round_end)
 
 
 def train_ga_dtcdr(split: DomainSplit, config: GAConfig = GADTCDRConfig(), *, device=None,
-                   progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
+                   progress: Progress = None,
                    ks: Sequence[int] = (5, 10)) -> RunResult:
     """GA-DTCDR (IJCAI 2020): :func:`train_ga` with :class:`GADTCDRConfig` defaults."""
     return train_ga(split, config, device=device, progress=progress, ks=ks)
 
 
 def train_ga_mtcdr_p(split: DomainSplit, config: GAConfig = GAMTCDRPConfig(), *, device=None,
-                     progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
+                     progress: Progress = None,
                      ks: Sequence[int] = (5, 10)) -> RunResult:
     """GA-MTCDR-P (TKDE 2021): :func:`train_ga` with :class:`GAMTCDRPConfig` defaults."""
     return train_ga(split, config, device=device, progress=progress, ks=ks)

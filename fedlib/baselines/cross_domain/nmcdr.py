@@ -79,9 +79,8 @@ Simplifications on this machine:
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -93,7 +92,7 @@ from fedlib.data.splits import DomainSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.trainer import RunResult
 from fedlib.baselines.cross_domain.cdr_common import (CrossDomainConfig, CrossDomainAlgorithm, JointModelState, check_training_loop,
-                                       checkpoint_config_of, finish_run, train_cross_domain)
+                                       Progress, RunSummary, train_with)
 
 __all__ = [
     "NMCDRConfig", "matching_attention", "GateFusion", "IntraMatchingLayer", "InterMatchingLayer",
@@ -460,38 +459,28 @@ class NMCDRAlgorithm(CrossDomainAlgorithm):
 
 
 def train_nmcdr(split: DomainSplit, config: NMCDRConfig = NMCDRConfig(), *, device=None,
-                progress: Optional[Callable[[int, Dict[str, float]], None]] = None,
-                ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
+                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                on_round_end=None) -> RunResult:
     """Train NMCDR on both domains at once and evaluate each domain on its candidates.
 
-    Args:
-        split: a two-domain :class:`DomainSplit` (users ``0 .. n_o − 1`` shared).
-        config: see :class:`NMCDRConfig`.
-        progress: called as ``progress(epoch, history_row)`` after every evaluation.
-        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
-            resume it from (a resumed run equals an uninterrupted one).
-        on_round_end: ``callback(run, record)`` after every epoch (the trainer's).
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``models``: the one joint model
-        under every domain name; ``scalars``: ``epochs_run``, ``num_global_users``,
-        ``num_parameters``) and its own: the ``global_user_ids`` and the fixed evaluation candidates
-        (``eval_user_candidates``, ``eval_item_candidates``).
+    ``split``: two domains, users ``0 .. n_o − 1`` shared; ``config``: :class:`NMCDRConfig`; the
+    other arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`.
+    ``models``: the one joint model under every domain name; ``scalars``: ``epochs_run``,
+    ``num_global_users``, ``num_parameters``; own artifacts: the ``global_user_ids`` and the fixed
+    evaluation candidates (``eval_user_candidates``, ``eval_item_candidates``).
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    algorithm = NMCDRAlgorithm(split, config, device, ks)
-    run = train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
-                             checkpoint_config=None if checkpointer is None else checkpoint_config_of(config),
-                             on_round_end=on_round_end)
-    model = run.state.model
-    scalars = {"epochs_run": run.round_index, "num_global_users": model.num_global_users,
-               "num_parameters": sum(p.numel() for p in model.parameters())}
-    return finish_run(run, "NMCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
-                      models={name: model for name in split.domains},
-                      artifacts={"global_user_ids": algorithm.global_ids, "eval_user_candidates": algorithm.eval_users,
-                                 "eval_item_candidates": algorithm.eval_items})
+    def summarise(algorithm: NMCDRAlgorithm, run: RunResult) -> RunSummary:
+        model = run.state.model
+        return RunSummary(scalars={"epochs_run": run.round_index, "num_global_users": model.num_global_users,
+                                   "num_parameters": sum(p.numel() for p in model.parameters())},
+                          models={name: model for name in split.domains},
+                          artifacts={"global_user_ids": algorithm.global_ids,
+                                     "eval_user_candidates": algorithm.eval_users,
+                                     "eval_item_candidates": algorithm.eval_items})
+
+    return train_with(lambda device: NMCDRAlgorithm(split, config, device, ks), config, method="NMCDR",
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, on_round_end=on_round_end)
 
 
 def _scorers(model: NMCDRModel, user_keys: Sequence[np.ndarray], item_keys: Sequence[np.ndarray], device):

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
@@ -52,10 +51,10 @@ from torch import nn
 
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, RunSummary, check_training_loop, train_with
 from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
-                                   mean_logs, normal_table, train_dual_target, training_batches)
+                                   mean_logs, normal_table, dual_target_checkpoint_config, training_batches)
 
 __all__ = ["P2DTRConfig", "user_identities", "private_set_intersection", "match_clusters", "average_prototypes",
            "nearest_prototype", "P2DTRDomain", "P2DTRAlgorithm", "train_p2dtr"]
@@ -244,37 +243,37 @@ class P2DTRAlgorithm(DualTargetAlgorithm):
 
 
 def train_p2dtr(split: DomainSplit, config: P2DTRConfig = P2DTRConfig(), *, device=None,
-                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
+                progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                on_round_end=None) -> RunResult:
     """P²DTR: PSI once, then rounds of local training, k-means prototypes and server averaging.
 
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``psi_size``,
-        ``psi_matches_split`` (1.0 when the PSI found exactly users ``0 .. n_o − 1``), bytes) and its
-        own: ``psi`` rows, last ``prototypes`` / ``labels``, ``transmitted``.
+    Arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`;
+    ``scalars``: ``psi_size``, ``psi_matches_split`` (1.0 when the PSI found exactly users
+    ``0 .. n_o − 1``), bytes; own artifacts: ``psi`` rows, last ``prototypes`` / ``labels``, ``transmitted``.
     """
     check_dual_target(split, "P2DTR")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    names = list(split.domains)
-    algorithm = P2DTRAlgorithm(split, config, device, ks)
-    rows_a, rows_b, psi_rows = algorithm.rows_a, algorithm.rows_b, algorithm.psi_rows
-    expected = np.arange(split.num_overlap_users)
-    matches = bool(np.array_equal(np.sort(rows_a), expected) and np.array_equal(rows_a, rows_b))
-    run = train_dual_target(algorithm, progress, checkpointer)
-    rounds = run.round_index
-    uploads, summarised = run.state.messages["uploads"], run.state.messages["summarised"]
-    transmitted = {}
-    for name in names:
-        protos, labels = uploads[name]
-        order = torch.argsort(psi_rows[name])  # rows in the domain's user-id order
-        transmitted[name] = {"sent": protos[labels][order].cpu(), "private": summarised[name][order].cpu()}
-    k, d = config.num_clusters, config.dim
-    scalars = {"psi_size": float(rows_a.size), "psi_matches_split": float(matches),
-               "bytes_up": float(rounds * 2 * (k * d * 4 + rows_a.size * 8)),
-               "bytes_down": float(rounds * 2 * k * d * 4), "epochs_run": rounds}
-    return finish_run(run, "P2DTR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
-                      models=run.state.models,
-                      artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
-                                 "prototypes": {n: uploads[n][0].cpu() for n in names},
-                                 "labels": {n: uploads[n][1].cpu() for n in names}, "transmitted": transmitted})
+
+    def summarise(algorithm: P2DTRAlgorithm, run: RunResult) -> RunSummary:
+        names, rounds = list(split.domains), run.round_index
+        rows_a, rows_b, psi_rows = algorithm.rows_a, algorithm.rows_b, algorithm.psi_rows
+        expected = np.arange(split.num_overlap_users)
+        matches = bool(np.array_equal(np.sort(rows_a), expected) and np.array_equal(rows_a, rows_b))
+        uploads, summarised = run.state.messages["uploads"], run.state.messages["summarised"]
+        transmitted = {}
+        for name in names:
+            protos, labels = uploads[name]
+            order = torch.argsort(psi_rows[name])  # rows in the domain's user-id order
+            transmitted[name] = {"sent": protos[labels][order].cpu(), "private": summarised[name][order].cpu()}
+        k, d = config.num_clusters, config.dim
+        scalars = {"psi_size": float(rows_a.size), "psi_matches_split": float(matches),
+                   "bytes_up": float(rounds * 2 * (k * d * 4 + rows_a.size * 8)),
+                   "bytes_down": float(rounds * 2 * k * d * 4), "epochs_run": rounds}
+        return RunSummary(scalars=scalars, models=run.state.models,
+                          artifacts={"psi": {names[0]: rows_a, names[1]: rows_b},
+                                     "prototypes": {n: uploads[n][0].cpu() for n in names},
+                                     "labels": {n: uploads[n][1].cpu() for n in names}, "transmitted": transmitted})
+
+    return train_with(lambda device: P2DTRAlgorithm(split, config, device, ks), config, method="P2DTR",
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, checkpoint_config=dual_target_checkpoint_config,
+                      on_round_end=on_round_end)

@@ -33,7 +33,6 @@ Simplification on this machine (besides the family's, :mod:`fedlib.baselines.cro
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
@@ -44,9 +43,9 @@ from torch import nn
 from fedlib.data.splits import DomainSplit
 from fedlib.engine.privacy import add_laplace, clip_per_sample, l1_sensitivity_of_l2_clip, laplace_epsilon
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, RunSummary, check_training_loop, train_with
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
-                                   child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
+                                   child_seed, mean_logs, normal_table, require_non_negative, dual_target_checkpoint_config,
                                    training_batches)
 
 __all__ = ["P2FCDRConfig", "laplace_scale_for_epsilon", "ldp_message", "orthogonal_matrix", "P2FCDRDomain",
@@ -212,27 +211,27 @@ class P2FCDRAlgorithm(DualTargetAlgorithm):
 
 
 def train_p2fcdr(split: DomainSplit, config: P2FCDRConfig = P2FCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                 on_round_end=None) -> RunResult:
     """P2FCDR, peer to peer: every round both domains exchange noisy mapped embeddings, then train.
 
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``laplace_scale``,
-        ``epsilon_per_round``, ``epsilon_total`` (rounds run × per round), ``bytes_exchanged``) and
-        its own: ``transmitted`` (module docstring).
+    Arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`;
+    ``scalars``: ``laplace_scale``, ``epsilon_per_round``, ``epsilon_total`` (rounds run × per
+    round), ``bytes_exchanged``; own artifact ``transmitted`` (module docstring).
     """
     check_dual_target(split, "P2FCDR")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    names = list(split.domains)
-    scale = config.laplace_scale
-    run = train_dual_target(P2FCDRAlgorithm(split, config, device, ks), progress, checkpointer)
-    rounds = run.round_index
-    sent, private = run.state.messages["sent"], run.state.messages["private"]
-    per_round = laplace_epsilon(l1_sensitivity_of_l2_clip(config.clip_norm, config.dim), scale)
-    bytes_round = float(sum(m.numel() * m.element_size() for m in sent.values()))
-    scalars = {"laplace_scale": scale, "clip_norm": config.clip_norm, "epsilon_per_round": per_round,
-               "epsilon_total": per_round * rounds, "bytes_exchanged": bytes_round * rounds, "epochs_run": rounds}
-    transmitted = {name: {"sent": sent[name].cpu(), "private": private[name].cpu()} for name in names}
-    return finish_run(run, "P2FCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
-                      models=run.state.models, artifacts={"transmitted": transmitted})
+
+    def summarise(algorithm: P2FCDRAlgorithm, run: RunResult) -> RunSummary:
+        rounds, scale = run.round_index, config.laplace_scale
+        sent, private = run.state.messages["sent"], run.state.messages["private"]
+        per_round = laplace_epsilon(l1_sensitivity_of_l2_clip(config.clip_norm, config.dim), scale)
+        bytes_round = float(sum(m.numel() * m.element_size() for m in sent.values()))
+        scalars = {"laplace_scale": scale, "clip_norm": config.clip_norm, "epsilon_per_round": per_round,
+                   "epsilon_total": per_round * rounds, "bytes_exchanged": bytes_round * rounds, "epochs_run": rounds}
+        transmitted = {name: {"sent": sent[name].cpu(), "private": private[name].cpu()} for name in split.domains}
+        return RunSummary(scalars=scalars, models=run.state.models, artifacts={"transmitted": transmitted})
+
+    return train_with(lambda device: P2FCDRAlgorithm(split, config, device, ks), config, method="P2FCDR",
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, checkpoint_config=dual_target_checkpoint_config,
+                      on_round_end=on_round_end)

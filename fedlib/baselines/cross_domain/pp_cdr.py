@@ -19,7 +19,7 @@ Each method has its module, with its paper, equations and simplifications:
 fusion) and :mod:`fedlib.baselines.cross_domain.p2dtr` (PSI of the user sets, prototype federated learning).
 This module holds their common side of the trainer: :class:`DualTargetState` (the live state
 of a run), :class:`DualTargetAlgorithm` (one round = one epoch of both domains, evaluated by
-:mod:`fedlib.baselines.cross_domain.cdr_common`), :func:`train_dual_target`, the BCE step and the epoch's
+:mod:`fedlib.baselines.cross_domain.cdr_common`), :func:`dual_target_checkpoint_config`, the BCE step and the epoch's
 batches, and the checks every config shares.
 
 What left a domain (Table 5's reconstruction attack)
@@ -53,9 +53,9 @@ from torch import nn
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainAlgorithm, Progress, train_cross_domain
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainAlgorithm, Progress
 
-__all__ = ["DualTargetState", "DualTargetAlgorithm", "train_dual_target", "bce_step", "mean_logs", "training_batches",
+__all__ = ["DualTargetState", "DualTargetAlgorithm", "dual_target_checkpoint_config", "bce_step", "mean_logs", "training_batches",
            "normal_table", "child_seed", "require_non_negative", "check_dual_target", "Progress"]
 
 # --------------------------------------------------------------------------------------
@@ -183,12 +183,10 @@ class DualTargetAlgorithm(CrossDomainAlgorithm):
         return models, optimizers
 
 
-def train_dual_target(algorithm: DualTargetAlgorithm, progress: Progress, checkpointer=None, on_round_end=None):
-    """Train with the family's schedule; ``checkpoint_config`` is the config as plain values."""
-    config = algorithm.config
-    checkpoint_config = None if checkpointer is None else {"method": type(config).__name__, **asdict(config)}
-    return train_cross_domain(algorithm, config, rounds=config.epochs, progress=progress, checkpointer=checkpointer,
-                              checkpoint_config=checkpoint_config, on_round_end=on_round_end)
+def dual_target_checkpoint_config(config) -> Dict[str, object]:
+    """The config as plain values under its class name (the ``checkpoint_config`` of PriCDR, P2FCDR and P²DTR
+    for :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`: a checkpoint made under others is refused)."""
+    return {"method": type(config).__name__, **asdict(config)}
 
 
 def bce_step(model: nn.Module, optimizer: torch.optim.Optimizer, users, items, labels, device,

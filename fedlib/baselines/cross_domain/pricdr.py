@@ -48,7 +48,6 @@ Simplification on this machine (besides the family's, :mod:`fedlib.baselines.cro
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Dict, Sequence
 
@@ -60,9 +59,9 @@ from torch import nn
 from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.engine.privacy import gaussian_noise_like, noise_multiplier_for_epsilon, rdp_epsilon
 from fedlib.engine.trainer import RunResult
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, check_training_loop, finish_run
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainConfig, RunSummary, check_training_loop, train_with
 from fedlib.baselines.cross_domain.pp_cdr import (DualTargetAlgorithm, DualTargetState, Progress, bce_step, check_dual_target,
-                                   child_seed, mean_logs, normal_table, require_non_negative, train_dual_target,
+                                   child_seed, mean_logs, normal_table, require_non_negative, dual_target_checkpoint_config,
                                    training_batches)
 
 __all__ = ["PriCDRConfig", "PublishedMatrix", "PUBLISH_METHODS", "rating_matrix", "gaussian_jl_matrix",
@@ -305,31 +304,31 @@ class PriCDRAlgorithm(DualTargetAlgorithm):
 
 
 def train_pricdr(split: DomainSplit, config: PriCDRConfig = PriCDRConfig(), *, device=None,
-                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None) -> RunResult:
+                 progress: Progress = None, ks: Sequence[int] = (5, 10), checkpointer=None,
+                 on_round_end=None) -> RunResult:
     """PriCDR, dual-target: each domain publishes ``Y`` once, each trains HeteroCDR on the other's.
 
-    ``checkpointer``: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
-    resume it from (a resumed run equals an uninterrupted one); the same for P2FCDR and P²DTR.
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`; ``scalars``: ``epsilon``,
-        ``delta``, per-domain ``"<d>/noise_std"`` and ``"<d>/sensitivity"``, ``bytes_published``)
-        and its own: ``published``, the two :class:`PublishedMatrix`.
+    Arguments and the family's artifacts: :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`
+    (the same for P2FCDR and P²DTR); ``scalars``: ``epsilon``, ``delta``, per-domain
+    ``"<d>/noise_std"`` and ``"<d>/sensitivity"``, ``bytes_published``; own artifact
+    ``published``, the two :class:`PublishedMatrix`.
     """
     check_dual_target(split, "PriCDR")
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    algorithm = PriCDRAlgorithm(split, config, device, ks)
-    run = train_dual_target(algorithm, progress, checkpointer)
-    published = algorithm.published
-    scalars = {"epsilon": config.epsilon if config.dp else math.inf, "delta": config.delta if config.dp else 0.0,
-               "bytes_published": float(sum(p.nbytes() for p in published.values())), "epochs_run": run.round_index}
-    for d, release in published.items():
-        scalars[f"{d}/noise_std"] = release.noise_std
-        scalars[f"{d}/sensitivity"] = release.sensitivity
-        if config.dp:  # the ε the accountant actually certifies for the σ used (≤ the target ε)
-            scalars[f"{d}/epsilon_certified"] = rdp_epsilon(release.noise_std / release.sensitivity, 1.0, 1,
-                                                            config.delta)
-    return finish_run(run, "PriCDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
-                      models=run.state.models, artifacts={"published": published})
+
+    def summarise(algorithm: PriCDRAlgorithm, run: RunResult) -> RunSummary:
+        published = algorithm.published
+        scalars = {"epsilon": config.epsilon if config.dp else math.inf, "delta": config.delta if config.dp else 0.0,
+                   "bytes_published": float(sum(p.nbytes() for p in published.values())),
+                   "epochs_run": run.round_index}
+        for d, release in published.items():
+            scalars[f"{d}/noise_std"] = release.noise_std
+            scalars[f"{d}/sensitivity"] = release.sensitivity
+            if config.dp:  # the ε the accountant actually certifies for the σ used (≤ the target ε)
+                scalars[f"{d}/epsilon_certified"] = rdp_epsilon(release.noise_std / release.sensitivity, 1.0, 1,
+                                                                config.delta)
+        return RunSummary(scalars=scalars, models=run.state.models, artifacts={"published": published})
+
+    return train_with(lambda device: PriCDRAlgorithm(split, config, device, ks), config, method="PriCDR",
+                      rounds=config.epochs, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, checkpoint_config=dual_target_checkpoint_config,
+                      on_round_end=on_round_end)

@@ -72,7 +72,6 @@ holds the config, the domain model, Algorithm 1 as the trainer's :class:`FedPCLA
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -87,7 +86,7 @@ from fedlib.data.splits import DomainSplit, InteractionSplit
 from fedlib.engine.algorithm import RoundContext, RoundReport
 from fedlib.engine.trainer import RunResult
 from fedlib.baselines.registry import cross_domain, register
-from fedlib.baselines.cross_domain.cdr_common import CrossDomainAlgorithm, checkpoint_config_of, finish_run, train_cross_domain
+from fedlib.baselines.cross_domain.cdr_common import CrossDomainAlgorithm, RunSummary, checkpoint_config_of, train_with
 from fedlib.baselines.cross_domain.user_clusters import cluster_users  # Eq. 3; re-exported with the prototype math below
 from fedlib.models.lightgcn import normalized_adjacency, symmetric_spmm
 # The prototype and privacy math; re-exported, so that this module stays the method's one entry point.
@@ -484,44 +483,34 @@ def train_fedpcl_cdr(split: DomainSplit, config: FedPCLConfig = FedPCLConfig(), 
                      ks: Sequence[int] = (5, 10), checkpointer=None, on_round_end=None) -> RunResult:
     """Algorithm 1 on a :class:`DomainSplit` (2 or more domains), trained by the one trainer.
 
-    Args:
-        split: from :func:`fedlib.data.protocols.fedpcl_cdr.build` (or the synthetic generator).
-        config: see :class:`FedPCLConfig`; :func:`variant_config` gives Table 3's rows.
-        reviews: optional ``{domain: (user (U, r), item (I, r))}`` frozen review embeddings.
-        progress: called as ``progress(round, history_row)`` after every evaluation.
-        checkpointer: a :class:`~fedlib.engine.checkpoint.Checkpointer` to save the run to and
-            resume it from (a resumed run equals an uninterrupted one).
-        on_round_end: ``callback(run, record)`` after every round (the trainer's).
-
-    Returns:
-        The trainer's :class:`~fedlib.engine.trainer.RunResult` with the family's artifacts
-        (:func:`~fedlib.baselines.cross_domain.cdr_common.finish_run`: ``domains``, ``config``,
-        ``seconds``, ``models`` (each domain's :class:`DomainModel`), ``scalars`` (the privacy
-        budgets, total bytes, ``rounds_run``)) and FedPCL-CDR's own: the last round's ``uploads``
-        (:class:`DomainUpload`), what the server sent (``prototypes``, :class:`ServerPrototypes`),
-        what each domain trained with (``domain_prototypes``, :class:`DomainPrototypes`), the cluster
-        labels (``assignments``) and the reconstruction attack's pairs (``transmitted``). Its
-        numbers per domain: :func:`~fedlib.baselines.cross_domain.cdr_common.selected_blocks`,
-        ``audit_blocks``, ``history_rows``, ``flat_metrics``.
+    ``split``: from :func:`fedlib.data.protocols.fedpcl_cdr.build` (or the synthetic generator);
+    ``config``: see :class:`FedPCLConfig` (:func:`variant_config` gives Table 3's rows; it selects
+    on ``config.selection``); ``reviews``: optional ``{domain: (user (U, r), item (I, r))}`` frozen
+    review embeddings. The other arguments and the family's artifacts:
+    :func:`~fedlib.baselines.cross_domain.cdr_common.train_with`; ``models``: each domain's
+    :class:`DomainModel`; ``scalars``: the privacy budgets, total bytes, ``rounds_run``. FedPCL-CDR's
+    own artifacts: the last round's ``uploads`` (:class:`DomainUpload`), what the server sent
+    (``prototypes``, :class:`ServerPrototypes`), what each domain trained with
+    (``domain_prototypes``, :class:`DomainPrototypes`), the cluster labels (``assignments``) and the
+    reconstruction attack's pairs (``transmitted``). Its numbers per domain:
+    :func:`~fedlib.baselines.cross_domain.cdr_common.selected_blocks`, ``audit_blocks``,
+    ``history_rows``, ``flat_metrics``.
     """
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    start = time.perf_counter()
-    algorithm = FedPCLAlgorithm(split, config, device, ks, reviews)
-    checkpoint_config = None
-    if checkpointer is not None:
-        checkpoint_config = {**checkpoint_config_of(config), "reviews": sorted(reviews or {})}
-    run = train_cross_domain(algorithm, config, rounds=config.rounds, progress=progress, select_on=config.selection,
-                             checkpointer=checkpointer, checkpoint_config=checkpoint_config, on_round_end=on_round_end)
-    state = run.state
-    domains = algorithm.domains(state)
-    scalars = {**privacy_budget(config.clip_norm, config.laplace_scale, domains[0].model.representation_size),
-               "bytes_up": state.bytes_up, "bytes_down": state.bytes_down, "rounds_run": run.round_index}
-    return finish_run(run, "FedPCL-CDR", config, split.domains, seconds=time.perf_counter() - start, scalars=scalars,
-                      models={d.name: d.model for d in domains},
-                      artifacts={"uploads": state.uploads, "prototypes": state.prototypes,
-                                 "domain_prototypes": {d.name: d.received for d in domains},
-                                 "assignments": {d.name: d.assignment for d in domains},
-                                 "transmitted": _transmitted(domains, state.uploads)})
+    def summarise(algorithm: FedPCLAlgorithm, run: RunResult) -> RunSummary:
+        state = run.state
+        domains = algorithm.domains(state)
+        scalars = {**privacy_budget(config.clip_norm, config.laplace_scale, domains[0].model.representation_size),
+                   "bytes_up": state.bytes_up, "bytes_down": state.bytes_down, "rounds_run": run.round_index}
+        return RunSummary(scalars=scalars, models={d.name: d.model for d in domains},
+                          artifacts={"uploads": state.uploads, "prototypes": state.prototypes,
+                                     "domain_prototypes": {d.name: d.received for d in domains},
+                                     "assignments": {d.name: d.assignment for d in domains},
+                                     "transmitted": _transmitted(domains, state.uploads)})
+
+    return train_with(lambda device: FedPCLAlgorithm(split, config, device, ks, reviews), config, method="FedPCL-CDR",
+                      rounds=config.rounds, summarise=summarise, device=device, progress=progress,
+                      checkpointer=checkpointer, select_on=config.selection, on_round_end=on_round_end,
+                      checkpoint_config=lambda c: {**checkpoint_config_of(c), "reviews": sorted(reviews or {})})
 
 
 def _transmitted(domains: Sequence[_Domain], uploads: Sequence[DomainUpload]) -> Dict[str, Dict[str, torch.Tensor]]:
