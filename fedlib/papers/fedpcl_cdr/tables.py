@@ -224,20 +224,18 @@ def _score_cells(name: str) -> Optional[dict]:
 
 
 def list_length_frame(records, cell_kwargs: Mapping = {}, tasks: Sequence[str] = tuple(TASKS)) -> pd.DataFrame:
-    """Figure 6: test HR@N and NDCG@N of the main FedPCL-CDR run for N in 2..10 (one run gives all N)."""
-    rows = []
-    for task in tasks:
-        for run in runs_of_config(records, cell(task, "FedPCL-CDR", **cell_kwargs)):
-            for name, value in run.metrics.items():
-                parts = name.split("/")
-                if len(parts) != 3 or parts[1] != "test" or parts[0].lower() not in DOMAINS or "@" not in parts[2]:
-                    continue
-                metric, n = parts[2].split("@")
-                if int(n) in SPEC.list("list_lengths"):
-                    rows.append({"task": task, "domain": DOMAINS[parts[0].lower()], "metric": metric, "N": int(n),
-                                 "seed": run.seed, "value": float(value)})
-    frame = pd.DataFrame(rows, columns=["task", "domain", "metric", "N", "seed", "value"])
-    return frame.groupby(["task", "domain", "metric", "N"], as_index=False)["value"].mean() if len(frame) else frame
+    """Figure 6: test HR@N and NDCG@N (seed means) of the main FedPCL-CDR run for N in 2..10 (one run gives all N)."""
+    def list_length_cells(name: str) -> Optional[dict]:  # "Phone/test/HR@5" -> Phone, HR, 5
+        parts = name.split("/")
+        if len(parts) != 3 or parts[1] != "test" or parts[0].lower() not in DOMAINS or "@" not in parts[2]:
+            return None
+        metric, n = parts[2].split("@")
+        wanted = int(n) in SPEC.list("list_lengths")
+        return {"domain": DOMAINS[parts[0].lower()], "metric": metric, "N": int(n)} if wanted else None
+
+    keys = ["task", "domain", "metric", "N"]
+    points = [({"task": task}, cell(task, "FedPCL-CDR", **cell_kwargs)) for task in tasks]
+    return seed_summary_frame(records, points, list_length_cells, [*keys, "value"]).sort_values(keys, ignore_index=True)
 
 
 def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
