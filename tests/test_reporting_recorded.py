@@ -50,6 +50,15 @@ def test_flags_of_a_frame_come_from_its_row_and_its_runs(root):
     assert FLAG_ORDER == ("substitute", "one_seed", "diverged", "at_cap", "dirty")
 
 
+def test_a_run_that_records_selected_round_is_at_cap_too(root):
+    # the cross-domain and sequential families record the selected round as selected_round
+    runs = [append_run(PAPER, "paper", {"method": "FedCSR", "rounds": 20, "seed": s}, s,
+                       {"MRR": 0.1, "selected_round": selected}, 1.0, commit="abc", device="cpu")
+            for s, selected in ((0, 20), (1, 12))]
+    frame = pd.DataFrame([_cell(0.1, runs), _cell(0.1, runs[1:])])
+    assert list(with_flags(frame, runs)["flags"]) == ["at_cap", "one_seed"]
+
+
 def test_a_statistics_run_without_rounds_is_not_at_cap(root):
     statistics = append_run(PAPER, "paper", grid.statistics_config(PAPER, "X"), 0, {"users": 3.0}, 0.1, commit="abc")
     frame = pd.DataFrame([_cell(3.0, [statistics])])

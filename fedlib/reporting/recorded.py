@@ -29,7 +29,9 @@ FLAG_ORDER = ("substitute", "one_seed", "diverged", "at_cap", "dirty")
 * ``substitute``: the row's note says ``SUBSTITUTE`` (substitute data or split);
 * ``one_seed``: one seed stands behind the value (``n_seeds == 1``);
 * ``diverged``: a run ended on a NaN loss (``extra["diverged_at_round"]``; its best finite evaluation counts);
-* ``at_cap``: a run selected its last allowed round (``metrics["best_round"] == config["rounds"]``);
+* ``at_cap``: a run selected its last allowed round (its selected round, recorded as
+  ``metrics["best_round"]`` or ``metrics["selected_round"]``, equals ``config["rounds"]``): it may
+  still have been improving;
 * ``dirty``: a run was recorded from a tree with uncommitted changes (commit ``...+dirty``).
 
 A row without a value of ours carries no flag."""
@@ -37,6 +39,12 @@ A row without a value of ours carries no flag."""
 
 def _text(value: Any) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def _selected_round(metrics: Mapping[str, Any]) -> Any:
+    """The round a run selected: ``best_round`` (parameter averaging) or ``selected_round`` (the
+    cross-domain and sequential families); ``None`` for a run without rounds."""
+    return metrics.get("best_round", metrics.get("selected_round"))
 
 
 def _exempt(config: Mapping[str, Any], exempt: Mapping[str, Sequence[Any]]) -> bool:
@@ -70,7 +78,7 @@ def with_flags(frame: pd.DataFrame, records=(), *, at_cap_exempt: Mapping[str, S
         on = {"substitute": "SUBSTITUTE" in _text(note),
               "one_seed": _text(seeds) != "" and int(float(seeds)) == 1,
               "diverged": any((r.extra or {}).get("diverged_at_round") is not None for r in runs),
-              "at_cap": any(r.metrics.get("best_round") is not None and r.metrics.get("best_round") == r.config.get("rounds")
+              "at_cap": any(_selected_round(r.metrics) is not None and _selected_round(r.metrics) == r.config.get("rounds")
                             and not _exempt(r.config, at_cap_exempt) for r in runs),
               "dirty": any(c.endswith("+dirty") for c in commits)}
         flags.append(";".join(flag for flag in FLAG_ORDER if on[flag]))
