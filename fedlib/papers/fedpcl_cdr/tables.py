@@ -19,7 +19,6 @@ mean validation HR@10 (fractions, as the paper).
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -27,13 +26,13 @@ import pandas as pd
 
 from fedlib.data.protocols.fedpcl_cdr import PAPER_DOMAIN_NAMES, statistics
 from fedlib.experiments import grid
-from fedlib.experiments.spec import TableContext, build_table
+from fedlib.experiments.spec import TableContext, build_table, metric_units
 from fedlib.papers.fedpcl_cdr.experiment import (BASELINES, PAPER, SPEC, TASKS, available_tasks, cell, load_split,
                                                  method_label, needs_download)
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE
 from fedlib.reporting.figures import curve_frame as long_curves
 from fedlib.reporting.figures import plot_lines, save_figure, seed_summary_frame
-from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, latest_records, runs_of_config
+from fedlib.reporting.results import RUN_ID_SEPARATOR, config_hash, runs_of_config
 
 __all__ = ["DOMAINS", "TASK_NOTES", "comparison_tasks", "missing_note", "paper_table", "all_tables", "write_tables",
            "statistics_records", "sweep_frame", "list_length_frame", "curve_frame", "selection_gap_frame",
@@ -89,10 +88,7 @@ def _our_rows(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
 
 
 def _statistics_units(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
-    ours = _our_rows(ours, context)
-    if len(ours):
-        ours["ours_unit"] = ["percent" if m == "Density" else "count" for m in ours["metric"]]
-    return ours
+    return metric_units({"Density": "percent"})(_our_rows(ours, context), context)
 
 
 def _improvement_over_best_baseline(ours: pd.DataFrame, context: TableContext) -> pd.DataFrame:
@@ -157,21 +153,13 @@ def statistics_records(profile: str, tasks: Optional[Sequence[str]] = None, reco
     Metrics ``"<domain>/<statistic>"``: users, items, overlapping users, interactions
     (train + valid + test) and density (percent).
     """
-    from fedlib.reporting import append_run
-
-    known, out = latest_records(records), []
     names = SPEC.table("table1_dataset_stats")["metrics"]["metric"]  # recorded statistic -> Table 1's name
-    for task in comparison_tasks(tasks):
-        config = grid.statistics_config(PAPER, task)
-        if config_hash(config) in known:
-            out.append(known[config_hash(config)])
-            continue
-        started = time.perf_counter()
-        split = load_split(task)
-        metrics = {f"{domain}/{name}": float(row[name])
-                   for domain, (_, row) in zip(split.domains, statistics(split).iterrows()) for name in names}
-        out.append(append_run(PAPER, profile, config, 0, metrics, time.perf_counter() - started))
-    return out
+
+    def per_domain(split) -> Dict[str, float]:
+        return {f"{domain}/{name}": float(row[name])
+                for domain, (_, row) in zip(split.domains, statistics(split).iterrows()) for name in names}
+    return grid.record_split_statistics(PAPER, profile, comparison_tasks(tasks), load_split, records,
+                                        metrics_of=per_domain)
 
 
 def all_tables(records, profile: str, cell_kwargs: Mapping = {}, *,
@@ -183,15 +171,9 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, *,
 def write_tables(profile: str, cell_kwargs: Mapping = {}, *,
                  tasks: Optional[Sequence[str]] = None) -> Dict[str, pd.DataFrame]:
     """Record the statistics if needed, build every table and write ``results/fedpcl_cdr[/profile]/``."""
-    from fedlib.reporting import read_runs, write_results_table
-
     tasks = comparison_tasks(tasks)
-    statistics_records(profile, tasks, read_runs(PAPER, profile))
-    tables = all_tables(read_runs(PAPER, profile), profile, cell_kwargs, tasks=tasks)
-    for table_id, frame in tables.items():
-        write_results_table(PAPER, str(frame["table"].iloc[0]) if len(frame) else table_id.split("_")[0], frame,
-                            profile)
-    return tables
+    return grid.write_tables(PAPER, profile, lambda records: all_tables(records, profile, cell_kwargs, tasks=tasks),
+                             lambda records: statistics_records(profile, tasks, records))
 
 
 # ======================================================================================
