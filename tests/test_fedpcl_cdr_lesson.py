@@ -56,7 +56,7 @@ def test_train_live_rejects_a_baseline():
 
 def test_deviation_summary_lists_every_deviating_cell():
     tables = {n: lesson.recorded_table(n) for n in (1, 2, 3, 4, 5)}
-    summary = lesson.deviation_summary(tables)
+    summary = lesson.deviation_summary(tables, max_named=None)
     tidy = pd.concat(tables.values())
     tidy = tidy[tidy["value_ours"].notna() & tidy["value_paper"].notna()]
     far = ((tidy["value_ours"] - tidy["value_paper"]) / tidy["value_paper"]).abs() > 0.2
@@ -64,6 +64,12 @@ def test_deviation_summary_lists_every_deviating_cell():
     # each cell appears once as "<metric> ours (paper)": as many bracketed paper values as deviating cells
     named = sum(len(re.findall(r" \([-\d.,e+]+\)", text)) for text in summary["ours (paper)"])
     assert named == far.sum()
+    # the lesson's shorter form names six rows per reason and counts the rest; the counts are the same
+    short = lesson.deviation_summary(tables)
+    assert list(short["cells"]) == list(summary["cells"])
+    for full, shown in zip(summary["ours (paper)"], short["ours (paper)"]):
+        rows = full.split("; ")
+        assert shown == "; ".join(rows if len(rows) <= 6 else [*rows[:6], f"… and {len(rows) - 6} more"])
 
 
 def test_deviation_rules_raise_on_a_cell_without_reason(monkeypatch):

@@ -108,6 +108,12 @@ def test_deviations_are_grouped_by_reason_and_every_cell_is_named():
     assert list(zip(by_table["table"], by_table["reason"], by_table["cells"])) == [
         ("table1", "other", 1), ("table1", "slow", 2), ("table2", "other", 1)]
     assert by_table.loc[1, "ours (paper)"] == "A FedMF N@10: 0.32 (0.2); A FedMF R@10: 0.5 (1)"
+    # a long list names the largest and counts the rest; the counts and ranges keep every cell
+    short = deviations_by_reason(found, keys, by=["table"], detail=None, max_named=1)
+    assert short.loc[1, "ours (paper)"] == "A FedMF N@10: 0.32 (0.2); … and 1 more"
+    assert list(short["cells"]) == list(by_table["cells"]) and list(short["Δ % to"]) == list(by_table["Δ % to"])
+    with pytest.raises(ValueError, match="max_named"):
+        deviations_by_reason(found, keys, max_named=0)
 
 
 def test_a_deviation_without_a_reason_or_columns_is_refused():

@@ -120,7 +120,7 @@ def _number(value: float) -> str:
 
 
 def deviations_by_reason(found: pd.DataFrame, keys: Sequence[str], *, by: Sequence[str] = (),
-                         detail: Optional[str] = "metric") -> pd.DataFrame:
+                         detail: Optional[str] = "metric", max_named: Optional[int] = None) -> pd.DataFrame:
     """The cells of :func:`recorded_deviations` (or ``deviations``) grouped by reason, none dropped.
 
     Args:
@@ -131,6 +131,9 @@ def deviations_by_reason(found: pd.DataFrame, keys: Sequence[str], *, by: Sequen
             table, dataset and reason).
         detail: a key whose cells of one otherwise equal name are listed together
             (``table1 FilmTrust FedMF: R@10 43.31 (31.05), N@10 ...``); ``None``: each cell alone.
+        max_named: name at most this many cells (names) per group, the largest deviations,
+            then "… and N more"; every cell is still counted in ``cells`` and in its ``Δ %``
+            range, and listed in ``found`` (``None``: name them all).
 
     Returns:
         One row per ``(*by, reason)``, sorted by ``by`` and then in order of first appearance
@@ -139,6 +142,8 @@ def deviations_by_reason(found: pd.DataFrame, keys: Sequence[str], *, by: Sequen
         deviation, percent) and ``ours (paper)``: every cell named with our value and the
         paper's in brackets, ``; ``-separated.
     """
+    if max_named is not None and (isinstance(max_named, bool) or not isinstance(max_named, int) or max_named < 1):
+        raise ValueError(f"deviations_by_reason: max_named is a positive number of cells or None, got {max_named!r}")
     absent = [k for k in [*keys, *by, "ours", "paper", "Δ %", "reason"] if k not in found.columns]
     if absent:
         raise ValueError(f"deviations_by_reason: the deviations have no column(s) {absent}; "
@@ -156,6 +161,8 @@ def deviations_by_reason(found: pd.DataFrame, keys: Sequence[str], *, by: Sequen
                                                     f"{_number(r['ours'])} ({_number(r['paper'])})") if p)
                                for _, r in cell.iterrows())
             cells.append(f"{label}: {values}" if label else values)
+        if max_named is not None and len(cells) > max_named:
+            cells = [*cells[:max_named], f"… and {len(cells) - max_named} more"]
         rows.append({**dict(zip([*by, "reason"], group_keys)), "cells": len(part), "Δ % from": part["Δ %"].min(),
                      "Δ % to": part["Δ %"].max(), "ours (paper)": "; ".join(cells)})
     frame = pd.DataFrame(rows, columns=columns)

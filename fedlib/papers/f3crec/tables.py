@@ -297,12 +297,13 @@ DEVIATION_REASONS = [
 
 
 def deviation_summary(frames: Mapping[str, pd.DataFrame], keys: Sequence[str] = ("dataset", "backbone", "method"),
-                      threshold: float = 0.20) -> pd.DataFrame:
+                      threshold: float = 0.20, max_named: Optional[int] = 4) -> pd.DataFrame:
     """Every cell more than ``threshold`` from the paper, grouped by table, dataset and reason
-    (:func:`fedlib.reporting.deviations_by_reason`; raises on a deviating cell without a reason)."""
+    (:func:`fedlib.reporting.deviations_by_reason`, naming the ``max_named`` largest per group;
+    every cell is counted; raises on a deviating cell without a reason)."""
     named = ["table", *keys, "block", "stat", "setting", "metric"]
     found = recorded_deviations(frames, DEVIATION_REASONS, named, threshold=threshold)
-    return deviations_by_reason(found, named, by=["table", "dataset"])
+    return deviations_by_reason(found, named, by=["table", "dataset"], max_named=max_named)
 
 
 def lesson_claims(table2_frame: pd.DataFrame) -> pd.DataFrame:

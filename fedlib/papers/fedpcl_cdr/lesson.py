@@ -268,11 +268,11 @@ def recorded_table(number: int) -> pd.DataFrame:
     return frame
 
 
-def deviation_summary(frames: Mapping[int, pd.DataFrame]) -> pd.DataFrame:
+def deviation_summary(frames: Mapping[int, pd.DataFrame], max_named: Optional[int] = 6) -> pd.DataFrame:
     """Every cell of the given tables more than 20 % from the paper, grouped by its reason
-    (:func:`fedlib.reporting.deviations_by_reason`: ``reason``, ``cells``, the ``Δ %`` range and
-    ``ours (paper)``, every cell named). Raises if a deviating cell has no reason."""
+    (:func:`fedlib.reporting.deviations_by_reason`: ``reason``, ``cells`` (all counted), the ``Δ %``
+    range and ``ours (paper)``, the ``max_named`` largest named). Raises if a deviating cell has no reason."""
     from fedlib.reporting import deviations_by_reason, recorded_deviations
 
     found = recorded_deviations(frames, DEVIATION_REASONS, DEVIATION_KEYS)
-    return deviations_by_reason(found, DEVIATION_KEYS)
+    return deviations_by_reason(found, DEVIATION_KEYS, max_named=max_named)
