@@ -456,7 +456,7 @@ for name, rows in (("fig3_convergence_paper_profile_fedcsr", family), ("fig3_con
 #
 # All cells of Tables 2-5 where ours differs from the paper by more than 20 %, largest first,
 # each with its reason (`tables.DEVIATION_REASONS`; `recorded_deviations` raises if a deviating cell has none, so
-# none is left out), grouped by table and reason, the four largest of each group named.
+# none is left out), grouped by table and reason, the two largest of each group named.
 
 # %%
 recorded_tables = pd.concat([recorded_or_none(PAPER, t) for t in ("table2", "table3", "table4", "table5")], ignore_index=True)
@@ -464,7 +464,7 @@ deviation_list = recorded_deviations([recorded_tables], tables.DEVIATION_REASONS
 print(f"{len(deviation_list)} of {recorded_tables['value_ours'].notna().sum()} cells deviate by more than 20 %; "
       f"ours higher in {(deviation_list['Δ %'] > 0).sum()}, lower in {(deviation_list['Δ %'] < 0).sum()}")
 with pd.option_context("display.max_colwidth", None):
-    fnb.show(deviations_by_reason(deviation_list, tables.DEVIATION_KEYS, by=["table"], max_named=4),
+    fnb.show(deviations_by_reason(deviation_list, tables.DEVIATION_KEYS, by=["table"], max_named=2),
              "Deviating cells per reason")
 fnb.record("deviations", {"count": int(len(deviation_list)), "higher": int((deviation_list["Δ %"] > 0).sum())})
 
