@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import stat
 import sys
 import tarfile
@@ -48,6 +49,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from fedlib.data.errors import ChecksumError, FedlibDataError, MissingDataError, UnsafeArchiveError
 from fedlib.data.registry import DatasetSpec, FileSpec, get_spec
+from fedlib.data.sources import (AllSourcesFailedError, Source, checksum_failure, fetch_first_verified,
+                                 insecure_tls_requested)
 
 ENV_DATA = "FEDLIB_DATA"
 ENV_OFFLINE = "FEDLIB_OFFLINE"
@@ -68,8 +71,8 @@ _JUNK_MEMBERS = ("__MACOSX", ".DS_Store")
 
 # In-process memo of file digests: (absolute path, size, mtime_ns) -> sha256.
 _DIGEST_MEMO: Dict[Tuple[str, int, int], str] = {}
-# URL -> (time of failure, reason), see FAILED_DOWNLOAD_RETRY_S.
-_FAILED_URLS: Dict[str, Tuple[float, str]] = {}
+# (URL, without certificate checks) -> (time of failure, the error), see FAILED_DOWNLOAD_RETRY_S.
+_FAILED_URLS: Dict[Tuple[str, bool], Tuple[float, BaseException]] = {}
 
 
 # ----------------------------------------------------------------------------------------
@@ -385,7 +388,7 @@ def missing_data_message(spec: DatasetSpec, missing: Sequence[str], root: Path, 
     if reason:
         lines.append(f"  not downloaded: {reason}")
     files = [spec.file(rel) for rel in missing]
-    automatic = [f for f in files if f is not None and (f.urls or (spec.archive is not None and f.in_archive))]
+    automatic = [f for f in files if f is not None and (f.source_urls or (spec.archive is not None and f.in_archive))]
     manual = [rel for rel, f in zip(missing, files) if f is None or f not in automatic]
     if automatic:
         sources = sorted({u for f in automatic for u in f.urls[:1]}
@@ -405,17 +408,20 @@ def missing_data_message(spec: DatasetSpec, missing: Sequence[str], root: Path, 
 # Downloading
 # ----------------------------------------------------------------------------------------
 
-def _fetch(url: str, dest: Path, *, timeout: float = DOWNLOAD_TIMEOUT_S) -> str:
+def _fetch(url: str, dest: Path, *, timeout: float = DOWNLOAD_TIMEOUT_S,
+           context: Optional[ssl.SSLContext] = None) -> str:
     """Stream ``url`` into ``dest`` (created or truncated); return the sha256 of the bytes.
 
-    Raises ``OSError`` (``urllib.error.URLError`` is one) on network errors and on a body
-    shorter than its announced ``Content-Length``. Tests replace this function to simulate
-    failures; ``file://`` URLs work as they are.
+    ``context`` replaces the default TLS context (only the hash-pinned insecure retry of
+    :mod:`fedlib.data.sources` passes one). Raises ``OSError`` (``urllib.error.URLError``
+    is one) on network errors and on a body shorter than its announced ``Content-Length``.
+    Tests replace this function to simulate failures; ``file://`` URLs work as they are.
     """
     request = urllib.request.Request(url, headers={"User-Agent": "fedlib-data-download/1"})
     digest = hashlib.sha256()
     written = 0
-    with urllib.request.urlopen(request, timeout=timeout) as response, open(dest, "wb") as out:
+    extra = {} if context is None else {"context": context}
+    with urllib.request.urlopen(request, timeout=timeout, **extra) as response, open(dest, "wb") as out:
         announced = response.headers.get("Content-Length")
         for chunk in iter(lambda: response.read(_HASH_CHUNK), b""):
             digest.update(chunk)
@@ -426,16 +432,21 @@ def _fetch(url: str, dest: Path, *, timeout: float = DOWNLOAD_TIMEOUT_S) -> str:
     return digest.hexdigest()
 
 
-def _fetch_checked(url: str, dest: Path) -> str:
-    """:func:`_fetch` with a short-lived memory of failed URLs (see FAILED_DOWNLOAD_RETRY_S)."""
-    failed = _FAILED_URLS.get(url)
+def _fetch_checked(url: str, dest: Path, context: Optional[ssl.SSLContext] = None) -> str:
+    """:func:`_fetch` with a short-lived memory of failed URLs (see FAILED_DOWNLOAD_RETRY_S).
+
+    The memory is kept per URL and TLS mode, so a retry without certificate checks is not
+    blocked by the verified attempt that just failed.
+    """
+    key = (url, context is not None)
+    failed = _FAILED_URLS.get(key)
     if failed is not None and time.monotonic() - failed[0] < FAILED_DOWNLOAD_RETRY_S:
-        raise OSError(f"{failed[1]} (failed moments ago; not retried)")
+        raise failed[1]
     print(f"fedlib: downloading {url}", file=sys.stderr)
     try:
-        return _fetch(url, dest)
+        return _fetch(url, dest) if context is None else _fetch(url, dest, context=context)
     except (OSError, urllib.error.URLError, ValueError) as exc:
-        _FAILED_URLS[url] = (time.monotonic(), f"{type(exc).__name__}: {exc}")
+        _FAILED_URLS[key] = (time.monotonic(), exc)
         raise
 
 
@@ -444,84 +455,128 @@ def _announce_recorded(url: str, sha: str, store: Path) -> None:
           "later downloads are checked against it.", file=sys.stderr)
 
 
-def download_file(spec: DatasetSpec, file: FileSpec, root: Path, *, force: bool = False) -> Path:
-    """Download one registered single file (``file.urls``) into ``root``; return its path.
+def _sources(urls: Sequence[str], mirrors: Sequence[str]) -> List[Source]:
+    return [Source(u) for u in urls] + [Source(u, mirror=True) for u in mirrors]
 
-    Each URL is tried in order. The bytes go to a temporary file next to the target and
-    are renamed into place only after their sha256 matched the registry (or, with no
-    published hash, after it was recorded).
+
+def _manual_steps(spec: DatasetSpec, root: Path, what: str, sources: Sequence[Source], pinned: Optional[str]) -> str:
+    text = spec.manual_instructions(root)
+    if not text:
+        urls = " or ".join(s.url for s in sources) or spec.url
+        text = f"download {urls} by hand and save it as {root / what}"
+    if pinned:
+        text += f" Check the download with `sha256sum`: it must print {pinned}."
+    return text
+
+
+def _download_verified(spec: DatasetSpec, root: Path, what: str, sources: Sequence[Source], dest: Path,
+                       pinned: Optional[str], insecure_tls_if_hash_pinned: Optional[bool]) -> Tuple[Source, str]:
+    """Fetch ``what`` from the first acceptable source into ``dest``; errors name every source.
 
     Raises:
-        ChecksumError: a download did not match the expected hash (nothing is kept).
-        OSError: every URL failed (the last error).
+        ChecksumError: no source served the right bytes and at least one served wrong ones.
+        AllSourcesFailedError: every source failed for network, TLS or HTTP reasons.
+    """
+    try:
+        source, actual, _ = fetch_first_verified(
+            sources, dest, _fetch_checked,
+            expected=lambda s: pinned or recorded_hash(root, url=s.url), pinned=pinned is not None,
+            insecure_tls_if_hash_pinned=insecure_tls_requested(insecure_tls_if_hash_pinned))
+        return source, actual
+    except AllSourcesFailedError as exc:
+        manual = _manual_steps(spec, root, what, sources, pinned)
+        mismatched = [f for f in exc.failures if f.hash_mismatch]
+        if mismatched:
+            expected = pinned or recorded_hash(root, url=mismatched[-1].source.url) or ""
+            raise checksum_failure(what, exc.failures, expected, root, manual) from None
+        raise AllSourcesFailedError(what, exc.failures, root, manual) from None
+
+
+def download_file(spec: DatasetSpec, file: FileSpec, root: Path, *, force: bool = False,
+                  insecure_tls_if_hash_pinned: Optional[bool] = None) -> Path:
+    """Download one registered single file (``file.urls``, then ``file.mirrors``) into ``root``.
+
+    The sources are tried in order (see :mod:`fedlib.data.sources`). The bytes go to a
+    temporary file next to the target and are renamed into place only after their sha256
+    matched the registry (or, with no published hash, after it was recorded).
+
+    Raises:
+        ChecksumError: no source served the expected bytes (nothing is kept).
+        AllSourcesFailedError (an ``OSError``): every source failed; names each one.
     """
     root = Path(root)
     target = root / file.path
     if target.exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    last_error: Optional[BaseException] = None
-    for url in file.urls:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
-        os.close(fd)
-        tmp = Path(tmp_name)
-        try:
-            actual = _fetch_checked(url, tmp)
-            expected = file.sha256 or recorded_hash(root, url=url)
-            if expected is not None and actual != expected:
-                raise ChecksumError(url, expected, actual, advice=(
-                    f"The download was discarded (nothing was written to {target}). The server may serve a "
-                    "different version or the transfer was corrupted; try again later or fetch the file by hand."))
-            if expected is None:
-                store = _record_hash(root, url=url, sha256=actual)
-                _record_hash(root, file=file.path, sha256=actual)
-                _announce_recorded(url, actual, store)
-            os.replace(tmp, target)
-            return target
-        except ChecksumError:
-            raise
-        except (OSError, urllib.error.URLError, ValueError) as exc:
-            last_error = exc
-        finally:
-            tmp.unlink(missing_ok=True)
-    raise OSError(f"could not download {file.path}: {last_error}")
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".part", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        source, actual = _download_verified(spec, root, file.path, _sources(file.urls, file.mirrors), tmp,
+                                            file.sha256, insecure_tls_if_hash_pinned)
+        if file.sha256 is None and recorded_hash(root, url=source.url) is None:
+            store = _record_hash(root, url=source.url, sha256=actual)
+            _record_hash(root, file=file.path, sha256=actual)
+            _announce_recorded(source.url, actual, store)
+        os.replace(tmp, target)
+        return target
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
-def download_archive(spec: DatasetSpec, root: Path, *, force: bool = False) -> List[str]:
+def _check_extracted(spec: DatasetSpec, staging: Path, members: Sequence[str], archive_url: str) -> None:
+    """Compare extracted members with the registry's pinned hashes of the same files.
+
+    Only members stored under the same name as a registered file with a pinned hash are
+    compared (``u1.base`` is stored as ``u1.base.xz``, a different file); a file whose
+    reference copy differs from the upstream form (``upstream_differs``) is skipped.
+    """
+    for member in members:
+        registered = next((f for f in spec.files if f.path == f"{spec.id}/{member}"), None)
+        if registered is None or registered.sha256 is None or registered.upstream_differs:
+            continue
+        actual = sha256_of(staging / member)
+        if actual != registered.sha256:
+            raise ChecksumError(f"{member} in {archive_url}", registered.sha256, actual, advice=(
+                "The archive's hash was accepted but this member differs from the copy fedlib was checked "
+                "against, so nothing was extracted. Report it; meanwhile copy the file by hand."))
+
+
+def download_archive(spec: DatasetSpec, root: Path, *, force: bool = False,
+                     insecure_tls_if_hash_pinned: Optional[bool] = None) -> List[str]:
     """Download and safely extract ``spec.archive`` into ``<root>/<spec.id>/``.
 
-    A single top-level folder in the archive (``ml-100k/`` in ``ml-100k.zip``) is stripped,
-    so files land at ``<root>/<spec.id>/<name>`` whatever the archive's layout. Existing
-    files are kept unless ``force``.
+    The archive's sources (``url``, then ``mirrors`` when its hash is pinned) are tried in
+    order. A single top-level folder in the archive (``ml-100k/`` in ``ml-100k.zip``) is
+    stripped, so files land at ``<root>/<spec.id>/<name>`` whatever the archive's layout.
+    Extracted members with a pinned hash in the registry are checked too. Existing files
+    are kept unless ``force``; nothing is written unless every check passed.
 
     Returns:
         Paths (relative to the root) of the files written.
 
     Raises:
-        ChecksumError: the archive does not match the expected or recorded hash.
+        ChecksumError: the archive (or a registered member) does not match its hash.
         UnsafeArchiveError: a member would escape the target folder (nothing is written).
-        OSError: network or disk errors.
+        AllSourcesFailedError / OSError: network or disk errors.
     """
     if spec.archive is None:
         raise FedlibDataError(f"{spec.id} has no downloadable archive")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    url = spec.archive.url
     work = Path(tempfile.mkdtemp(prefix=".fedlib-download-", dir=root))
     try:
         archive_path = work / "archive"
-        actual = _fetch_checked(url, archive_path)
-        expected = spec.archive.sha256 or recorded_hash(root, url=url)
-        if expected is not None and actual != expected:
-            raise ChecksumError(url, expected, actual, advice=(
-                "The downloaded archive was discarded; nothing was extracted. The server may now serve a "
-                "different version, or the transfer was corrupted. Try again; if it persists, download the "
-                f"archive by hand and check it, or delete the recorded hash in {state_dir(root) / _KNOWN_HASHES_FILE}."))
+        source, actual = _download_verified(
+            spec, root, spec.archive.url.rsplit("/", 1)[-1], _sources((spec.archive.url,), spec.archive.mirrors),
+            archive_path, spec.archive.sha256, insecure_tls_if_hash_pinned)
         staging = work / "extracted"
         members = extract_archive(archive_path, staging, spec.archive.format)
-        if expected is None:
+        _check_extracted(spec, staging, members, source.url)
+        if spec.archive.sha256 is None and recorded_hash(root, url=source.url) is None:
             # Record only after a successful, safe extraction: a broken archive must not be trusted.
-            _announce_recorded(url, actual, _record_hash(root, url=url, sha256=actual))
+            _announce_recorded(source.url, actual, _record_hash(root, url=source.url, sha256=actual))
         written = []
         target_dir = root / spec.id
         for member in members:
@@ -617,7 +672,7 @@ def _obtain(spec: DatasetSpec, rel: str, root: Path) -> Optional[str]:
         return "the file is not in the fedlib registry, so there is nothing to download it from"
     errors = []
     try:
-        if file.urls:
+        if file.source_urls:
             download_file(spec, file, root)
             return None
         if spec.archive is not None and file.in_archive:
@@ -662,8 +717,13 @@ class DownloadReport:
 
 
 def download_dataset(dataset: "str | DatasetSpec", root: "str | os.PathLike | None" = None, *,
-                     force: bool = False) -> DownloadReport:
+                     force: bool = False, insecure_tls_if_hash_pinned: Optional[bool] = None) -> DownloadReport:
     """Fetch every missing file of ``dataset`` that can be fetched by script.
+
+    Each file's sources are tried in order (canonical, then mirrors); every failed source
+    is reported on stderr in one line. ``insecure_tls_if_hash_pinned`` (default: the
+    ``FEDLIB_INSECURE_TLS_IF_HASH_PINNED`` variable) accepts a host with a broken TLS
+    certificate for files whose sha256 is pinned, with a loud warning.
 
     Raises:
         MissingDataError: downloads are switched off (``FEDLIB_OFFLINE=1``).
@@ -682,22 +742,24 @@ def download_dataset(dataset: "str | DatasetSpec", root: "str | os.PathLike | No
                                  f"downloads are off ({ENV_OFFLINE}={os.environ.get(ENV_OFFLINE)})", root_given=root),
             dataset=spec.id, missing=[f.path for f in missing], root=base)
     base.mkdir(parents=True, exist_ok=True)
-    archive_needed = [f for f in missing if not f.urls and spec.archive is not None and f.in_archive]
+    archive_needed = [f for f in missing if not f.source_urls and spec.archive is not None and f.in_archive]
     for f in missing:
-        if not f.urls:
+        if not f.source_urls:
             continue
         try:
-            download_file(spec, f, base, force=force)
+            download_file(spec, f, base, force=force, insecure_tls_if_hash_pinned=insecure_tls_if_hash_pinned)
             report.written.append(f.path)
         except (OSError, urllib.error.URLError) as exc:
             report.failed.append(f"{f.path}: {exc}")
     if archive_needed:
         try:
-            report.written += download_archive(spec, base, force=force)
+            report.written += download_archive(spec, base, force=force,
+                                               insecure_tls_if_hash_pinned=insecure_tls_if_hash_pinned)
         except (OSError, urllib.error.URLError) as exc:
-            report.failed += [f"{f.path}: {exc}" for f in archive_needed]
+            names = ", ".join(f.path for f in archive_needed)
+            report.failed.append(f"{names} (from the archive): {exc}")
     for f in missing:
-        if not f.urls and not (spec.archive is not None and f.in_archive):
+        if not f.source_urls and not (spec.archive is not None and f.in_archive):
             report.manual.append(f.path)
     if report.manual:
         report.instructions = spec.manual_instructions(base)

@@ -77,6 +77,10 @@ _ARCHIVE_MANUAL = (
     "FEDLIB_DATA={{root}} on the machine that runs fedlib."
 )
 _C2DSR_DRIVE = "https://drive.google.com/drive/folders/1xpnp6tH56xz8PF_xuTi9exEptmcvlAVU"
+_MOVIELENS_COPY = (
+    " A byte-identical copy of the MovieLens zips (compared by SHA-256 in recommenders-team/recommenders pull "
+    "request #2369) is published at https://huggingface.co/datasets/Recommenders/MovieLens ."
+)
 
 
 # ----------------------------------------------------------------------------------------
@@ -126,9 +130,13 @@ _ML100K = DatasetSpec(
         ),
     ),
     url="https://files.grouplens.org/datasets/movielens/ml-100k.zip",
-    archive=ArchiveSpec("https://files.grouplens.org/datasets/movielens/ml-100k.zip"),
+    # The archive hash and size as published in NVIDIA/accelerated-computing-hub PR #273; the
+    # members shared with the reference copy (u.data, u.item, ...) are also checked one by one.
+    archive=ArchiveSpec("https://files.grouplens.org/datasets/movielens/ml-100k.zip",
+                        sha256="50d2a982c66986937beb9ffb3aa76efe955bf3d5c6b761f4e3a7cd717c6a3229", size=4924029,
+                        hash_source="github.com/NVIDIA/accelerated-computing-hub pull request #273"),
     manual=_ARCHIVE_MANUAL.format(url="https://files.grouplens.org/datasets/movielens/ml-100k.zip",
-                                  dir="ml-100k", example="u.data"),
+                                  dir="ml-100k", example="u.data") + _MOVIELENS_COPY,
     licence=_GROUPLENS_LICENCE,
     licence_short="GroupLens: research only, no redistribution",
     parser="load_movielens_100k",
@@ -192,7 +200,7 @@ _ML_1M = DatasetSpec(
     url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
     archive=ArchiveSpec("https://files.grouplens.org/datasets/movielens/ml-1m.zip"),
     manual=_ARCHIVE_MANUAL.format(url="https://files.grouplens.org/datasets/movielens/ml-1m.zip",
-                                  dir="ml-1m", example="ratings.dat"),
+                                  dir="ml-1m", example="ratings.dat") + _MOVIELENS_COPY,
     licence=_GROUPLENS_LICENCE,
     licence_short="GroupLens: research only, no redistribution",
     parser="load_movielens_1m",

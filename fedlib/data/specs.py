@@ -36,8 +36,10 @@ class FileSpec:
         role: ``interactions`` / ``split`` / ``sequences`` / ``partial-interactions`` /
             ``timestamps`` / ``metadata`` / ``item-list`` / ``docs``.
         compression: ``"xz"`` / ``"gzip"`` when the stored file is compressed, else ``None``.
-        urls: direct download locations of this single file (tried in order). Only given
-            for files with a known ``sha256``, so every such download is verified.
+        urls: direct download locations of this single file from its publisher (tried in
+            order); a file without ``sha256`` gets its hash recorded on first download.
+        mirrors: third-party copies, tried after ``urls`` and only when ``sha256`` is pinned
+            (a mirror is only ever trusted through the pinned hash).
         in_archive: whether the dataset's archive (:attr:`DatasetSpec.archive`) contains it.
         in_full: whether it counts towards ``complete`` (``False`` for stand-in copies such
             as ml-1m's partial ratings).
@@ -56,6 +58,12 @@ class FileSpec:
     in_archive: bool = True
     in_full: bool = True
     upstream_differs: Optional[str] = None
+    mirrors: Tuple[str, ...] = ()
+
+    @property
+    def source_urls(self) -> Tuple[str, ...]:
+        """Every download location in the order tried: ``urls`` then ``mirrors``."""
+        return (*self.urls, *self.mirrors)
 
     @property
     def logical_path(self) -> str:
@@ -97,11 +105,23 @@ class ArchiveSpec:
             computed, printed and recorded on the first download, and later downloads are
             checked against the recorded value.
         format: ``"zip"``, ``"tar"`` (any compression tarfile understands).
+        mirrors: byte-identical third-party copies, tried after ``url``; only used when
+            ``sha256`` is pinned.
+        size: byte size of the archive when known (for the README and ``data doctor``).
+        hash_source: where the pinned ``sha256`` was published (provenance of the pin).
     """
 
     url: str
     sha256: Optional[str] = None
     format: str = "zip"
+    mirrors: Tuple[str, ...] = ()
+    size: Optional[int] = None
+    hash_source: str = ""
+
+    @property
+    def source_urls(self) -> Tuple[str, ...]:
+        """Every download location in the order tried: ``url`` then ``mirrors``."""
+        return (self.url, *self.mirrors)
 
 
 @dataclass(frozen=True)
@@ -163,7 +183,7 @@ class DatasetSpec:
         return all(self._downloadable(f) for f in self.files if f.in_full)
 
     def _downloadable(self, f: FileSpec) -> bool:
-        return bool(f.urls) or (self.archive is not None and f.in_archive)
+        return bool(f.urls or f.mirrors) or (self.archive is not None and f.in_archive)
 
     @property
     def manual_files(self) -> Tuple[FileSpec, ...]:
