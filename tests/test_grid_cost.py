@@ -62,9 +62,9 @@ def test_every_fixed_cell_has_a_record_or_is_an_engine_cell(grid_cost):
     assert not missing, f"fixed cells without a paper-profile record: {missing}"
     assert len({c.key for c in grid_cost.CELLS}) == len(grid_cost.CELLS)
     assert {c.unit for c in grid_cost.CELLS} <= {"round", "step"}
-    # the ten largest recorded cells are all in the list
-    largest = sorted(records.values(), key=lambda r: -r["wall_time_s"])[:10]
-    assert {r["config_hash"] for r in largest} <= {c.key for c in grid_cost.CELLS}
+    # every paper has at least one timed cell, so each paper gets an estimate
+    papers = {records[c.key]["paper"] for c in grid_cost.CELLS if c.key in records}
+    assert papers == {r["paper"] for r in records.values()}
 
 
 def test_unknown_cell_and_revision_are_refused(grid_cost):
