@@ -21,8 +21,10 @@ changes and no config value is overridden (so early stopping cannot end a run th
 * ``round`` (most cells): the paper's per-round callback. The first round is a warm-up (the
   clock starts at its end, so data loading, model construction and the first round are
   excluded); the next ``--rounds`` rounds of the same training run are timed. Evaluations that
-  fall inside those rounds are counted, those after them are not (most cells evaluate every
-  10th round, so the timed rounds are mostly training).
+  fall inside those rounds are counted, those after them are not: with the default two rounds,
+  cells that evaluate every 10th round (FedRKG, FedKDRec) are timed on training only, although
+  one evaluation of FedRKG's FedNCF LastFM-2K cell costs about as much as nine of its training
+  rounds. ``--rounds 10`` times exactly one evaluation per such cell (and takes several times longer).
 * ``step`` (FedCSR and FedPCL-CDR, whose rounds take 20-350 s): one call of a torch optimiser's
   ``step`` (a global step hook, ``torch.optim.optimizer.register_optimizer_step_post_hook``).
   The first ``STEP_WARMUP`` steps are a warm-up, the next ``--steps`` are timed. A faster
@@ -46,10 +48,17 @@ grid (they are its most expensive cells and its median one); it does not re-run 
 The last line is one JSON object with ``speedup_geomean`` (geometric mean of old ÷ new over
 the fixed cells), the per-cell numbers and the per-paper estimates.
 
-    python benchmarks/grid_cost.py                       # all cells against 12a1189 (~15 min, 2 cores)
+    python benchmarks/grid_cost.py                       # all cells against 12a1189 (see below)
+    python benchmarks/grid_cost.py --cells d34ff2e3,005dbe4e  # a subset (two subsets can run side by side)
     python benchmarks/grid_cost.py --quick               # a 1-2 minute smoke of three cheap cells
     python benchmarks/grid_cost.py --cells e82d2ea8,fedmf-noise-touched --baseline none
     python benchmarks/grid_cost.py --list                # the fixed cells and why each is there
+
+Cost of the default run (22 cells, 2 repeats, both trees: 88 subprocesses): about 45 minutes of
+one-core work on a 2-core machine shared with other processes (load average 5-6), of which the
+GPFedRec LastFM-2K cell (two ~45 CPU-s rounds per subprocess, the first a warm-up) is 13 minutes
+and the three largest FedCSR cells (their data loading) another 15. Against 12a1189 with the same
+engine the geometric mean was 1.002 over the 21 cells, single cells 0.83-1.19 under that load.
 """
 from __future__ import annotations
 
