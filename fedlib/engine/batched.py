@@ -8,6 +8,7 @@ floating-point rounding; ``tests/test_engine_equivalence.py`` checks it.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan
 from fedlib.engine.privacy import clip_factors
-from fedlib.engine.uploads import ClientRowUpdates, client_gradient_noise, client_upload_noise, gradient_noise_shapes
+from fedlib.engine.uploads import ClientRowUpdates, clients_gradient_noise, gradient_noise_shapes, upload_noise_rows
 from fedlib.models.mf import FedMF
 from fedlib.engine.local_updates import (MAX_CLIENT_UPDATE_VALUES, LocalUpdateResult, _check_client_update_size,
                                         _local_step_index, _noise_key, _state_like, _zero_update)
@@ -24,6 +25,9 @@ from fedlib.engine.local_updates import (MAX_CLIENT_UPDATE_VALUES, LocalUpdateRe
 __all__ = ["BatchedExecutor", "client_batch_widths", "width_bucketed_chunks", "DEFAULT_WIDTH_RATIO"]
 
 
+#: Row noise values drawn and scattered at once by the batched upload noise (4 MB in float32):
+#: bounds the memory of full-support noise, ``C × num_items × d`` values in all.
+UPLOAD_NOISE_BLOCK_VALUES = 1 << 20
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_ divides by (total_norm + 1e-6)
 
 
@@ -185,45 +189,68 @@ class BatchedExecutor:
     # -- uploads: noise and per-client inspection -------------------------------------------
     @staticmethod
     def _add_upload_noise(method, global_state, plan, weights, update, noise_key: int, keep: bool):
-        """Add ``Σ_c w_c noise_c`` to ``update``, one client at a time.
+        """Add ``Σ_c w_c noise_c`` to ``update``, every client of the round at once.
 
-        Each client's noise comes from its own generator (what makes it equal to the
-        sequential executor's), so the draws cannot be fused across clients; the sum is
-        accumulated client by client, so at most one client's noise is held at a time
-        (``num_items × d`` values with full support). With ``keep`` the row noise is also
-        returned, ``name -> [per-client tensors]`` in ``plan.clients`` order, for
+        The noise is counter-based (:func:`~fedlib.engine.uploads.upload_noise_rows`): each
+        element a pure function of ``(round key, client, tensor, element)``, so drawing all
+        clients' rows in one vectorised call gives the sequential executor's numbers. Row noise
+        is drawn and scattered in blocks of :data:`UPLOAD_NOISE_BLOCK_VALUES` values, so the
+        memory stays bounded with full support (``C × num_items × d`` values in all). With
+        ``keep`` the row noise is also returned, ``name -> (R, *row)`` over the (client, item)
+        pairs sorted by client position, then item (every pair with full support), for
         :meth:`_client_rows`.
         """
         model = method.model
-        full_support = method.upload_noise.support == "full"
+        num_items = model.num_items
         row_names = model.names("public_rows")
         if not update:  # nothing public, nothing uploaded
-            return {name: [] for name in row_names} if keep else None
+            return {name: None for name in row_names} if keep else None
         device = next(iter(update.values())).device
-        positions, items = plan.touched_rows(model.num_items)
-        bounds = np.searchsorted(positions, np.arange(plan.num_clients + 1))
-        items = torch.as_tensor(items, device=device)
+        if method.upload_noise.support == "full":
+            positions = np.repeat(np.arange(plan.num_clients, dtype=np.int64), num_items)
+            items = np.tile(np.arange(num_items, dtype=np.int64), plan.num_clients)
+        else:
+            positions, items = plan.touched_rows(num_items)
+        dense_names = [name for name in update if name not in row_names]
+        if dense_names:  # (C, *shape) each: one draw, one weighted sum
+            dense = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[:0], items[:0],
+                                      names=dense_names)
+            for name, noise in dense.items():
+                update[name] += torch.tensordot(torch.as_tensor(weights, dtype=noise.dtype, device=device), noise, dims=1)
         kept = {name: [] for name in row_names} if keep else None
-        for c, user in enumerate(plan.clients.tolist()):
-            touched = items[bounds[c]:bounds[c + 1]]
-            noise = client_upload_noise(method, global_state, user, noise_key, touched)
-            weight = float(weights[c])
-            for name, tensor in noise.items():
-                if name in row_names and not full_support:
-                    update[name].index_add_(0, touched, tensor, alpha=weight)
+        row_weights = np.asarray(weights, dtype=np.float64)[positions]
+        full_support = method.upload_noise.support == "full"
+        for name in row_names:
+            table = update[name]
+            block = max(1, UPLOAD_NOISE_BLOCK_VALUES // max(math.prod(table.shape[1:]), 1))
+            if full_support:  # whole clients per block: their tables add up without a scatter
+                block = max(1, block // num_items) * num_items
+            for start in range(0, positions.size, block):
+                rows = slice(start, start + block)
+                # Without inspection the weight is applied with the scale (one pass fewer).
+                noise = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[rows], items[rows],
+                                          names=[name], row_weights=None if keep else row_weights[rows])[name]
+                if keep:
+                    kept[name].append(noise)
+                    noise = noise * torch.as_tensor(row_weights[rows], dtype=noise.dtype,
+                                                    device=device).view(-1, *(1,) * (noise.ndim - 1))
+                if full_support:
+                    table += noise.view(-1, *table.shape).sum(dim=0)
                 else:
-                    update[name].add_(tensor, alpha=weight)
-                if keep and name in row_names:
-                    kept[name].append(tensor)
-        return kept
+                    table.index_add_(0, torch.as_tensor(items[rows], device=device), noise)
+        if not keep:
+            return None
+        return {name: torch.cat(parts) if parts else update[name].new_zeros((0, *update[name].shape[1:]))
+                for name, parts in kept.items()}
 
     @staticmethod
     def _client_rows(method, global_state, plan, name, parts, noise) -> ClientRowUpdates:
         """Merge the chunks' ``(keys, deltas)`` of table ``name`` into sorted client updates.
 
         ``keys`` are ``position × I + item``; the one-batch fast path keeps one slot per example,
-        so a key can repeat and its deltas are summed. ``noise``: per-client row noise from
-        :meth:`_add_upload_noise` (``None`` without noise).
+        so a key can repeat and its deltas are summed. ``noise``: the row noise from
+        :meth:`_add_upload_noise`, ``(R, *row)`` over its sorted (client, item) pairs
+        (``None`` without noise).
         """
         num_items = method.model.num_items
         table = global_state[name]
@@ -241,13 +268,13 @@ class BatchedExecutor:
         if method.upload_noise.support == "touched":
             # Noise rows are sorted by (client position, item) over the touched pairs; the keys
             # cover those pairs, or every pair when gradient noise changed every row.
-            noise_rows = torch.cat(noise) if noise else delta.new_zeros((0, *row_shape))
+            noise_rows = noise
             positions, items = plan.touched_rows(num_items)
             noise_keys = torch.as_tensor(positions * num_items + items, device=keys.device)
             delta = delta.index_add(0, torch.searchsorted(keys, noise_keys), noise_rows)
             return _rows_from_keys(keys, delta, plan, num_items)
         # Full support: every client sends every row.
-        full = torch.stack(noise).reshape(-1, *row_shape) if noise else delta.new_zeros((0, *row_shape))
+        full = noise.reshape(-1, *row_shape)
         full.index_add_(0, keys, delta)
         all_keys = torch.arange(plan.num_clients * num_items, device=keys.device)
         return _rows_from_keys(all_keys, full, plan, num_items)
@@ -413,26 +440,18 @@ class BatchedExecutor:
     def _step_noise(method, group, global_state, private_state, users, slot_bounds, noise_key, local_step):
         """Gradient noise of the stepping clients (ranks ``0..C_s-1``) for one update step.
 
-        Each client draws from its own generator (what makes it equal to the sequential
-        executor's), so the draws are per client, in rank order; the results are then
-        concatenated once per tensor: row noise ``(slot_bounds[C_s], *row)`` aligned with the
-        slot prefix, dense noise ``(C_s, ...)``. ``slot_bounds`` (``C + 1``) delimits each
-        client's noise rows: its slots, or only its touched slots when the executor keeps
-        whole-table slots for another reason (Adam weight decay with touched-support noise).
+        One counter-based draw per tensor for all stepping clients
+        (:func:`~fedlib.engine.uploads.clients_gradient_noise`, the sequential executor's numbers):
+        row noise ``(slot_bounds[C_s], *row)`` aligned with the slot prefix, dense noise
+        ``(C_s, ...)``. ``slot_bounds`` (``C + 1``) delimits each client's noise rows: its
+        slots, or only its touched slots when the executor keeps whole-table slots for another
+        reason (Adam weight decay with touched-support noise).
         """
-        row_names = method.model.row_names
         like = next(iter({**global_state, **private_state}.values()))  # dtype and device of the noise
-        full = method.gradient_noise.support == "full"
-        shapes = None
-        parts = {}
-        for rank, user in enumerate(np.asarray(users).tolist()):
-            if shapes is None or not full:  # full-table shapes are the same for every client
-                shapes = gradient_noise_shapes(method, group, global_state, private_state,
-                                               slot_bounds[rank + 1] - slot_bounds[rank])
-            for name, tensor in client_gradient_noise(method, shapes, user, noise_key, local_step, like).items():
-                parts.setdefault(name, []).append(tensor)
-        return {name: torch.cat(tensors) if name in row_names else torch.stack(tensors)
-                for name, tensors in parts.items()}
+        users = np.asarray(users, dtype=np.int64)
+        rows_per_client = np.diff(np.asarray(slot_bounds[:users.size + 1], dtype=np.int64))
+        shapes = gradient_noise_shapes(method, group, global_state, private_state, 0)
+        return clients_gradient_noise(method, shapes, users, rows_per_client, noise_key, local_step, like)
 
     # -- analytic FedMF kernel --------------------------------------------------------------
     def _use_fedmf_kernel(self, method: FederatedMethod, plan: RoundPlan) -> bool:

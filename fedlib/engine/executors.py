@@ -44,17 +44,18 @@ row, and local copies then cover whole tables (as with full-support gradient noi
 whose data is exhausted are outside the stepping prefix and take no Adam step.
 
 Gradient noise. With ``method.gradient_noise`` set (DP-SGD at the client level), each step's
-covered gradient is clipped per client and Gaussian noise drawn from the client's own
-generator of ``(round noise key, client id, local step)``
-(:func:`~fedlib.engine.uploads.client_gradient_noise`) is added, in both executors in the
-same order. The batched executor then takes neither shortcut (the FedMF kernel assumes
+covered gradient is clipped per client and Gaussian noise keyed by
+``(round noise key, client id, local step, tensor, element)`` is added
+(:func:`~fedlib.engine.uploads.client_gradient_noise`; the batched executor draws all stepping
+clients' at once with :func:`~fedlib.engine.uploads.clients_gradient_noise`, the same numbers). The batched executor then takes neither shortcut (the FedMF kernel assumes
 plain SGD, the one-batch path has no per-client row gradients to clip); with full-support
 noise on a row table every client's local copy covers the whole table.
 
 Uploads. With ``method.upload_noise`` set, every client adds its own Laplace noise
-(:func:`~fedlib.engine.uploads.client_upload_noise`, drawn from a generator of the round's
-noise key and the client id) before the server averages, so both executors add the same
-numbers. With ``return_client_updates=True`` both also return every client's individual row
+(:func:`~fedlib.engine.uploads.client_upload_noise`, keyed by the round's noise key, the
+client id, the tensor and the element; the batched executor draws every client's at once with
+:func:`~fedlib.engine.uploads.upload_noise_rows`) before the server averages, so both executors
+add the same numbers. With ``return_client_updates=True`` both also return every client's individual row
 uploads (:class:`~fedlib.engine.uploads.ClientRowUpdates`), the view of a curious server.
 """
 
@@ -101,8 +102,8 @@ class SequentialExecutor:
             return_client_updates: also return every client's row uploads
                 (``result.client_updates``). Memory: ``R × d`` values per table, ``R`` = Σ_c
                 touched items, or ``C × num_items`` with full-support noise.
-            noise_seed: with ``method.upload_noise``, client ``u``'s noise is drawn from
-                ``client_noise_generator(round_noise_key(noise_seed, plan.round_index), u)``
+            noise_seed: with ``method.upload_noise`` or ``gradient_noise``, client ``u``'s noise
+                is keyed by ``client_noise_keys(round_noise_key(noise_seed, plan.round_index), u, …)``
                 (:func:`~fedlib.engine.run_federated` passes its config's seed); ``None`` =
                 from ``plan.noise_key``.
             max_client_update_values: refuse (``ValueError``) to return more values than this

@@ -11,7 +11,8 @@ number for number. A plan fixes
    examples fit in one batch is not shuffled: the order inside a batch does not change a
    mean loss;
 4. a ``noise_key`` from which each client's upload and gradient noise can be derived
-   (:func:`client_noise_generator`), so every executor adds the same noise. The round loop
+   (:func:`client_noise_keys`, counter-based, for every client of a round in one call), so
+   every executor adds the same noise. The round loop
    derives the key from ``(seed, round_index)`` instead (:func:`round_noise_key`), which
    makes the noise of client ``u`` in round ``t`` a function of ``(seed, t, u)`` alone.
 
@@ -28,8 +29,10 @@ import torch
 
 from fedlib.data.sampling import NegativeSampler
 from fedlib.data.splits import Pairs
+from fedlib.engine.privacy import SPLITMIX_GAMMA, splitmix64
 
-__all__ = ["RoundPlan", "round_generator", "round_noise_key", "client_noise_generator", "make_round_plan",
+__all__ = ["RoundPlan", "round_generator", "round_noise_key", "client_noise_generator", "client_noise_keys",
+           "make_round_plan",
            "select_clients", "guidance_participants"]
 
 #: ``round_generator`` stream of the upload-noise keys (0 is the round plan).
@@ -65,9 +68,11 @@ def client_noise_generator(noise_key: int, client_id: int, stream: int = 0) -> t
     seed is given. Giving each client its own stream makes its noise independent of which
     other clients take part, of the executor and of how clients are chunked.
 
-    ``stream`` separates the uses inside one client's round: ``0`` is its upload noise
-    (:class:`~fedlib.engine.method.UploadNoise`), ``1 + k`` the gradient noise of its local
-    step ``k`` (:class:`~fedlib.engine.method.GradientNoise`).
+    ``stream`` separates the uses inside one client's round. For methods that draw their own
+    per-client noise with a ``torch.Generator`` (FedPerGNN, FedDAE). The engine's upload and
+    gradient noise (:class:`~fedlib.engine.method.UploadNoise`,
+    :class:`~fedlib.engine.method.GradientNoise`) use the counter-based
+    :func:`client_noise_keys` instead, which serves all clients of a round in one call.
     """
     if int(stream) < 0:
         raise ValueError(f"stream must be >= 0, got {stream}")
@@ -76,6 +81,34 @@ def client_noise_generator(noise_key: int, client_id: int, stream: int = 0) -> t
     words = np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32)
     # torch seeds are 64-bit; keep the top bit clear so the value fits an int64 on every path.
     return torch.Generator().manual_seed((int(words[0]) & 0x7FFFFFFF) << 32 | int(words[1]))
+
+
+def client_noise_keys(noise_key: int, client_ids, stream: int = 0, part: int = 0) -> np.ndarray:
+    """``(C,) uint64`` counter-stream keys of the clients' noise in one round (vectorised).
+
+    A pure function of ``(noise_key, client id, stream, part)``, the round key being
+    :func:`round_noise_key` ``(seed, round_index)`` (or :attr:`RoundPlan.noise_key`): the
+    engine's upload and gradient noise are element ``e`` of the stream with this key
+    (:func:`~fedlib.engine.privacy.counter_bits`), so a client's noise does not depend on which
+    other clients take part, on the executor or on how clients are chunked, and all clients'
+    keys come from one call. ``stream`` separates the uses inside one client's round (``0``:
+    its upload noise, ``1 + k``: the gradient noise of its local step ``k``), ``part`` the
+    tensors (their index in ``model.param_kinds``).
+
+    Each word is folded in with SplitMix64's finaliser: ``h ← mix(h + mix((word + 1)·γ))``,
+    starting from ``h = mix(noise_key)``.
+    """
+    if int(stream) < 0 or int(part) < 0:
+        raise ValueError(f"stream and part must be >= 0, got stream={stream}, part={part}")
+    ids = np.asarray(client_ids, dtype=np.int64).reshape(-1)
+    if ids.size and ids.min() < 0:
+        raise ValueError(f"client ids must be >= 0, got {int(ids.min())}")
+    with np.errstate(over="ignore"):
+        key = splitmix64(np.array([int(noise_key) & 0xFFFFFFFFFFFFFFFF], dtype=np.uint64))
+        for word in (np.uint64(stream), np.uint64(part)):
+            key = splitmix64(key + splitmix64(np.array([word + np.uint64(1)], dtype=np.uint64) * SPLITMIX_GAMMA))
+        words = splitmix64((ids.astype(np.uint64) + np.uint64(1)) * SPLITMIX_GAMMA)
+        return splitmix64(key + words)
 
 
 @dataclass(frozen=True)
@@ -94,7 +127,7 @@ class RoundPlan:
         num_examples: ``(C,) int64`` examples per client and epoch (positives × (1 + negatives)).
         batch_size, local_epochs: as configured.
         noise_key: seed material of the clients' upload noise when the executor is given
-            no ``noise_seed`` (see :func:`client_noise_generator`); drawn after every other
+            no ``noise_seed`` (see :func:`client_noise_keys`); drawn after every other
             field, so the other fields do not depend on it.
     """
 

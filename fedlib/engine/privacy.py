@@ -19,7 +19,8 @@ Three papers in this library perturb what clients send:
 
 Conventions:
 
-* Every random draw takes an explicit ``torch.Generator``; nothing touches the global
+* Every random draw takes an explicit ``torch.Generator`` or explicit counter keys
+  (:func:`laplace_from_counters`, :func:`gaussian_from_counters`); nothing touches the global
   RNG. Noise is drawn on the generator's device and then moved to the tensor's device,
   so a CPU generator gives bit-identical noise whether the data live on CPU or GPU.
 * Functions return new tensors; inputs are never modified in place.
@@ -36,14 +37,20 @@ attacks on noise sampling, and the float32 Laplace sampler truncates tails beyon
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from typing import Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 
 __all__ = [
     "laplace_noise_like",
     "add_laplace",
+    "splitmix64",
+    "counter_bits",
+    "laplace_from_counters",
+    "gaussian_from_counters",
     "laplace_epsilon",
     "l1_sensitivity_of_l2_clip",
     "per_sample_norms",
@@ -130,6 +137,190 @@ def laplace_noise_like(tensor: torch.Tensor, scale: float, generator: torch.Gene
 def add_laplace(tensor: torch.Tensor, scale: float, generator: torch.Generator) -> torch.Tensor:
     """``tensor + Laplace(0, scale)`` noise (a new tensor), e.g. a client's item table upload."""
     return tensor + laplace_noise_like(tensor, scale, generator)
+
+
+# --------------------------------------------------------------------------------------
+# Counter-based noise: many clients' draws in one vectorised call
+# --------------------------------------------------------------------------------------
+#: SplitMix64's increment (2⁶⁴ / golden ratio, odd) and its two finaliser multipliers (Stafford's mix 13).
+SPLITMIX_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX_2 = np.uint64(0x94D049BB133111EB)
+#: Elements per vectorised block: large enough that numpy's per-call overhead is small, small
+#: enough that the intermediate arrays stay in the CPU's cache (the values do not depend on it).
+COUNTER_BLOCK_ELEMENTS = 1 << 16
+
+
+def splitmix64(z: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
+    """SplitMix64's finaliser, elementwise on ``uint64`` (modifies and returns ``z``).
+
+    A bijection of 64-bit words whose outputs, on consecutive inputs spaced by
+    :data:`SPLITMIX_GAMMA`, pass BigCrush (it is ``java.util.SplittableRandom``'s generator).
+    Wrap-around arithmetic is numpy's ``uint64`` arithmetic. ``scratch``: an array like ``z``
+    to hold the shifted words (saves an allocation per step).
+    """
+    scratch = np.empty_like(z) if scratch is None else scratch
+    for shift, multiplier in ((30, _MIX_1), (27, _MIX_2), (31, None)):
+        np.right_shift(z, np.uint64(shift), out=scratch)
+        np.bitwise_xor(z, scratch, out=z)
+        if multiplier is not None:
+            np.multiply(z, multiplier, out=z)
+    return z
+
+
+def counter_bits(keys: np.ndarray, starts: np.ndarray, width: int) -> np.ndarray:
+    r"""``(R, width) uint32`` random words: element ``e`` of the stream keyed ``K``.
+
+    Row ``r`` holds elements ``starts[r] … starts[r] + width − 1`` of the stream of key
+    ``keys[r]``; element ``e`` of stream ``K`` is the low (``e`` even) or high (``e`` odd)
+    half of ``splitmix64(K + (⌊e/2⌋ + 1)·γ)``, i.e. of SplitMix64's output ``⌊e/2⌋`` when
+    seeded with ``K``. A pure function of ``(K, e)``: the same element has the same value
+    however the rows are cut, ordered or batched. (Two streams overlap only if their keys
+    differ by a multiple of ``γ`` smaller than their length: about ``n/2⁶⁴`` for a pair.)
+
+    Args:
+        keys: ``(R,) uint64`` stream keys (e.g. :func:`~fedlib.engine.plan.client_noise_keys`).
+        starts: ``(R,)`` non-negative integers, the element index of each row's first element.
+        width: elements per row, ``≥ 0``.
+    """
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    starts = np.asarray(starts).reshape(-1)
+    width = int(width)
+    if keys.shape != starts.shape:
+        raise ValueError(f"keys and starts must have the same length, got {keys.size} and {starts.size}")
+    if width < 0:
+        raise ValueError(f"width must be >= 0, got {width}")
+    starts = _element_starts(starts)
+    return _counter_words(keys, starts, width, _pairs_aligned(starts, width))
+
+
+def _element_starts(starts) -> np.ndarray:
+    """``starts`` as ``uint64``, refusing negative values."""
+    starts = np.asarray(starts).reshape(-1)
+    if starts.size and int(starts.min()) < 0:
+        raise ValueError(f"starts must be >= 0, got {int(starts.min())}")
+    return starts.astype(np.uint64, copy=False)
+
+
+def _pairs_aligned(starts: np.ndarray, width: int) -> bool:
+    """Whether every row covers whole pairs of elements (even width and starts): the fast path."""
+    return width % 2 == 0 and sys.byteorder == "little" and not (starts & np.uint64(1)).any()
+
+
+def _counter_words(keys: np.ndarray, starts: np.ndarray, width: int, aligned: bool) -> np.ndarray:
+    """:func:`counter_bits` without the checks (``starts`` already ``uint64``)."""
+    if aligned:
+        # Fast path: one 64-bit word per pair of elements, read as its (low, high) halves.
+        # K + (s/2 + j + 1)·γ = (K + (s/2)·γ) + (j + 1)·γ: one broadcast addition.
+        row_base = keys + (starts >> np.uint64(1)) * SPLITMIX_GAMMA
+        words = np.add(row_base[:, None], np.arange(1, width // 2 + 1, dtype=np.uint64)[None, :] * SPLITMIX_GAMMA)
+        return splitmix64(words).view(np.uint32).reshape(keys.size, width)
+    elements = starts[:, None] + np.arange(width, dtype=np.uint64)[None, :]
+    words = splitmix64(keys[:, None] + ((elements >> np.uint64(1)) + np.uint64(1)) * SPLITMIX_GAMMA)
+    return ((words >> ((elements & np.uint64(1)) << np.uint64(5))) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def _counter_blocks(num_rows: int, width: int):
+    """Row slices of about :data:`COUNTER_BLOCK_ELEMENTS` elements each."""
+    step = max(1, COUNTER_BLOCK_ELEMENTS // max(int(width), 1))
+    return (slice(start, min(start + step, num_rows)) for start in range(0, num_rows, step))
+
+
+def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scale: float,
+                          dtype: torch.dtype = torch.float32, device=None,
+                          row_weights: Optional[np.ndarray] = None) -> torch.Tensor:
+    r"""``(R, width)`` i.i.d. ``Laplace(0, scale)`` noise, element ``e`` of row ``r`` from stream ``keys[r]``.
+
+    Each element uses one 32-bit word ``w`` of :func:`counter_bits`: its lowest bit is the sign,
+    its top bits a uniform ``v ∈ (0, 1]`` (24 bits for float32, 31 for float64), and
+    ``x = ±b·(−ln v)``: a Laplace variable is an exponential one ``b·(−ln v)`` with an
+    independent fair sign. The tails are truncated at ``b·ln 2²⁴ ≈ 16.6·b`` (float32) or
+    ``b·ln 2³¹ ≈ 21.5·b`` (float64), tail probabilities about 6e-8 and 5e-10.
+
+    Args:
+        keys, starts, width: as in :func:`counter_bits`.
+        scale: Laplace scale ``b ≥ 0``; ``0`` gives zeros.
+        dtype: ``torch.float64`` computes in float64, anything else in float32 (then cast).
+        device: of the result (computed on the CPU, so every device gets the same numbers).
+        row_weights: ``(R,)`` factors ``≥ 0`` multiplying each row's noise (an aggregation
+            weight), applied with the scale in one pass: row ``r`` is ``Laplace(0, b·w_r)``
+            drawn from the same words.
+    """
+    scale = _check_non_negative_finite(scale, "scale")
+    if row_weights is not None:
+        row_weights = np.asarray(row_weights, dtype=np.float64).reshape(-1)
+        if row_weights.shape != np.shape(keys)[-1:] or not (np.isfinite(row_weights).all() and (row_weights >= 0).all()):
+            raise ValueError(f"row_weights must be {np.size(keys)} finite numbers >= 0 (one per row)")
+    keys, starts = np.asarray(keys, dtype=np.uint64).reshape(-1), np.asarray(starts).reshape(-1)
+    width = int(width)
+    wide = dtype == torch.float64
+    float_type, uint_type = (np.float64, np.uint64) if wide else (np.float32, np.uint32)
+    if scale == 0.0 or keys.size * width == 0:
+        return torch.zeros((keys.size, width), dtype=dtype, device=device)
+    mantissa_bits = 31 if wide else 24
+    starts = _element_starts(starts)
+    if starts.shape != keys.shape:
+        raise ValueError(f"keys and starts must have the same length, got {keys.size} and {starts.size}")
+    aligned = _pairs_aligned(starts, width)
+    values = np.empty((keys.size, width), dtype=float_type)
+    for rows in _counter_blocks(keys.size, width):
+        words = _counter_words(keys[rows], starts[rows], width, aligned)
+        block = values[rows]
+        scratch = np.right_shift(words, np.uint32(32 - mantissa_bits))
+        np.add(scratch, np.uint32(1), out=scratch)  # v·2^bits ∈ [1, 2^bits], exact in the float type
+        block[...] = scratch
+        magnitude = torch.from_numpy(block).mul_(2.0 ** -mantissa_bits).log_()  # ln v ≤ 0
+        if row_weights is None:
+            magnitude.mul_(-scale)  # b·(−ln v) ≥ 0
+        else:
+            magnitude.mul_(torch.from_numpy((-scale * row_weights[rows]).astype(float_type))[:, None])
+        # The sign: the word's lowest bit, moved into the float's sign bit.
+        if wide:
+            sign = (words & np.uint32(1)).astype(np.uint64) << np.uint64(63)
+        else:
+            sign = np.left_shift(words, np.uint32(31), out=scratch)
+        bits = block.view(uint_type)
+        np.bitwise_xor(bits, sign, out=bits)
+    return torch.from_numpy(values).to(device=device, dtype=dtype)
+
+
+def gaussian_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, std: float,
+                           dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
+    r"""``(R, width)`` i.i.d. ``N(0, std²)`` noise, element ``e`` of row ``r`` from stream ``keys[r]``.
+
+    Box-Muller on SplitMix64's output ``⌊e/2⌋`` (:func:`counter_bits`): its low word gives
+    ``u₁ ∈ (0, 1]``, its high word ``u₂ ∈ [0, 1)`` (32 bits each), ``ρ = σ·√(−2 ln u₁)``, and
+    element ``e`` is ``ρ cos 2πu₂`` (``e`` even) or ``ρ sin 2πu₂`` (``e`` odd): the two
+    elements of a pair are independent normals. Tails are truncated at ``√(2 ln 2³²) ≈ 6.7σ``
+    (tail probability about 2e-11).
+
+    Args:
+        keys, starts, width: as in :func:`counter_bits`.
+        std: ``σ ≥ 0``; ``0`` gives zeros.
+        dtype, device: as in :func:`laplace_from_counters`.
+    """
+    std = _check_non_negative_finite(std, "std")
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    starts = _element_starts(starts)
+    width = int(width)
+    if starts.shape != keys.shape:
+        raise ValueError(f"keys and starts must have the same length, got {keys.size} and {starts.size}")
+    wide = dtype == torch.float64
+    if std == 0.0 or keys.size * width == 0:
+        return torch.zeros((keys.size, width), dtype=dtype, device=device)
+    float_type = np.float64 if wide else np.float32
+    values = np.empty((keys.size, width), dtype=float_type)
+    offsets = np.arange(width, dtype=np.uint64)[None, :]
+    for rows in _counter_blocks(keys.size, width):
+        elements = starts[rows, None] + offsets
+        words = splitmix64(keys[rows, None] + ((elements >> np.uint64(1)) + np.uint64(1)) * SPLITMIX_GAMMA)
+        low = torch.from_numpy(((words & np.uint64(0xFFFFFFFF)) + np.uint64(1)).astype(float_type))
+        high = torch.from_numpy((words >> np.uint64(32)).astype(float_type))
+        radius = low.mul_(2.0 ** -32).log_().mul_(-2.0).sqrt_().mul_(std)
+        angle = high.mul_(2.0 * math.pi * 2.0 ** -32)
+        odd = torch.from_numpy((elements & np.uint64(1)).astype(bool))
+        values[rows] = torch.where(odd, torch.sin(angle), torch.cos(angle)).mul_(radius).numpy()
+    return torch.from_numpy(values).to(device=device, dtype=dtype)
 
 
 def laplace_epsilon(sensitivity: float, scale: float) -> float:

@@ -2,14 +2,16 @@ r"""What a client sends the server: noisy uploads, per-client inspection, bytes 
 
 Four pieces shared by both executors and the round loop:
 
-* :func:`client_upload_noise` draws one client's Laplace noise for one round
-  (:class:`~fedlib.engine.method.UploadNoise`). The draw is a pure function of
-  ``(round noise key, client id)`` and the shapes involved, and it happens in one fixed order
-  (public tensors in declaration order; touched rows sorted by item id), so the sequential
-  and the batched executor add exactly the same numbers.
-* :func:`client_gradient_noise` draws, the same way, one client's Gaussian noise for one
-  local step (:class:`~fedlib.engine.method.GradientNoise`); what it perturbs ends up in the
-  upload (public tables) or in the client's private state.
+* :func:`upload_noise_rows` draws the Laplace upload noise of many clients of a round in one
+  vectorised call (:class:`~fedlib.engine.method.UploadNoise`), :func:`client_upload_noise`
+  one client's. Every element is a pure function of ``(round noise key, client id, tensor,
+  element index)`` (a counter-based generator, :func:`~fedlib.engine.privacy.counter_bits`),
+  so the sequential and the batched executor add exactly the same numbers, whatever the
+  chunking and whichever other clients take part.
+* :func:`clients_gradient_noise` draws, the same way, the Gaussian noise of many clients for
+  one local step (:class:`~fedlib.engine.method.GradientNoise`), :func:`client_gradient_noise`
+  one client's; what it perturbs ends up in the upload (public tables) or in the client's
+  private state.
 * :class:`ClientRowUpdates` holds the individual uploads of a ``public_rows`` table, one row
   per (client, item) pair a client sends a change for: what an honest-but-curious server
   sees before averaging (input of :mod:`fedlib.audits.inference_attack`).
@@ -32,14 +34,15 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Mapping, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from fedlib.engine.communication import CommunicationLedger
-from fedlib.engine.plan import RoundPlan, client_noise_generator
-from fedlib.engine.privacy import gaussian_noise_like, laplace_noise_like
+from fedlib.engine.plan import RoundPlan, client_noise_keys
+from fedlib.engine.privacy import gaussian_from_counters, laplace_from_counters
 
-__all__ = ["ClientRowUpdates", "client_upload_noise", "client_gradient_noise", "gradient_noise_shapes",
-           "record_round_communication"]
+__all__ = ["ClientRowUpdates", "client_upload_noise", "upload_noise_rows", "client_gradient_noise",
+           "clients_gradient_noise", "gradient_noise_shapes", "record_round_communication"]
 
 
 @dataclass
@@ -86,6 +89,61 @@ class ClientRowUpdates:
         return out
 
 
+def _part_index(method, name: str) -> int:
+    """The noise ``part`` of a tensor: its index in ``model.param_kinds`` (declaration order)."""
+    return list(method.model.param_kinds).index(name)
+
+
+def upload_noise_rows(method, global_state: Mapping[str, torch.Tensor], noise_key: int, client_ids: np.ndarray,
+                      positions: np.ndarray, items: np.ndarray, names: Sequence[str] = None,
+                      row_weights: np.ndarray = None) -> Dict[str, torch.Tensor]:
+    r"""Upload noise of many clients at once: ``name -> noise`` for the public tensors.
+
+    Element ``j`` of row ``i`` of a ``public_rows`` table ``Q`` (``(I, *row)``, ``m`` = row
+    numel) in client ``u``'s upload gets element ``i·m + j`` of the counter stream
+    :func:`~fedlib.engine.plan.client_noise_keys` ``(noise_key, u, stream=0, part)``
+    (``part`` = the tensor's index in ``model.param_kinds``), through
+    :func:`~fedlib.engine.privacy.laplace_from_counters`; element ``j`` of a ``public_dense``
+    tensor gets element ``j``. The noise a client adds to row ``i`` is therefore the same with
+    ``support="touched"`` and ``"full"``, and independent of the other rows, clients and chunks.
+
+    Args:
+        method: the :class:`~fedlib.engine.method.FederatedMethod` (``upload_noise`` set).
+        global_state: the downloaded public tensors (shapes, dtype, device).
+        noise_key: the round's key (:func:`~fedlib.engine.plan.round_noise_key`).
+        client_ids: ``(C,) int64`` user ids.
+        positions: ``(R,) int64`` index into ``client_ids`` of each noisy row.
+        items: ``(R,) int64`` row (item id) of each noisy row.
+        names: the tensors to draw (default: every public one).
+        row_weights: ``(R,)`` factors of the row noise (aggregation weights), applied in the
+            same pass as the scale (:func:`~fedlib.engine.privacy.laplace_from_counters`).
+
+    Returns:
+        ``public_rows``: ``(R, *row)`` aligned with ``(positions, items)``; ``public_dense``:
+        ``(C, *shape)``.
+    """
+    scale = method.upload_noise.scale
+    client_ids = np.asarray(client_ids, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    out = {}
+    for name, kind in method.model.param_kinds.items():
+        if kind not in ("public_rows", "public_dense") or (names is not None and name not in names):
+            continue
+        tensor = global_state[name]
+        keys = client_noise_keys(noise_key, client_ids, stream=0, part=_part_index(method, name))
+        if kind == "public_rows":
+            width = math.prod(tensor.shape[1:])
+            noise = laplace_from_counters(keys[positions], items * width, width, scale, tensor.dtype, tensor.device,
+                                          row_weights=row_weights)
+            out[name] = noise.view(items.size, *tensor.shape[1:])
+        else:
+            noise = laplace_from_counters(keys, np.zeros(client_ids.size, dtype=np.int64), tensor.numel(), scale,
+                                          tensor.dtype, tensor.device)
+            out[name] = noise.view(client_ids.size, *tensor.shape)
+    return out
+
+
 def client_upload_noise(method, global_state: Mapping[str, torch.Tensor], client_id: int, noise_key: int,
                         touched_items: torch.Tensor) -> Dict[str, torch.Tensor]:
     """One client's upload noise for one round: ``name -> noise`` for every public tensor.
@@ -102,19 +160,19 @@ def client_upload_noise(method, global_state: Mapping[str, torch.Tensor], client
     Returns:
         ``public_rows``: ``(I, *row_shape)`` with ``support="full"``, ``(n, *row_shape)``
         (aligned with ``touched_items``) with ``support="touched"``; ``public_dense``: the
-        tensor's shape. Drawn in declaration order from
-        :func:`~fedlib.engine.plan.client_noise_generator` ``(noise_key, client_id)``.
+        tensor's shape. The same numbers as this client's part of :func:`upload_noise_rows`,
+        which the batched executor draws for all clients at once.
     """
     noise = method.upload_noise
-    generator = client_noise_generator(noise_key, client_id)
-    out = {}
-    for name, kind in method.model.param_kinds.items():
-        if kind == "public_rows":
-            table = global_state[name]
-            like = table if noise.support == "full" else table.new_empty((int(touched_items.numel()), *table.shape[1:]))
-            out[name] = laplace_noise_like(like, noise.scale, generator)
-        elif kind == "public_dense":
-            out[name] = laplace_noise_like(global_state[name], noise.scale, generator)
+    kinds = method.model.param_kinds
+    if noise.support == "full":
+        items = np.arange(method.model.num_items, dtype=np.int64)
+    else:
+        items = torch.as_tensor(touched_items).cpu().numpy().astype(np.int64)
+    # One client: position 0 of a one-client batch (the batched executor draws all at once).
+    drawn = upload_noise_rows(method, global_state, noise_key, np.array([int(client_id)]),
+                              np.zeros(items.size, dtype=np.int64), items)
+    out = {name: tensor if kinds[name] == "public_rows" else tensor[0] for name, tensor in drawn.items()}
     return out
 
 
@@ -146,14 +204,61 @@ def gradient_noise_shapes(method, group: Sequence[str], global_state: Mapping[st
     return shapes
 
 
+def clients_gradient_noise(method, shapes: Mapping[str, Tuple[int, ...]], client_ids: np.ndarray,
+                           rows_per_client: np.ndarray, noise_key: int, local_step: int,
+                           like: torch.Tensor) -> Dict[str, torch.Tensor]:
+    r"""Gaussian gradient noise ``N(0, (σC)²)`` of many clients for one local step, in one draw per tensor.
+
+    Element ``j`` of a client's noise on a tensor (flattened, per client: its ``n_c`` rows of a
+    row table, or the whole dense tensor) is element ``j`` of the counter stream
+    :func:`~fedlib.engine.plan.client_noise_keys` ``(noise_key, u, stream=1 + local_step, part)``
+    (``part`` = the tensor's index in ``model.param_kinds``), through
+    :func:`~fedlib.engine.privacy.gaussian_from_counters`. Row noise of a ``"touched"`` table
+    is aligned with the client's sorted touched items.
+
+    Args:
+        method: the :class:`~fedlib.engine.method.FederatedMethod` (``gradient_noise`` set).
+        shapes: ``name -> per-client shape`` (:func:`gradient_noise_shapes`; the leading size
+            of a row table's shape is ignored, ``rows_per_client`` gives it).
+        client_ids: ``(C,) int64`` user ids.
+        rows_per_client: ``(C,) int64`` noise rows of each client in the row tables.
+        noise_key: the round's key.
+        local_step: ``k = batch × len(method.steps) + group`` (0-based, within the round).
+        like: any tensor of the state: dtype and device of the noise.
+
+    Returns:
+        ``name -> noise``: row tables ``(Σ_c n_c, *row)``, clients in order; dense tensors
+        ``(C, *shape)``.
+    """
+    std = method.gradient_noise.noise_std
+    row_names = method.model.row_names
+    client_ids = np.asarray(client_ids, dtype=np.int64)
+    rows_per_client = np.asarray(rows_per_client, dtype=np.int64)
+    out = {}
+    for name, shape in shapes.items():
+        keys = client_noise_keys(noise_key, client_ids, stream=1 + int(local_step), part=_part_index(method, name))
+        if name in row_names:
+            width = math.prod(shape[1:])
+            owner = np.repeat(np.arange(client_ids.size), rows_per_client)
+            first = np.zeros(client_ids.size + 1, dtype=np.int64)
+            np.cumsum(rows_per_client, out=first[1:])
+            rank = np.arange(owner.size, dtype=np.int64) - first[owner]
+            noise = gaussian_from_counters(keys[owner], rank * width, width, std, like.dtype, like.device)
+            out[name] = noise.view(owner.size, *shape[1:])
+        else:
+            noise = gaussian_from_counters(keys, np.zeros(client_ids.size, dtype=np.int64), math.prod(shape), std,
+                                           like.dtype, like.device)
+            out[name] = noise.view(client_ids.size, *shape)
+    return out
+
+
 def client_gradient_noise(method, shapes: Mapping[str, Tuple[int, ...]], client_id: int, noise_key: int,
                           local_step: int, like: torch.Tensor) -> Dict[str, torch.Tensor]:
     r"""One client's Gaussian gradient noise for one local step: ``name -> N(0, (σC)²)`` noise.
 
-    All tensors come from a single draw of ``Σ numel`` normals, split in the order of
-    ``shapes`` (:func:`gradient_noise_shapes`, declaration order), from
-    :func:`~fedlib.engine.plan.client_noise_generator` ``(noise_key, client_id, stream=1 + local_step)``.
-    Row noise of a ``"touched"`` table is aligned with the client's sorted touched items.
+    This client's part of :func:`clients_gradient_noise` (the same numbers), shaped as
+    ``shapes`` (:func:`gradient_noise_shapes`, declaration order). Row noise of a
+    ``"touched"`` table is aligned with the client's sorted touched items.
 
     Args:
         method: the :class:`~fedlib.engine.method.FederatedMethod` (``gradient_noise`` set).
@@ -163,10 +268,13 @@ def client_gradient_noise(method, shapes: Mapping[str, Tuple[int, ...]], client_
         local_step: ``k = batch × len(method.steps) + group`` (0-based, within the round).
         like: any tensor of the state: dtype and device of the noise.
     """
-    generator = client_noise_generator(noise_key, client_id, stream=1 + int(local_step))
-    sizes = [math.prod(shape) for shape in shapes.values()]
-    flat = gaussian_noise_like(like.new_empty(sum(sizes)), method.gradient_noise.noise_std, generator)
-    return {name: part.view(shape) for (name, shape), part in zip(shapes.items(), flat.split(sizes))}
+    row_names = method.model.row_names
+    rows = {shape[0] for name, shape in shapes.items() if name in row_names}
+    if len(rows) > 1:
+        raise ValueError(f"the row tables of one step must have the same number of noise rows, got {sorted(rows)}")
+    noise = clients_gradient_noise(method, shapes, np.array([int(client_id)]), np.array([rows.pop() if rows else 0]),
+                                   noise_key, local_step, like)
+    return {name: tensor if name in row_names else tensor[0] for name, tensor in noise.items()}
 
 
 def record_round_communication(ledger: CommunicationLedger, method, global_state: Mapping[str, torch.Tensor],
