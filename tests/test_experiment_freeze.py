@@ -32,6 +32,7 @@ import functools
 import hashlib
 import importlib
 import json
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -113,9 +114,11 @@ SEED_RUNS: Dict[str, List[Command]] = {
 #: Per paper: records (lines of runs.jsonl) per category; ``re-runs`` counts lines whose config was
 #: recorded before (a ``--rerun``; they are also counted as grid cells).
 EXPECTED_RECORD_COUNTS: Dict[str, Dict[str, int]] = {
-    "fedrkg": {"lines": 221, "grid cell": 213, "data statistics": 3, "older version": 0, "known orphan": 5,
+    # Issue 43 (counter-based noise) moved the noisy cells to version 2: FedRKG's 8 LDP records and
+    # F3CRec's 15 Table 8 records with upload noise > 0 are kept as version 1 ("older version").
+    "fedrkg": {"lines": 221, "grid cell": 205, "data statistics": 3, "older version": 8, "known orphan": 5,
                "re-runs": 0},
-    "f3crec": {"lines": 173, "grid cell": 148, "data statistics": 3, "older version": 0, "known orphan": 22,
+    "f3crec": {"lines": 173, "grid cell": 133, "data statistics": 3, "older version": 15, "known orphan": 22,
                "re-runs": 0},
     "fedkdrec": {"lines": 167, "grid cell": 166, "data statistics": 1, "older version": 0, "known orphan": 0,
                  "re-runs": 1},
@@ -418,7 +421,8 @@ def classify_records(paper: str) -> Dict[str, List[Any]]:
     * ``grid cell``: its config hash is a cell of some command line (seed runs included);
     * ``data statistics``: a dataset's statistics, recorded by ``write_tables`` for Table 1 (not trained);
     * ``older version``: recorded under an older config ``version``; the same config at the current
-      version is a grid cell (the record is kept, labelled by its version);
+      version (the paper's, or a later one its spec's ``[versions]`` gives the moved cells) is a
+      grid cell (the record is kept, labelled by its version);
     * ``known orphan``: listed in ``known_orphans.json`` with the reason it is no grid cell;
     * ``unexplained``: none of these (must stay empty).
     """
@@ -426,6 +430,8 @@ def classify_records(paper: str) -> Dict[str, List[Any]]:
     from fedlib.reporting.results import config_hash
 
     version = getattr(paper_module(paper), "VERSION")
+    # Cells moved by a change that moved only them carry a later version ([versions] of the spec).
+    later_versions = sorted({version, *getattr(paper_module(paper), "SPEC").data.get("versions", {}).values()})
     cells = {config_hash(c) for cells in cells_by_command(paper, with_seed_runs=True).values() for c in cells}
     statistics = {config_hash(c) for c in statistics_configs(paper)}
     orphans = read_frozen("known_orphans.json").get(paper, {})
@@ -437,8 +443,9 @@ def classify_records(paper: str) -> Dict[str, List[Any]]:
             out["grid cell"].append(record)
         elif record.config_hash in statistics:
             out["data statistics"].append(record)
-        elif (isinstance(config.get("version"), int) and config["version"] < version
-              and config_hash({**config, "version": version}) in cells):
+        elif (isinstance(config.get("version"), int)
+              and any(config_hash({**config, "version": later}) in cells
+                      for later in later_versions if later > config["version"])):
             out["older version"].append(record)
         elif record.config_hash in orphans:
             out["known orphan"].append(record)
@@ -564,6 +571,19 @@ def test_tables_rebuild_byte_identical(paper, tmp_path, monkeypatch, request):
     assert not (root / "figures").exists(), "write_tables drew figures: it should only write results tables"
     different = [name for name, path in committed.items()
                  if not filecmp.cmp(path, root / "results" / paper / name, shallow=False)]
+    # Cells moved to a later version ([versions] of the spec) await their re-run: their rows in the
+    # committed tables hold the older version's values, which the rebuild (at the new version) no
+    # longer finds. Those rows, and only those, may differ (tables.json names them and why).
+    awaiting = exception.get("awaiting_rerun", {})
+    for name in [name for name in different if name in awaiting.get("files", ())]:
+        old = committed[name].read_text(encoding="utf-8").splitlines()
+        new = (root / "results" / paper / name).read_text(encoding="utf-8").splitlines()
+        moved = [a for a, b in zip(old, new) if a != b]
+        outside = [a for a in moved if not re.search(awaiting["rows_matching"], a)]
+        assert len(old) == len(new) and not outside, (
+            f"{paper}/{name}: rows beyond the cells awaiting a re-run ({awaiting['rows_matching']!r}) differ "
+            f"({len(old)} lines committed, {len(new)} rebuilt), e.g. {outside[:1]}")
+        different.remove(name)
     diffs = []
     for name in different[:3]:
         old = committed[name].read_text(encoding="utf-8").splitlines()

@@ -598,3 +598,16 @@ def test_every_paper_spec_ships_with_the_package():
     for spec in sorted((root / "fedlib" / "papers").glob("*/spec.toml")):
         package = f"fedlib.papers.{spec.parent.name}"
         assert "spec.toml" in shipped.get(package, []), f"add {package} = [\"spec.toml\"] to [tool.setuptools.package-data]"
+
+
+def test_versions_give_only_the_cells_that_set_the_key_a_later_version(tmp_path):
+    """``versions = { noise = 3 }``: a change that moved only the noisy cells bumps only theirs."""
+    spec = load_spec(write(tmp_path, TINY.replace("version = 2\n", "version = 2\nversions = { noise = 3 }\n", 1)))
+    noisy = spec.config({"dataset": "A", "model": "MF"}, {"noise": 0.1})
+    plain = spec.config({"dataset": "A", "model": "MF"}, {"noise": 0.0})
+    assert (noisy["version"], plain["version"]) == (3, 2)
+    assert plain == load_spec(write(tmp_path, TINY, "plain.toml")).config({"dataset": "A", "model": "MF"}, {})
+    assert spec.cell_version({**plain, "noise": 0.5}) == 3 and spec.cell_version({"noise": None}) == 2
+    for bad in ("{ noise = 2 }", "{ noise = 1 }", "{ noise = true }", '{ noise = "3" }'):
+        with pytest.raises(SpecError, match=r"\[versions\] key 'noise'"):
+            load_spec(write(tmp_path, TINY.replace("version = 2\n", f"version = 2\nversions = {bad}\n", 1), "bad.toml"))

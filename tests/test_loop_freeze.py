@@ -134,7 +134,9 @@ def _f3crec_cells() -> List[TinyCell]:
     cells += [TinyCell("f3crec", f"{b} {a}", lambda X, a=a, b=b: X.cell("synthetic", b, a, **F3))
               for b in ("FedMF", "FedNCF") for a in F3_ABLATIONS]
     cells += [
-        # Table 8: Laplace noise on every upload (WithUploadNoise around the method)
+        # Table 8: Laplace noise on every upload (WithUploadNoise around the method). Frozen again
+        # at version 2 (issue 43: the counter-based noise drawn for all clients at once changed its
+        # random stream, not its distribution); its noiseless siblings did not move.
         TinyCell("f3crec", "FedMF F3CRec (upload noise 0.1)",
                  lambda X: X.cell("synthetic", "FedMF", "F3CRec", upload_noise=0.1, **F3)),
         # Tables 4, 5, 7: F3CRec records its preference shifts (record_shifts=True; measuring only)
@@ -167,7 +169,8 @@ def _fedrkg_cells() -> List[TinyCell]:
     cells = [TinyCell("fedrkg", m, lambda X, m=m: X.cell("synthetic", m, **RKG)) for m in RKG_METHODS]
     cells += [TinyCell("fedrkg", label, lambda X, g=g: _rkg(X, g)) for g, label in RKG_MODES.items()]
     cells += [TinyCell("fedrkg", f"{b} w/ AG", lambda X, b=b: _rkg(X, backbone=b)) for b in ("FedNCF", "PFedRec")]
-    # Table 5: clipped and noised local gradients
+    # Table 5: clipped and noised local gradients. The four LDP cells were frozen again at version 2
+    # (issue 43: the counter-based gradient noise changed their random stream, not its distribution).
     cells += [TinyCell("fedrkg", f"{m} (LDP)", lambda X, m=m: X.cell("synthetic", m, ldp=X.LDP, **RKG))
               for m in ("FedMF", "PFedRec", "FedRAP")]
     cells += [

@@ -13,6 +13,11 @@ What must be logic is a named Python function of the paper module (``derive``, `
 The file, section by section:
 
 * ``paper``, ``version``: added to every cell config (bump ``version`` when a cell's numbers move).
+* ``[versions]``: a later version for the cells a change moved when it moved only some of them:
+  ``upload_noise = 2`` gives version 2 to every cell whose ``upload_noise`` is set (not ``None``,
+  zero, ``false`` or empty) and leaves the others at ``version``, so their hashes and records
+  still match while the moved cells' old records stay, labelled by their older version
+  (:meth:`Spec.cell_version`; a builder that adds such a key after :meth:`Spec.config` calls it).
 * ``[options]``: the runtime options a part may take (``datasets = "@offline_datasets"``: the
   default of ``--datasets``); a block refers to one as ``"$datasets"``.
 * ``[lists]``: named value lists, referred to as ``"@name"``.
@@ -85,7 +90,7 @@ __all__ = ["SpecError", "Spec", "load_spec", "TableContext", "derived_row", "DER
 
 #: The papers' folders; paper ``<slug>`` keeps its specification in ``<slug>/spec.toml`` (read as a file, not imported).
 PAPERS_DIR = Path(__file__).resolve().parents[1] / "papers"
-SECTIONS = {"paper", "version", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
+SECTIONS = {"paper", "version", "versions", "options", "lists", "choices", "cell", "parts", "tables", "report", "selected"}
 BLOCK_DIRECTIVES = {"only", "sweep", "part", "cases", "columns"}
 TABLE_KEYS = {"doc", "keys", "metrics", "rows", "columns", "derive", "finish", "repeat_paper",
               "unmatched_in_paper_unit", "skeleton"}
@@ -124,6 +129,20 @@ class Spec:
     @property
     def version(self) -> int:
         return self.data["version"]
+
+    def cell_version(self, config: Mapping[str, Any]) -> int:
+        """The version of the cell ``config``: ``version``, or the largest ``[versions]`` entry
+        whose key the cell sets (a value that is not ``None``, zero, ``false`` or empty).
+
+        Example (F3CRec): ``[versions] upload_noise = 2`` (the counter-based upload noise moved
+        the noisy Table 8 cells only): a cell with ``upload_noise = 0.1`` is version 2, one with
+        ``0.0`` keeps version 1 and its hash.
+        """
+        version = self.version
+        for key, later in self.data.get("versions", {}).items():
+            if config.get(key) not in (None, 0, 0.0, False, "", {}, []):
+                version = max(version, later)
+        return version
 
     @property
     def parts(self) -> Tuple[str, ...]:
@@ -193,6 +212,7 @@ class Spec:
                 out[key] = dict(default) if isinstance(default, dict) else default
             else:
                 out[key] = dict(given) if isinstance(default, dict) else type(default)(given)
+        out["version"] = self.cell_version(out)
         return out
 
     def _template(self, chosen: Mapping[str, Any]) -> Dict[str, Any]:
@@ -413,6 +433,10 @@ def _check(spec: Spec) -> None:
         raise _fail(path, "top level", f"unknown section {sorted(unknown)[0]!r}; the sections are {sorted(SECTIONS)}")
     if not isinstance(data["version"], int):
         raise _fail(path, "top level", f"key 'version' must be an integer, got {data['version']!r}")
+    for key, later in data.get("versions", {}).items():
+        if not isinstance(later, int) or isinstance(later, bool) or later <= data["version"]:
+            raise _fail(path, "versions", f"key {key!r}: a cell version must be an integer above version = "
+                                          f"{data['version']}, got {later!r}")
 
     def check_reference(value: Any, where: str, key: str) -> None:
         if isinstance(value, dict):

@@ -159,6 +159,7 @@ def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interva
             raise ValueError(f"no guidance round in {config['rounds']} rounds with interval {config['params']['interval']}")
         probe_round = scheduled[-1]
     config.update(ldp=ldp, probe_round=None if probe_round is None else int(probe_round))
+    config["version"] = SPEC.cell_version(config)  # [versions]: the LDP cells' version (ldp is set here)
     return config
 
 
