@@ -227,3 +227,13 @@ def test_executors_agree_on_a_noisy_round_and_chunking_changes_nothing(support):
     plain = BatchedExecutor().local_updates(dataclasses.replace(method, upload_noise=None), state.global_state,
                                             state.private_state, plan, weights)
     assert (results[1].update["item_emb"] - plain.update["item_emb"]).abs().max() > 1e-3
+
+
+def test_the_vectorised_block_size_changes_no_value(monkeypatch):
+    import fedlib.engine.privacy as privacy
+
+    keys, starts = np.repeat(_keys(), 300), np.arange(300) * 10
+    default = (laplace_from_counters(keys, starts, 10, 0.5), gaussian_from_counters(keys, starts, 10, 0.5))
+    monkeypatch.setattr(privacy, "COUNTER_BLOCK_ELEMENTS", 64)
+    small = (laplace_from_counters(keys, starts, 10, 0.5), gaussian_from_counters(keys, starts, 10, 0.5))
+    assert all(torch.equal(a, b) for a, b in zip(default, small))

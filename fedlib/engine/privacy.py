@@ -148,7 +148,7 @@ _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
 _MIX_2 = np.uint64(0x94D049BB133111EB)
 #: Elements per vectorised block: large enough that numpy's per-call overhead is small, small
 #: enough that the intermediate arrays stay in the CPU's cache (the values do not depend on it).
-COUNTER_BLOCK_ELEMENTS = 1 << 16
+COUNTER_BLOCK_ELEMENTS = 1 << 17
 
 
 def splitmix64(z: np.ndarray, scratch: Optional[np.ndarray] = None) -> np.ndarray:
