@@ -23,7 +23,8 @@ from fedlib.engine import (BatchedExecutor, FederatedConfig, GradientNoise, Para
                            UploadNoise, fedmf_method, make_round_plan, round_generator)
 from fedlib.engine.plan import client_noise_keys
 from fedlib.engine.privacy import counter_bits, gaussian_from_counters, laplace_from_counters
-from fedlib.engine.uploads import client_gradient_noise, client_upload_noise, clients_gradient_noise, upload_noise_rows
+from fedlib.engine.uploads import (client_gradient_noise, client_upload_noise, clients_gradient_noise,
+                                   full_table_upload_noise, upload_noise_rows)
 from fedlib.models import FedMF
 
 DRAWS = 100_000
@@ -237,3 +238,22 @@ def test_the_vectorised_block_size_changes_no_value(monkeypatch):
     monkeypatch.setattr(privacy, "COUNTER_BLOCK_ELEMENTS", 64)
     small = (laplace_from_counters(keys, starts, 10, 0.5), gaussian_from_counters(keys, starts, 10, 0.5))
     assert all(torch.equal(a, b) for a, b in zip(default, small))
+
+
+def test_whole_tables_drawn_as_one_row_per_client_are_the_rows_of_every_item():
+    """full_table_upload_noise (one long row per client) == upload_noise_rows over every item; weights scale clients."""
+    model, plan = _setup()
+    method = dataclasses.replace(fedmf_method(model, lr=0.5), upload_noise=UploadNoise(0.2, support="full"))
+    state = ParameterAveraging(method, None, FederatedConfig(rounds=1, seed=0)).init(0)
+    num_items, clients = model.num_items, plan.clients[:4]
+    positions = np.repeat(np.arange(clients.size), num_items)
+    items = np.tile(np.arange(num_items), clients.size)
+    rows = upload_noise_rows(method, state.global_state, 77, clients, positions, items)["item_emb"]
+    tables = full_table_upload_noise(method, state.global_state, 77, clients, "item_emb")
+    assert tables.shape == (clients.size, *state.global_state["item_emb"].shape)
+    assert torch.equal(tables.reshape(rows.shape), rows)
+    weights = np.array([0.5, 0.0, 2.0, 1.0])
+    weighted = full_table_upload_noise(method, state.global_state, 77, clients, "item_emb", weights)
+    expected = tables * torch.as_tensor(weights, dtype=tables.dtype)[:, None, None]
+    assert torch.allclose(weighted, expected, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(weighted, tables)  # the weights do change the noise (the test can fail)

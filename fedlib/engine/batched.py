@@ -17,7 +17,8 @@ import torch
 from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan
 from fedlib.engine.privacy import clip_factors
-from fedlib.engine.uploads import ClientRowUpdates, clients_gradient_noise, gradient_noise_shapes, upload_noise_rows
+from fedlib.engine.uploads import (ClientRowUpdates, clients_gradient_noise, full_table_upload_noise, gradient_noise_shapes,
+                                   upload_noise_rows)
 from fedlib.models.mf import FedMF
 from fedlib.engine.local_updates import (MAX_CLIENT_UPDATE_VALUES, LocalUpdateResult, _check_client_update_size,
                                         _local_step_index, _noise_key, _state_like, _zero_update)
@@ -206,33 +207,39 @@ class BatchedExecutor:
         if not update:  # nothing public, nothing uploaded
             return {name: None for name in row_names} if keep else None
         device = next(iter(update.values())).device
-        if method.upload_noise.support == "full":
-            positions = np.repeat(np.arange(plan.num_clients, dtype=np.int64), num_items)
-            items = np.tile(np.arange(num_items, dtype=np.int64), plan.num_clients)
+        full_support = method.upload_noise.support == "full"
+        if full_support:  # every (client, item) pair, drawn a client's whole table at a time
+            positions = np.arange(plan.num_clients, dtype=np.int64)
+            items = None
         else:
             positions, items = plan.touched_rows(num_items)
         dense_names = [name for name in update if name not in row_names]
         if dense_names:  # (C, *shape) each: one draw, one weighted sum
-            dense = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[:0], items[:0],
-                                      names=dense_names)
+            none = np.zeros(0, dtype=np.int64)
+            dense = upload_noise_rows(method, global_state, noise_key, plan.clients, none, none, names=dense_names)
             for name, noise in dense.items():
                 update[name] += torch.tensordot(torch.as_tensor(weights, dtype=noise.dtype, device=device), noise, dims=1)
         kept = {name: [] for name in row_names} if keep else None
         row_weights = np.asarray(weights, dtype=np.float64)[positions]
-        full_support = method.upload_noise.support == "full"
         for name in row_names:
             table = update[name]
             block = max(1, UPLOAD_NOISE_BLOCK_VALUES // max(math.prod(table.shape[1:]), 1))
             if full_support:  # whole clients per block: their tables add up without a scatter
-                block = max(1, block // num_items) * num_items
+                block = max(1, block // num_items)
             for start in range(0, positions.size, block):
                 rows = slice(start, start + block)
                 # Without inspection the weight is applied with the scale (one pass fewer).
-                noise = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[rows], items[rows],
-                                          names=[name], row_weights=None if keep else row_weights[rows])[name]
+                weights_in_draw = None if keep else row_weights[rows]
+                if full_support:
+                    noise = full_table_upload_noise(method, global_state, noise_key, plan.clients[rows], name,
+                                                    weights_in_draw).view(-1, *table.shape[1:])
+                else:
+                    noise = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[rows],
+                                              items[rows], names=[name], row_weights=weights_in_draw)[name]
                 if keep:
                     kept[name].append(noise)
-                    noise = noise * torch.as_tensor(row_weights[rows], dtype=noise.dtype,
+                    row_factor = np.repeat(row_weights[rows], num_items) if full_support else row_weights[rows]
+                    noise = noise * torch.as_tensor(row_factor, dtype=noise.dtype,
                                                     device=device).view(-1, *(1,) * (noise.ndim - 1))
                 if full_support:
                     table += noise.view(-1, *table.shape).sum(dim=0)

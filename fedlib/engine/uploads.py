@@ -41,7 +41,7 @@ from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import RoundPlan, client_noise_keys
 from fedlib.engine.privacy import gaussian_from_counters, laplace_from_counters
 
-__all__ = ["ClientRowUpdates", "client_upload_noise", "upload_noise_rows", "client_gradient_noise",
+__all__ = ["ClientRowUpdates", "client_upload_noise", "upload_noise_rows", "full_table_upload_noise", "client_gradient_noise",
            "clients_gradient_noise", "gradient_noise_shapes", "record_round_communication"]
 
 
@@ -144,6 +144,28 @@ def upload_noise_rows(method, global_state: Mapping[str, torch.Tensor], noise_ke
     return out
 
 
+def full_table_upload_noise(method, global_state: Mapping[str, torch.Tensor], noise_key: int, client_ids: np.ndarray,
+                            name: str, client_weights: np.ndarray = None) -> torch.Tensor:
+    r"""``(C, I, *row)`` upload noise of the whole ``public_rows`` table ``name`` of many clients.
+
+    The same numbers as :func:`upload_noise_rows` over every item (element ``j`` of row ``i``
+    is element ``i·m + j`` of the client's stream), drawn as one row of ``I·m`` elements per
+    client: long rows keep the vectorised draw's per-row work small.
+
+    Args:
+        method, global_state, noise_key, client_ids: as in :func:`upload_noise_rows`.
+        name: the ``public_rows`` tensor.
+        client_weights: ``(C,)`` factors of each client's noise (aggregation weights), applied
+            in the same pass as the scale.
+    """
+    client_ids = np.asarray(client_ids, dtype=np.int64)
+    table = global_state[name]
+    keys = client_noise_keys(noise_key, client_ids, stream=0, part=_part_index(method, name))
+    noise = laplace_from_counters(keys, np.zeros(client_ids.size, dtype=np.int64), table.numel(),
+                                  method.upload_noise.scale, table.dtype, table.device, row_weights=client_weights)
+    return noise.view(client_ids.size, *table.shape)
+
+
 def client_upload_noise(method, global_state: Mapping[str, torch.Tensor], client_id: int, noise_key: int,
                         touched_items: torch.Tensor) -> Dict[str, torch.Tensor]:
     """One client's upload noise for one round: ``name -> noise`` for every public tensor.
@@ -163,17 +185,16 @@ def client_upload_noise(method, global_state: Mapping[str, torch.Tensor], client
         tensor's shape. The same numbers as this client's part of :func:`upload_noise_rows`,
         which the batched executor draws for all clients at once.
     """
-    noise = method.upload_noise
     kinds = method.model.param_kinds
-    if noise.support == "full":
-        items = np.arange(method.model.num_items, dtype=np.int64)
-    else:
-        items = torch.as_tensor(touched_items).cpu().numpy().astype(np.int64)
+    client = np.array([int(client_id)])
+    full = method.upload_noise.support == "full"
+    items = np.zeros(0, dtype=np.int64) if full else torch.as_tensor(touched_items).cpu().numpy().astype(np.int64)
     # One client: position 0 of a one-client batch (the batched executor draws all at once).
-    drawn = upload_noise_rows(method, global_state, noise_key, np.array([int(client_id)]),
-                              np.zeros(items.size, dtype=np.int64), items)
-    out = {name: tensor if kinds[name] == "public_rows" else tensor[0] for name, tensor in drawn.items()}
-    return out
+    drawn = upload_noise_rows(method, global_state, noise_key, client, np.zeros(items.size, dtype=np.int64), items)
+    if full:  # whole tables: the same numbers as every item's row, drawn as one long row
+        drawn.update({name: full_table_upload_noise(method, global_state, noise_key, client, name)[0]
+                      for name in drawn if kinds[name] == "public_rows"})
+    return {name: tensor if kinds[name] == "public_rows" else tensor[0] for name, tensor in drawn.items()}
 
 
 def gradient_noise_shapes(method, group: Sequence[str], global_state: Mapping[str, torch.Tensor],
