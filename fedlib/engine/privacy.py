@@ -232,10 +232,12 @@ def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scal
     r"""``(R, width)`` i.i.d. ``Laplace(0, scale)`` noise, element ``e`` of row ``r`` from stream ``keys[r]``.
 
     Each element uses one 32-bit word ``w`` of :func:`counter_bits`: its lowest bit is the sign,
-    its top bits a uniform ``v ∈ (0, 1]`` (24 bits for float32, 31 for float64), and
-    ``x = ±b·(−ln v)``: a Laplace variable is an exponential one ``b·(−ln v)`` with an
-    independent fair sign. The tails are truncated at ``b·ln 2²⁴ ≈ 16.6·b`` (float32) or
-    ``b·ln 2³¹ ≈ 21.5·b`` (float64), tail probabilities about 6e-8 and 5e-10.
+    its top bits a uniform ``v ∈ (0, 1]``, and ``x = ±b·(−ln v)``: a Laplace variable is an
+    exponential one ``b·(−ln v)`` with an independent fair sign. Float32: the top 23 bits are the
+    mantissa of a float ``f ∈ [1, 2)`` (``w >> 9`` or'ed with the bits of 1.0, no int-to-float
+    conversion) and ``v = 2 − f``; float64: ``v = (⌊w/2⌋ + 1)·2⁻³¹``. The tails are truncated at
+    ``b·ln 2²³ ≈ 15.9·b`` (float32) or ``b·ln 2³¹ ≈ 21.5·b`` (float64), tail probabilities about
+    1.2e-7 and 5e-10.
 
     Args:
         keys, starts, width: as in :func:`counter_bits`.
@@ -257,7 +259,7 @@ def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scal
     float_type, uint_type = (np.float64, np.uint64) if wide else (np.float32, np.uint32)
     if scale == 0.0 or keys.size * width == 0:
         return torch.zeros((keys.size, width), dtype=dtype, device=device)
-    mantissa_bits = 31 if wide else 24
+    wide_bits = 31  # of float64's uniform; float32's takes 23 bits through the bits of f ∈ [1, 2)
     starts = _element_starts(starts)
     if starts.shape != keys.shape:
         raise ValueError(f"keys and starts must have the same length, got {keys.size} and {starts.size}")
@@ -266,10 +268,17 @@ def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scal
     for rows in _counter_blocks(keys.size, width):
         words = _counter_words(keys[rows], starts[rows], width, aligned)
         block = values[rows]
-        scratch = np.right_shift(words, np.uint32(32 - mantissa_bits))
-        np.add(scratch, np.uint32(1), out=scratch)  # v·2^bits ∈ [1, 2^bits], exact in the float type
-        block[...] = scratch
-        magnitude = torch.from_numpy(block).mul_(2.0 ** -mantissa_bits).log_()  # ln v ≤ 0
+        if wide:
+            scratch = np.right_shift(words, np.uint32(32 - wide_bits))
+            np.add(scratch, np.uint32(1), out=scratch)  # v·2^31 ∈ [1, 2^31], exact in float64
+            block[...] = scratch
+            magnitude = torch.from_numpy(block).mul_(2.0 ** -wide_bits).log_()  # ln v ≤ 0
+        else:
+            bits = block.view(np.uint32)
+            np.right_shift(words, np.uint32(9), out=bits)
+            np.bitwise_or(bits, np.uint32(0x3F800000), out=bits)  # f ∈ [1, 2): exponent bits of 1.0
+            np.subtract(np.float32(2.0), block, out=block)  # v = 2 − f ∈ (0, 1]
+            magnitude = torch.from_numpy(block).log_()  # ln v ≤ 0
         if row_weights is None:
             magnitude.mul_(-scale)  # b·(−ln v) ≥ 0
         else:
@@ -278,7 +287,7 @@ def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scal
         if wide:
             sign = (words & np.uint32(1)).astype(np.uint64) << np.uint64(63)
         else:
-            sign = np.left_shift(words, np.uint32(31), out=scratch)
+            sign = np.left_shift(words, np.uint32(31), out=words)  # the words are not needed any more
         bits = block.view(uint_type)
         np.bitwise_xor(bits, sign, out=bits)
     return torch.from_numpy(values).to(device=device, dtype=dtype)
