@@ -213,7 +213,11 @@ def _counter_words(keys: np.ndarray, starts: np.ndarray, width: int, aligned: bo
         # Fast path: one 64-bit word per pair of elements, read as its (low, high) halves.
         # K + (s/2 + j + 1)·γ = (K + (s/2)·γ) + (j + 1)·γ: one broadcast addition.
         row_base = keys + (starts >> np.uint64(1)) * SPLITMIX_GAMMA
-        words = np.add(row_base[:, None], np.arange(1, width // 2 + 1, dtype=np.uint64)[None, :] * SPLITMIX_GAMMA)
+        steps = np.arange(1, width // 2 + 1, dtype=np.uint64) * SPLITMIX_GAMMA
+        words = np.empty((keys.size, width // 2), dtype=np.uint64)
+        # torch's broadcast addition is about 3x numpy's on short rows; int64 wraps like uint64.
+        torch.add(torch.from_numpy(steps.view(np.int64))[None, :], torch.from_numpy(row_base.view(np.int64))[:, None],
+                  out=torch.from_numpy(words.view(np.int64)))
         return splitmix64(words).view(np.uint32).reshape(keys.size, width)
     elements = starts[:, None] + np.arange(width, dtype=np.uint64)[None, :]
     words = splitmix64(keys[:, None] + ((elements >> np.uint64(1)) + np.uint64(1)) * SPLITMIX_GAMMA)
