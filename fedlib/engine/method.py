@@ -112,10 +112,12 @@ class UploadNoise:
 
             Public dense tensors (e.g. a shared MLP) are always noised entirely.
 
-    Each client draws fresh noise every round from its own generator,
-    :func:`~fedlib.engine.plan.client_noise_generator` ``(round key, client id)`` with the round
-    key a function of ``(seed, round)``, so runs are reproducible (also when resumed) and every
-    executor adds the same numbers. Averaging shrinks it: with
+    Each client's noise is fresh every round and keyed by ``(round key, client id, tensor,
+    element)`` with the round key a function of ``(seed, round)``: a counter-based generator
+    (:func:`~fedlib.engine.plan.client_noise_keys`, :func:`~fedlib.engine.uploads.upload_noise_rows`)
+    evaluated for all clients of a round in one draw. Runs are therefore reproducible (also when
+    resumed), every executor adds the same numbers, and row ``i`` of a client's upload gets the
+    same noise with either support. Averaging shrinks it: with
     uniform weights over ``C`` clients the aggregate carries noise of variance ``2b²/C`` per
     coordinate, while each individual upload carries ``2b²``.
 
@@ -174,12 +176,12 @@ class GradientNoise:
     depends on the client's data, so the ε of :func:`~fedlib.engine.privacy.dp_epsilon`
     does not cover that: treat it as a utility experiment, not a guarantee.
 
-    **Randomness.** The noise of client ``u`` in local step ``k`` of a round is drawn from
-    :func:`~fedlib.engine.plan.client_noise_generator` ``(round key, u, stream=1 + k)``
-    (``k = batch × len(steps) + group``) in one fixed order
-    (:func:`~fedlib.engine.uploads.client_gradient_noise`), so it does not depend on the
-    executor, the chunking or the other participants, and is reproducible (also when
-    resumed).
+    **Randomness.** The noise of client ``u`` in local step ``k`` of a round is element ``j``
+    of the counter stream :func:`~fedlib.engine.plan.client_noise_keys`
+    ``(round key, u, stream=1 + k, tensor)`` (``k = batch × len(steps) + group``), drawn for
+    all clients of a step at once (:func:`~fedlib.engine.uploads.clients_gradient_noise`), so
+    it does not depend on the executor, the chunking or the other participants, and is
+    reproducible (also when resumed).
 
     **With** :attr:`FederatedMethod.grad_clip_norm`: when ``params`` is ``None`` this clip
     replaces it (``grad_clip_norm`` must then be ``None`` or equal to ``clip_norm``); with a
