@@ -316,9 +316,19 @@ fnb.record("fedavg_identity_max_abs_diff", fedavg_diff)
 # With `support="full"` every row gets noise, also the rows the client never touched. The
 # server averages $|C|$ independent noises, so the aggregate carries noise of standard
 # deviation $\sqrt2\,\lambda/\sqrt{|C|}$ per entry and round.
+#
+# The library draws the noise of all clients of a round at once. Entry $(i, k)$ of client $u$'s
+# noise is a pure function of (seed, round, client, tensor, position $i\cdot d + k$): a
+# *counter-based* generator hashes that key into 32 random bits, the lowest bit gives the
+# sign and the others a uniform $v$, and $-\lambda \ln v$ is the magnitude. So a client's
+# noise does not depend on which other clients train with it or on the order in which they
+# are simulated, and row $i$ gets the same noise whether the client noises only its touched
+# rows or the full table.
 
 # %%
-fnb.show_source(client_upload_noise, start="noise = method.upload_noise", end="return out")
+from fedlib.engine.uploads import upload_noise_rows
+
+fnb.show_source(upload_noise_rows, start="scale = method.upload_noise.scale", end="return out")
 
 # %% [markdown]
 # *Check:* draw the noise of 50 clients at $\lambda = 0.1$ and compare its spread, and the spread of
