@@ -316,6 +316,57 @@ def _code_optimizer_settings(weight_decay: float, batch_lr_decay: float, tol: fl
     return weight_decay, batch_lr_decay, tol
 
 
+def _fedrap_step_gradients(d_rows: torch.Tensor, c_rows: torch.Tensor, head_w: torch.Tensor, head_b: torch.Tensor,
+                           client: torch.Tensor, labels: torch.Tensor, num_clients: int, lam: float, mu: float):
+    r"""Each client's FedRAP loss on its batch and its gradients in closed form, every client at once.
+
+    The batch is unpadded: example ``e`` belongs to client ``c_e`` and reads rows ``D_e``,
+    ``C_e`` (of its local copies); ``n_c`` is client ``c``'s batch size. With
+    ``s_e = w_c · (D_e + C_e) + b_c`` and ``g_e = (σ(s_e) − y_e) / n_c`` (the derivative of the
+    mean BCE), :func:`fedrap_objective`'s gradients are::
+
+        ∂L/∂D_e = g_e w_c − 2λ/(n_c d) (D_e − C_e)
+        ∂L/∂C_e = g_e w_c + 2λ/(n_c d) (D_e − C_e) + μ/(n_c d) sign(C_e)
+        ∂L/∂w_c = Σ_e g_e (D_e + C_e),     ∂L/∂b_c = Σ_e g_e
+
+    (``sign(0) = 0``, as autograd's ``abs``). This replaces the padded ``(C, B, d)`` batch and
+    the autograd pass; :class:`FedRAPCodeExecutor`'s ``reference=True`` path (autograd and
+    ``torch.optim.SGD``, one client at a time) checks it in ``tests/test_fedrap.py``.
+
+    Args:
+        d_rows, c_rows: ``(E, d)`` the examples' personality and commonality rows.
+        head_w: ``(C, d)``; head_b: ``(C,)`` every client of the chunk.
+        client: ``(E,) int64`` each example's client in ``0 .. C − 1``.
+        labels: ``(E,)`` 1 / 0.
+        num_clients: ``C``.
+        lam, mu: the round's ``λ_t``, ``μ_t``.
+
+    Returns:
+        ``(loss (C,), n (C,), ∂D (E, d), ∂C (E, d), ∂w (C, d), ∂b (C,))``; a client without an
+        example has loss 0, ``n = 0`` and zero gradients. Gradients are per example: rows
+        drawn twice are summed by the caller's scatter.
+    """
+    dim = d_rows.shape[1]
+    w = head_w[client]  # (E, d)
+    items = d_rows + c_rows  # (E, d)
+    logits = (items * w).sum(1) + head_b[client]  # (E,)
+    sizes = torch.zeros(num_clients, dtype=d_rows.dtype, device=d_rows.device).index_add_(
+        0, client, torch.ones_like(logits))  # (C,) n_c
+    per_example = sizes.clamp(min=1)[client]  # (E,)
+    diff = d_rows - c_rows
+    bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (E,)
+    terms = (bce - lam / dim * diff.pow(2).sum(1) + mu / dim * c_rows.abs().sum(1)) / per_example  # (E,)
+    loss = torch.zeros_like(sizes).index_add_(0, client, terms)  # (C,)
+    g = (torch.sigmoid(logits) - labels) / per_example  # (E,) ∂L/∂s_e
+    common = g[:, None] * w  # (E, d)
+    pull = diff * (2.0 * lam / dim / per_example)[:, None]
+    grad_d = common - pull
+    grad_c = common + pull + torch.sign(c_rows) * (mu / dim / per_example)[:, None]
+    grad_w = torch.zeros_like(head_w).index_add_(0, client, g[:, None] * items)
+    grad_b = torch.zeros_like(head_b).index_add_(0, client, g)
+    return loss, sizes, grad_d, grad_c, grad_w, grad_b
+
+
 class FedRAPCodeExecutor:
     r"""FedRAP's local training exactly as its public code optimises it, many clients at once.
 
@@ -453,8 +504,6 @@ class FedRAPCodeExecutor:
 
     # -- many clients at once ---------------------------------------------------------------
     def _chunk(self, method, global_state, private_state, plan, positions, weights, rates, update, losses):
-        from fedlib.engine.batched import _padded_batch
-
         model = method.model
         personality, commonality = _table_names(model)
         public = global_state[commonality]  # (I, d)
@@ -495,14 +544,9 @@ class FedRAPCodeExecutor:
                 break
             idx = by_step[bounds[step]:bounds[step + 1]]
             idx = idx[stepping[ex_client[idx]]]
-            batch = _padded_batch(ex_client[idx], ex_slot[idx], ex_item[idx], ex_label[idx], count, users, dtype)
-            d_rows = d_slots[batch.rows].requires_grad_(True)  # (C, B, d)
-            c_rows = c_slots[batch.rows].requires_grad_(True)
-            w = head_w.detach().requires_grad_(True)
-            b = head_b.detach().requires_grad_(True)
-            logits = torch.einsum("cbd,cd->cb", d_rows + c_rows, w) + b[:, None]  # (C, B)
-            client_loss = fedrap_objective(logits, batch.labels, batch.mask, d_rows, c_rows, lam, mu)  # (C,)
-            grad_d, grad_c, grad_w, grad_b = torch.autograd.grad(client_loss.sum(), [d_rows, c_rows, w, b])
+            client, slot = ex_client[idx], ex_slot[idx]  # (E_s,) this step's examples, unpadded
+            client_loss, sizes, grad_d, grad_c, grad_w, grad_b = _fedrap_step_gradients(
+                d_slots[slot], c_slots[slot], head_w, head_b, client, ex_label[idx], count, lam, mu)
             with torch.no_grad():
                 scale = gamma ** step
                 lr_items, lr_head = rates[personality] * scale, rates["head_w"] * scale
@@ -512,15 +556,13 @@ class FedRAPCodeExecutor:
                 # SGD with weight decay: θ ← θ (1 − η wd) − η ∇L, ∇L taken at the pre-step θ.
                 d_slots.mul_(keep_items[slot_client, None])
                 c_slots.mul_(keep_items[slot_client, None])
-                real = batch.mask.reshape(-1) > 0
-                rows = batch.rows.reshape(-1)[real]
-                d_slots.index_add_(0, rows, grad_d.reshape(-1, model.dim)[real], alpha=-lr_items)
-                c_slots.index_add_(0, rows, grad_c.reshape(-1, model.dim)[real], alpha=-lr_items)
+                d_slots.index_add_(0, slot, grad_d, alpha=-lr_items)  # an item drawn twice adds up
+                c_slots.index_add_(0, slot, grad_c, alpha=-lr_items)
                 head_w.mul_(keep_head[:, None]).sub_(grad_w, alpha=lr_head)
                 head_b.mul_(keep_head).sub_(grad_b, alpha=lr_head)
                 shrink.mul_(keep_items)
                 # The code's running loss and its convergence check at each client's epoch end.
-                sizes = batch.mask.sum(1).to(torch.float64)
+                sizes = sizes.to(torch.float64)
                 loss_sum += torch.where(stepping, client_loss.detach().to(torch.float64) * sizes, 0.0)
                 example_count += torch.where(stepping, sizes, 0.0)
                 epoch_end = stepping & ((step + 1) % steps_per_epoch == 0)
