@@ -123,20 +123,35 @@ def test_live_and_recorded_grids_write_each_runs_peak_memory(project):
 
         megabytes = {"small": 8, "large": 192}
 
+        import time
+
         def train(config, progress=None):
             block = torch.ones(megabytes[config["size"]] * 2**20 // 4)
             for _ in range(config["rounds"]):
                 if progress is not None:
                     progress()
+            if config["size"] == "large":  # CPU work the record's cpu_time_s must see; "small" sleeps instead
+                spin_until = time.process_time() + 0.3
+                while time.process_time() < spin_until:
+                    pass
+            else:
+                time.sleep(0.3)
             return {"metrics": {"total": float(block[:10].sum())}, "extra": {}}
 
         cells = [{"size": size, "rounds": 2, "seed": 0} for size in ("large", "small")]
         grid.run_cells("fedrkg", cells, "quick", train, label=lambda c: c["size"])
-        live = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "quick")}
+        live = {r.config["size"]: [r.peak_rss_mb, r.cpu_time_s, r.wall_time_s] for r in read_runs("fedrkg", "quick")}
         grid.run_recorded_grid("fedrkg", cells, train, "paper", cache_dir=Path(os.environ["FEDLIB_PROJECT_ROOT"]) / "cache", progress=False)
-        recorded = {r.config["size"]: r.peak_rss_mb for r in read_runs("fedrkg", "paper")}
+        recorded = {r.config["size"]: [r.peak_rss_mb, r.cpu_time_s, r.wall_time_s] for r in read_runs("fedrkg", "paper")}
         print(json.dumps({"live": live, "recorded": recorded}))
     """, project)
+    cpu = {grid_kind: {size: values[1] for size, values in runs.items()} for grid_kind, runs in peaks.items()}
+    wall = {grid_kind: {size: values[2] for size, values in runs.items()} for grid_kind, runs in peaks.items()}
+    peaks = {grid_kind: {size: values[0] for size, values in runs.items()} for grid_kind, runs in peaks.items()}
+    for grid_kind in ("live", "recorded"):
+        # the spinning run used at least its 0.3 s of CPU; the sleeping one far less than its wall time
+        assert cpu[grid_kind]["large"] >= 0.3
+        assert wall[grid_kind]["small"] >= 0.3 and cpu[grid_kind]["small"] < wall[grid_kind]["small"] - 0.2
     for peaks_of_grid in (peaks["live"], peaks["recorded"]):
         assert set(peaks_of_grid) == {"small", "large"}
         assert all(v is not None and v > 0 for v in peaks_of_grid.values())

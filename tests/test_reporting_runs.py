@@ -73,6 +73,19 @@ def test_peak_memory_round_trips_and_old_records_without_it_still_load(project):
             append_run("f3crec", "paper", CONFIG, 2, {}, 1.0, device="cpu", commit="c", peak_rss_mb=bad)
 
 
+def test_cpu_time_round_trips_and_old_records_without_it_still_load(project):
+    measured = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 9.0, device="cpu", commit="c", cpu_time_s=4.5)
+    unmeasured = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.2}, 9.0, device="cpu", commit="c")
+    assert (measured.cpu_time_s, unmeasured.cpu_time_s) == (4.5, None)
+    assert read_runs("f3crec", "paper") == [measured, unmeasured]
+    line = json.loads(runs_path("f3crec", "paper").read_text().splitlines()[0])
+    assert line["cpu_time_s"] == 4.5
+    assert RunRecord.from_dict({key: value for key, value in line.items() if key != "cpu_time_s"}).cpu_time_s is None
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="cpu_time_s"):
+            append_run("f3crec", "paper", CONFIG, 2, {}, 1.0, device="cpu", commit="c", cpu_time_s=bad)
+
+
 def test_each_seed_is_its_own_run_and_the_seed_must_agree(project):
     first = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 1.0, device="cpu", commit="c")
     second = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.2}, 1.0, device="cpu", commit="c")

@@ -134,6 +134,7 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     restore_cache_from_records(cache, paper, profile, rerun=mine if rerun else ())
 
     peaks: Dict[str, Optional[float]] = {}  # run id -> peak RSS (MiB) of its training, until it is recorded
+    cpu_seconds: Dict[str, float] = {}  # run id -> CPU time (s, all threads) of its training, until it is recorded
     checkpointers: Dict[str, Checkpointer] = {}  # run id -> its checkpointer, until it is recorded
 
     def measured(config):
@@ -142,16 +143,21 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
             keywords["checkpointer"] = checkpointers[config_hash(config)] = Checkpointer(
                 Path(cache_dir) / profile / "checkpoints", name=config_hash(config), every=None,
                 every_seconds=checkpoint_every_s)
+        cpu_started = time.process_time()
         with PeakRSS() as peak:
             result = train(config, None, **keywords)
         peaks[config_hash(config)] = peak.mb
+        cpu_seconds[config_hash(config)] = time.process_time() - cpu_started
         return result
 
     def record(config, result, wall):
         checkpointer = checkpointers.pop(config_hash(config), None)
         earlier = checkpointer.earlier_seconds if checkpointer is not None else 0.0
+        cpu = cpu_seconds.pop(config_hash(config), None)
+        # A checkpoint keeps the earlier sessions' wall time but not their CPU time: leave it unmeasured.
         append_run(paper, profile, config, config["seed"], result["metrics"], wall + earlier, extra=result["extra"],
-                   peak_rss_mb=peaks.pop(config_hash(config), None), commit=started_at)
+                   peak_rss_mb=peaks.pop(config_hash(config), None), commit=started_at,
+                   cpu_time_s=cpu if earlier == 0.0 else None)
         if checkpointer is not None:
             checkpointer.delete()
 
@@ -181,13 +187,13 @@ def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, trai
     for config in tqdm(list(cells), desc=description, unit="cell"):
         key = config_hash(config)
         if key not in done:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             bar = tqdm(total=config["rounds"], desc=label(config), unit="round", leave=False)
             with PeakRSS() as peak:
                 result = train(config, lambda *_: bar.update(1))
             bar.close()
             append_run(paper, profile, config, config["seed"], result["metrics"], time.perf_counter() - started,
-                       extra=result["extra"], peak_rss_mb=peak.mb)
+                       extra=result["extra"], peak_rss_mb=peak.mb, cpu_time_s=time.process_time() - cpu_started)
             done[key] = result
         out.append({"config": dict(config), **done[key]})
     return out

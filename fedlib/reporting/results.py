@@ -250,6 +250,10 @@ class RunRecord:
     ``peak_rss_mb`` is the run's peak resident memory in MiB
     (:class:`fedlib.experiments.grid.PeakRSS`), or ``None`` when it was not measured
     (records written before the field existed, runs recorded outside a grid).
+    ``cpu_time_s`` is the CPU time of the process (all its threads, seconds) spent training the
+    run, or ``None`` when it was not measured (older records, runs resumed from a checkpoint of
+    an earlier session). Unlike ``wall_time_s`` it does not grow when other processes share
+    the cores, so it is what a cost comparison between records should read.
     """
 
     config_hash: str
@@ -267,6 +271,7 @@ class RunRecord:
     timestamp: str
     extra: dict = dataclasses.field(default_factory=dict)
     peak_rss_mb: Optional[float] = None
+    cpu_time_s: Optional[float] = None
 
     @property
     def run_id(self) -> str:
@@ -287,7 +292,7 @@ class RunRecord:
         """Build a record from its JSON form.
 
         Fields added by later versions are ignored; optional fields an older record lacks
-        (``extra``, ``peak_rss_mb``) take their defaults.
+        (``extra``, ``peak_rss_mb``, ``cpu_time_s``) take their defaults.
         """
         names = [field.name for field in dataclasses.fields(cls)]
         required = [field.name for field in dataclasses.fields(cls)
@@ -315,6 +320,7 @@ def append_run(
     device: Optional[str] = None,
     commit: Optional[str] = None,
     peak_rss_mb: Optional[float] = None,
+    cpu_time_s: Optional[float] = None,
 ) -> RunRecord:
     """Append one run to ``results_dir(paper, profile)/runs.jsonl`` and return its record.
 
@@ -323,6 +329,7 @@ def append_run(
     ``metrics`` maps metric names to numbers; NaN is stored as ``null``. ``device`` and
     ``commit`` default to :func:`fedlib.device.default_device` and :func:`current_commit`.
     ``peak_rss_mb`` is the run's peak resident memory in MiB (``None``: not measured).
+    ``cpu_time_s`` is the CPU time (all threads, seconds) of its training (``None``: not measured).
 
     The line is written with one ``write`` on a file opened for appending, under an
     exclusive ``flock`` where available, then fsync'ed: parallel grid workers cannot
@@ -346,6 +353,10 @@ def append_run(
         peak_rss_mb = float(peak_rss_mb)
         if not (math.isfinite(peak_rss_mb) and peak_rss_mb >= 0):
             raise ValueError(f"peak_rss_mb must be a finite non-negative number of MiB or None, got {peak_rss_mb!r}")
+    if cpu_time_s is not None:
+        cpu_time_s = float(cpu_time_s)
+        if not (math.isfinite(cpu_time_s) and cpu_time_s >= 0):
+            raise ValueError(f"cpu_time_s must be a finite non-negative number of seconds or None, got {cpu_time_s!r}")
 
     import torch
 
@@ -367,6 +378,7 @@ def append_run(
         timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         extra=to_canonical(dict(extra or {}), _path="extra", _non_finite="null"),
         peak_rss_mb=peak_rss_mb,
+        cpu_time_s=cpu_time_s,
     )
     if profile == "paper":
         _append_line(path, record.to_json_line())
