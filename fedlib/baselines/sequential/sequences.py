@@ -233,15 +233,19 @@ class CausalSelfAttention(nn.Module):
 
     * :meth:`forward` (packed): every per-token layer (the q/k/v and output projections, the
       layer norms, the feed-forward net, dropout) runs on the **real** tokens only, ``(T, n)``
-      with ``T`` = number of non-padding positions; only the ``(B, L, L)`` attention itself is
-      laid out padded. A padding position's output is zero and no real position attends to
-      one, so the padding rows of the reference path are pure waste: on Food-Kitchen a batch
-      is ~45 % padding in the cross-domain sequence and ~70 % in each single-domain sequence
-      (they are time-aligned with the cross sequence).
+      with ``T`` = number of non-padding positions; only the attention itself is laid out
+      padded, and on **compacted** rows: each row's real tokens, in order, in the first slots
+      of a ``(B, W)`` layout with ``W`` = the longest row's number of real tokens. A padding
+      position's output is zero and no real position attends to one, so the padding of the
+      reference path is pure waste: on Food-Kitchen every training window of ``L = 15`` holds
+      5 real cross-domain items and 2-3 of each domain (``W`` = 5 and 3, so the attention's
+      ``L x L`` matrices shrink 9-25 times).
     * :meth:`forward_reference`: the plain padded form with :class:`torch.nn.MultiheadAttention`.
 
     The attention parameters live in ``nn.MultiheadAttention`` modules in both paths, so the
-    state dict (and what FedAvg averages) is the same.
+    state dict (and what FedAvg averages) is the same. The packed path draws the attention
+    dropout mask for the full ``(B, heads, L, L)`` layout, as the uncompacted form did, and
+    reads it at the compacted pairs: the random stream and the numbers do not depend on ``W``.
     """
 
     def __init__(self, dim: int, maxlen: int, num_blocks: int, num_heads: int, dropout: float):
@@ -270,24 +274,37 @@ class CausalSelfAttention(nn.Module):
         """``x`` (B, L, n) item features, ``positions`` (B, L) (0 = padding) → (B, L, n), zero at padding."""
         B, L, n = x.shape
         heads, head_dim = self.num_heads, n // self.num_heads
-        token = (positions > 0).reshape(-1).nonzero().squeeze(1)              # (T,) real positions of B·L
+        real = positions > 0                                                   # (B, L)
+        token = real.reshape(-1).nonzero().squeeze(1)                          # (T,) real positions of B·L, row-major
+        width = max(int(real.sum(1).max()), 1) if B else 1                     # W: the longest row's real tokens
+        slot = (real.cumsum(1) - 1).reshape(-1)[token]                         # (T,) rank of a token in its row
+        packed = torch.div(token, L, rounding_mode="floor") * width + slot     # (T,) its place in the (B·W) layout
+        column = torch.zeros(B * width, dtype=torch.long, device=x.device).index_copy_(0, packed, token % L)
+        column = column.view(B, width)                                         # (B, W) original column of a slot
+        slot_real = torch.zeros(B * width, dtype=torch.long, device=x.device).index_fill_(0, packed, 1)
+        blocked = ~self._allowed(slot_real.view(B, width)).unsqueeze(1)        # (B, 1, W, W)
+        pair = (column.unsqueeze(2) * L + column.unsqueeze(1)).view(B, 1, width * width)  # (B, 1, W·W) into L·L
         h = self.drop(x.reshape(B * L, n)[token] + self.pos(positions.reshape(-1)[token]))  # (T, n)
-        blocked = ~self._allowed(positions).unsqueeze(1)                       # (B, 1, L, L)
         for norm, attn, fnorm, ffn in zip(self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             q = norm(h)                                                        # (T, n); keys/values read h
             w, b = attn.in_proj_weight, attn.in_proj_bias                      # (3n, n), (3n,)
             qkv = torch.cat([F.linear(q, w[:n], b[:n]), F.linear(h, w[n:], b[n:])], dim=1)  # (T, 3n)
-            padded = qkv.new_zeros(B * L, 3 * n).index_copy(0, token, qkv)   # (B·L, 3n)
-            qp, kp, vp = padded.view(B, L, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # 3 × (B, heads, L, d_h)
-            scores = (qp @ kp.transpose(-1, -2)) / math.sqrt(head_dim)         # (B, heads, L, L)
-            weights = drop_out(torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1),
-                               attn.dropout, self.training)                   # (B, heads, L, L)
-            mixed = (weights @ vp).transpose(1, 2).reshape(B * L, n)[token]    # (T, n)
+            # In place into fresh zeros: an out-of-place index_copy would copy the zeros once more.
+            padded = qkv.new_zeros(B * width, 3 * n).index_copy_(0, packed, qkv)  # (B·W, 3n)
+            qp, kp, vp = padded.view(B, width, 3, heads, head_dim).permute(2, 0, 3, 1, 4)  # 3 × (B, heads, W, d_h)
+            scores = (qp @ kp.transpose(-1, -2)) / math.sqrt(head_dim)         # (B, heads, W, W)
+            weights = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)  # (B, heads, W, W)
+            if self.training and attn.dropout > 0:
+                # The mask of the uncompacted (B, heads, L, L) weights (the same draws), read at the compacted pairs.
+                keep = drop_out(weights.new_ones(B, heads, L, L), attn.dropout, True)  # (B, heads, L, L): 0 or 1/(1-p)
+                weights = weights * keep.view(B, heads, L * L).gather(2, pair.expand(B, heads, -1)).view(
+                    B, heads, width, width)                                    # (B, heads, W, W)
+            mixed = (weights @ vp).transpose(1, 2).reshape(B * width, n)[packed]  # (T, n)
             a = F.linear(mixed, attn.out_proj.weight, attn.out_proj.bias)      # (T, n)
             h = fnorm(q + a)                                                   # (T, n)
             h = h + ffn(h)                                                     # (T, n)
         out = self.last_norm(h)                                                # (T, n)
-        return out.new_zeros(B * L, n).index_copy(0, token, out).view(B, L, n)  # (B, L, n)
+        return out.new_zeros(B * L, n).index_copy_(0, token, out).view(B, L, n)  # (B, L, n)
 
     def forward_reference(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """:meth:`forward` in the plain padded form (``nn.MultiheadAttention`` on all B·L positions)."""
@@ -387,20 +404,42 @@ class GAEncoder(nn.Module):
 
     def _features(self, emb: nn.Embedding, graph: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         table = emb.weight                                                 # (rows + 1, n)
-        mixed = propagate_rows(graph.to(table.device), table, ids, residual=True)  # (B, L, n) = propagate(...)[ids] + table[ids]
-        return mixed * self.scale                                          # (B, L, n)
+        mixed = propagate_rows(graph.to(table.device), table, ids, residual=True)  # (..., n) = propagate(...)[ids] + table[ids]
+        return mixed * self.scale                                          # (..., n)
 
     def forward(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(H*, H^A, H^B)``, three (B, L, n), of one batch of inputs."""
+        return self.encode_views([inputs])[0]
+
+    def encode_views(self, views: SequenceT[SequenceInputs]) -> List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """:meth:`forward` of each view (e.g. a batch and its augmented copy), every item table read once for all.
+
+        Every read of a table costs the backward a zero-filled gradient of the whole table (tens of
+        thousands of rows, freshly allocated: about 40 ms for Food-Kitchen's d = 256 cross table) and
+        an addition into the other reads' gradient; reading each of the three tables once per step
+        instead of once per view saves three of them. The views are encoded in order, view by view
+        and ``cross, A, B`` within a view, so the dropout masks are drawn as by separate calls.
+
+        Args: ``views``: V inputs, each ``(B_v, L_v)``. Returns: V triples ``(H*, H^A, H^B)``, each ``(B_v, L_v, n)``.
+        """
         if self.graphs is None:
             raise ValueError("GAEncoder has no item graphs: call set_graphs(transition_graphs(train_sequences, ...)) "
                              "with the platform's own training sequences first")
         na, nb = self.num_items_a, self.num_items_b
-        ids_a = inputs.single_a.clamp(max=na)                              # (B, L); pad → na
-        ids_b = (inputs.single_b - na).clamp(min=0, max=nb)                # (B, L); pad (na+nb) → nb
-        h_cross = self.enc_cross(self._features(self.emb_cross, self.graphs.cross, inputs.cross), inputs.pos_cross)
-        h_a = self.enc_a(self._features(self.emb_a, self.graphs.a, ids_a), inputs.pos_a)
-        h_b = self.enc_b(self._features(self.emb_b, self.graphs.b, ids_b), inputs.pos_b)
-        return h_cross, h_a, h_b                                           # 3 × (B, L, n)
+        ids = [(v.cross, v.single_a.clamp(max=na), (v.single_b - na).clamp(min=0, max=nb))  # pads → n, na, nb
+               for v in views]                                             # V × 3 × (B_v, L_v)
+        features = []                                                      # per table: V × (B_v·L_v, n)
+        for table, (emb, graph) in enumerate(((self.emb_cross, self.graphs.cross), (self.emb_a, self.graphs.a),
+                                              (self.emb_b, self.graphs.b))):
+            every = torch.cat([view_ids[table].reshape(-1) for view_ids in ids])       # (Σ B_v·L_v,)
+            features.append(self._features(emb, graph, every).split([view_ids[table].numel() for view_ids in ids]))
+        out = []
+        for v, view in enumerate(views):
+            (B, L), n = view.cross.shape, self.emb_cross.weight.shape[1]
+            out.append((self.enc_cross(features[0][v].view(B, L, n), view.pos_cross),
+                        self.enc_a(features[1][v].view(B, L, n), view.pos_a),
+                        self.enc_b(features[2][v].view(B, L, n), view.pos_b)))  # 3 × (B, L, n)
+        return out
 
 
 def cross_domain_scores(hidden: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], inputs: SequenceInputs,

@@ -201,9 +201,12 @@ class FedCSRModel(nn.Module):
 
     def represent(self, inputs: SequenceInputs):
         """``(H*, H^A, H^B, r^A, r^B)``: three (B, L, n) and two (B, n)."""
-        h_cross, h_a, h_b = self.encoder(inputs)
-        r_a, r_b = sequence_representations(h_cross, h_a, h_b, inputs.pos_cross)
-        return h_cross, h_a, h_b, r_a, r_b
+        return self.represent_views([inputs])[0]
+
+    def represent_views(self, views: SequenceT[SequenceInputs]):
+        """:meth:`represent` of each view, the item tables read once for all (:meth:`GAEncoder.encode_views`)."""
+        return [(h_cross, h_a, h_b, *sequence_representations(h_cross, h_a, h_b, view.pos_cross))
+                for view, (h_cross, h_a, h_b) in zip(views, self.encoder.encode_views(views))]
 
     def logits(self, h_cross, h_a, h_b) -> Dict[str, torch.Tensor]:
         """Eq. 16 logits per head: (B, L, |V^A|) for ``*_a``, (B, L, |V^B|) for ``*_b``."""
@@ -267,13 +270,27 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
         total loss and a dict of its parts (``pre``, ``mcl``, ``scl`` and the CE terms), all scalars.
     """
     cfg = config or model.config
-    h_cross, h_a, h_b, r_a, r_b = model.represent(batch.inputs)           # 3 × (B, L, n), 2 × (B, n)
+    if cfg.sampled_negatives is not None and rng is None:
+        raise ValueError("sampled_negatives needs rng=np.random.default_rng(...) to draw the negatives")
+    if cfg.use_mcl and global_model is None:
+        raise ValueError("use_mcl=True needs global_model=frozen_copy(<global model>) "
+                         "(or set use_mcl=False for the w/o-MCL ablation)")
+    if cfg.use_scl and augmented is None and rng is None:
+        raise ValueError("use_scl=True needs augmented=augment_inputs(...) or rng=np.random.default_rng(...) "
+                         "(or set use_scl=False for the w/o-SCL ablation)")
+    # rng draws the negatives, then the augmentation (the order of the numpy stream); the dropout masks
+    # come from torch's generator, view by view, so drawing both before the encoder changes no number.
     negatives = None
     if cfg.sampled_negatives is not None:
-        if rng is None:
-            raise ValueError("sampled_negatives needs rng=np.random.default_rng(...) to draw the negatives")
         negatives = draw_negatives(model.num_items_a, model.num_items_b, cfg.sampled_negatives, rng,
-                                   h_cross.device)
+                                   model.head_a.weight.device)
+    views = [batch.inputs]
+    if cfg.use_scl:
+        if augmented is None:
+            augmented = augment_inputs(batch.inputs, model.num_items_a, model.num_items_b, cfg.alpha, rng)
+        views.append(augmented)
+    represented = model.represent_views(views)                              # the item tables read once per step
+    h_cross, h_a, h_b, r_a, r_b = represented[0]                            # 3 × (B, L, n), 2 × (B, n)
     terms = prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch,
                             use_unified=cfg.use_unified, use_single=cfg.use_single, negatives=negatives)
     parts = {"pre": sum(terms.values())}
@@ -281,9 +298,6 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
     lam_pre, lam_mcl, lam_scl = cfg.lambdas
     total = lam_pre * parts["pre"]
     if cfg.use_mcl:
-        if global_model is None:
-            raise ValueError("use_mcl=True needs global_model=frozen_copy(<global model>) "
-                             "(or set use_mcl=False for the w/o-MCL ablation)")
         with torch.no_grad():
             *_, g_a, g_b = global_model.represent(batch.inputs)            # 2 × (B, n), no gradient
         z_l = [model.projector(r_a), model.projector(r_b)]                 # 2 × (B, n/2)
@@ -291,12 +305,7 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
         parts["mcl"] = mcl_loss(z_l, z_g, cfg.tau)
         total = total + lam_mcl * parts["mcl"]
     if cfg.use_scl:
-        if augmented is None:
-            if rng is None:
-                raise ValueError("use_scl=True needs augmented=augment_inputs(...) or rng=np.random.default_rng(...) "
-                                 "(or set use_scl=False for the w/o-SCL ablation)")
-            augmented = augment_inputs(batch.inputs, model.num_items_a, model.num_items_b, cfg.alpha, rng)
-        *_, ra_aug, rb_aug = model.represent(augmented)                    # 2 × (B, n)
+        *_, ra_aug, rb_aug = represented[1]                                 # 2 × (B, n)
         scl = r_a.new_zeros(())
         for d, (r, r_aug) in enumerate(((r_a, ra_aug), (r_b, rb_aug))):
             p, p_aug = model.transform(r), model.transform(r_aug)          # 2 × (B, n)
