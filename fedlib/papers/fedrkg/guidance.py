@@ -255,6 +255,37 @@ class GuidedFedNCF(_PersonalTableBackbone):
         base_params = {("item_emb" if name == PERSONAL_TABLE else name): tensor for name, tensor in params.items()}
         return self.base.logits(base_params, rows)
 
+    def score_users(self, global_state, private_state, users: torch.Tensor) -> torch.Tensor:
+        """``(n, I)`` logits of every item for ``users`` ``(n,)``, each with its own table ``P_u``.
+
+        :meth:`FedNCF.split_scores <fedlib.models.FedNCF.split_scores>` with the users' tables
+        ``(n, I, d)`` as item tables: the first layer's item half ``P_u W0[:, d:]ᵀ`` is one
+        matrix product per chunk and the user half is broadcast-added, instead of the MLP on
+        the concatenation of every pair (:meth:`score_users_reference`, the training score;
+        equal up to float rounding). Chunks of about ``FedNCF.score_pairs_per_chunk`` pairs.
+        """
+        chunk = self.base._users_per_chunk()
+        out = []
+        for start in range(0, users.numel(), chunk):
+            block = users[start:start + chunk]
+            params = {}
+            first, n = int(block[0]), block.numel()
+            # consecutive ids (evaluation's sorted users, often all of them): a view of the
+            # tables instead of a copy of n·I·d floats
+            rows = slice(first, first + n) if int(block[-1]) - first == n - 1 and bool((block.diff() == 1).all()) \
+                else block
+            for name, kind in self.param_kinds.items():
+                base_name = "item_emb" if name == PERSONAL_TABLE else name
+                params[base_name] = private_state[name][rows] if kind.startswith("private") else global_state[name]
+            out.append(self.base.split_scores(params, block.numel()))  # item tables (n, I, d)
+        if not out:
+            return private_state[PERSONAL_TABLE].new_zeros((0, self.num_items))
+        return torch.cat(out, 0)  # (n, I)
+
+    def score_users_reference(self, global_state, private_state, users: torch.Tensor) -> torch.Tensor:
+        """The training score :meth:`logits` on every (user, item) pair (what :meth:`score_users` is tested against)."""
+        return _PersonalTableBackbone.score_users(self, global_state, private_state, users)
+
 
 class GuidedPFedRec(_PersonalTableBackbone):
     """PFedRec with a personal item table: ``s_ui = w_u · f_u(P_u[i]) + b_u``, all private.
