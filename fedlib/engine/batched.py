@@ -5,6 +5,11 @@
 the stacked private tensors, the ragged local row tables, one differentiation per local step,
 the two exact shortcuts (one-batch clients, the FedMF kernel), Adam and gradient noise), to
 floating-point rounding; ``tests/test_engine_equivalence.py`` checks it.
+
+Two more exact shortcuts of this executor's autograd path: linear-head backbones (PFedRec, the
+personal-table models) under the default loss take closed-form gradients on the unpadded
+examples (:mod:`fedlib.engine.linear_head`), and full-support gradient noise under SGD keeps
+local copies of the touched rows only (:class:`_SpreadNoise`).
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from fedlib.engine.linear_head import linear_head_gradients, linear_head_tables
 from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan
 from fedlib.engine.privacy import clip_factors
@@ -322,10 +328,16 @@ class BatchedExecutor:
         # whole table. Slots are sorted by (client, item) in the last two cases: a client's
         # slots are contiguous.
         slot_touched = None  # with whole-table slots: which ones the client trains on
+        # Full-support gradient noise under SGD: the rows a client never trains on only collect
+        # noise, which reaches the result without a local copy (see _spread_row_noise), so the
+        # local copies stay on the touched rows. Adam (its moments) and per-client uploads
+        # (every row of every client) keep whole-table slots.
+        noise_every_row = (not direct_rows and _steps_every_row(method) and not method.optimizer.is_adam
+                           and sent is None)
         if direct_rows:
             slot_client, slot_item = ex_client, ex_item
             ex_slot = torch.arange(ex_item.numel(), device=device)
-        elif _steps_every_row(method):
+        elif _steps_every_row(method) and not noise_every_row:
             ex_slot = ex_client * num_items + ex_item
             slot_client = torch.arange(num_clients, device=device).repeat_interleave(num_items)
             slot_item = torch.arange(num_items, device=device).repeat(num_clients)
@@ -348,6 +360,10 @@ class BatchedExecutor:
             noise_slots = torch.nonzero(slot_touched).squeeze(1)
             noise_bounds = torch.searchsorted(slot_client[noise_slots],
                                               torch.arange(num_clients + 1, device=device)).tolist()
+        spread = None
+        if noise_every_row:  # noise rows: every (client, item) pair, I per client
+            noise_bounds = list(range(0, (num_clients + 1) * num_items, num_items))
+            spread = _SpreadNoise(model, global_state, slot_client, slot_item, num_items)
 
         params, downloaded = {}, {}
         for name, kind in model.param_kinds.items():
@@ -370,6 +386,9 @@ class BatchedExecutor:
         step_bounds = torch.searchsorted(step_of_sorted, torch.arange(num_steps + 1, device=device)).tolist()
         steps_per_client = torch.as_tensor(sub.num_steps, device=device)
         row_names = model.row_names
+        # Linear-head backbones under the default loss: closed-form gradients on the unpadded
+        # examples (fedlib.engine.linear_head) instead of a padded batch and autograd.
+        summed_tables = linear_head_tables(method)
         for step in range(num_steps):
             idx = by_step[step_bounds[step]:step_bounds[step + 1]]
             active = int((steps_per_client > step).sum())
@@ -379,14 +398,31 @@ class BatchedExecutor:
                 local_rows = torch.arange(idx.numel(), device=device)
             else:
                 step_slots, local_rows = torch.unique(ex_slot[idx], return_inverse=True)
-            batch = _padded_batch(ex_client[idx], local_rows, ex_item[idx], ex_label[idx], active, users, dtype)
+            if summed_tables is None:
+                batch = _padded_batch(ex_client[idx], local_rows, ex_item[idx], ex_label[idx], active, users, dtype)
+                stepping = batch.mask.sum(1) > 0
+            else:
+                stepping = torch.bincount(ex_client[idx], minlength=active) > 0
+            rows_sum = None  # Σ of the summed tables at step_slots, until a group steps them
             for group_index, group in enumerate(method.steps):
-                live = {}
-                for name in model.param_kinds:
-                    tensor = params[name][step_slots] if name in row_names else params[name][:active]
-                    live[name] = tensor.detach().requires_grad_(name in group)
-                client_loss = method.client_loss(model, live, batch)  # (C_s,)
-                grads = torch.autograd.grad(client_loss.sum(), [live[name] for name in group])
+                if summed_tables is not None:
+                    if rows_sum is None:
+                        rows_sum = params[summed_tables[0]][step_slots]
+                        for name in summed_tables[1:]:
+                            rows_sum = rows_sum + params[name][step_slots]
+                    client_loss, by_name = linear_head_gradients(
+                        rows_sum, params["head_w"][:active], params["head_b"][:active], local_rows, ex_client[idx],
+                        ex_label[idx], need_loss=group_index == 0)
+                    grads = tuple(by_name["rows"] if name in summed_tables else by_name[name] for name in group)
+                    if any(name in summed_tables for name in group):
+                        rows_sum = None  # this group's step moves the rows
+                else:
+                    live = {}
+                    for name in model.param_kinds:
+                        tensor = params[name][step_slots] if name in row_names else params[name][:active]
+                        live[name] = tensor.detach().requires_grad_(name in group)
+                    client_loss = method.client_loss(model, live, batch)  # (C_s,)
+                    grads = torch.autograd.grad(client_loss.sum(), [live[name] for name in group])
                 if group_index == 0:
                     losses[torch.as_tensor(order[:active], device=device)] += client_loss.detach() / steps_per_client[:active]
                 if method.step_clip_norm is not None:
@@ -406,7 +442,7 @@ class BatchedExecutor:
                                                  noise_bounds, noise_key, _local_step_index(method, step, group_index))
                 if adam is not None:
                     adam.step(group, grads, noise, step_slots, slot_client, slot_bounds[active], active,
-                              stepping=batch.mask.sum(1) > 0,
+                              stepping=stepping,
                               noise_slots=None if noise_slots is None else noise_slots[:noise_bounds[active]])
                     continue
                 with torch.no_grad():
@@ -414,7 +450,10 @@ class BatchedExecutor:
                         step_size = method.lr(name, plan.round_index)
                         if name in row_names:
                             params[name].index_add_(0, step_slots, grad, alpha=-step_size)
-                            if name in noise:  # every slot of the stepping clients, not only this batch's
+                            if name in noise and spread is not None:  # every row of the stepping clients
+                                spread.add(name, noise[name], params[name], slot_bounds[active], active,
+                                           users, w, private_state, -step_size)
+                            elif name in noise:  # every slot of the stepping clients, not only this batch's
                                 params[name][:slot_bounds[active]].add_(noise[name], alpha=-step_size)
                         else:
                             params[name][:active] -= step_size * (grad + noise[name] if name in noise else grad)
@@ -423,6 +462,8 @@ class BatchedExecutor:
         with torch.no_grad():
             for name, kind in model.param_kinds.items():
                 delta = params[name] - downloaded[name]
+                if spread is not None and kind == "public_rows":
+                    delta = spread.untouched_part(name, update, delta)
                 if kind == "public_rows":
                     update[name].index_add_(0, slot_item, delta * w[slot_client].unsqueeze(-1))
                     if sent is not None:
@@ -564,52 +605,57 @@ class BatchedExecutor:
         losses[torch.as_tensor(first + order, device=device)] += loss_sum / steps_per_client.clamp(min=1)
 
 
-class _ChunkAdam:
-    """The Adam state of one chunk's clients, stacked like their parameters (fresh each round).
+class _SpreadNoise:
+    r"""Full-support gradient noise (SGD) without whole-table local copies.
 
-    Moments ``(R, ...)`` for row tables (aligned with the chunk's row slots) and ``(C, ...)``
-    for dense tensors; a step count ``(C,)`` per client and tensor.
+    Under SGD a client's row ``i`` ends at ``θ_i − Σ_s lr_s (g_{s,i} + n_{s,i})``. Its gradient
+    ``g`` is zero on the rows it does not train on, and those rows' values never enter its
+    loss, so only the touched rows need a local copy (the executor's row slots). The noise of
+    every other row goes straight where it ends up: into the client's private table in place
+    (``private_rows``), or, weighted, into the round's aggregate (``public_rows``):
+    ``Σ_c w_c Δ_c = Σ_c w_c (Δ_c on the touched rows, less their noise) + Σ_c w_c Σ_s −lr_s n_{c,s}``.
+    This replaces ``C × I × d`` gathers, clones, differences and scatters per chunk by one
+    weighted sum of each step's noise (which has to be drawn anyway). The sequential
+    executor (whole tables) is the reference: ``tests/test_engine_equivalence.py``.
+
+    Args:
+        model: the backbone (its row tables' kinds).
+        global_state: for the public tables' shapes.
+        slot_client, slot_item: ``(R,)`` the touched row slots, sorted by (client rank, item).
+        num_items: ``I``.
     """
 
-    def __init__(self, method: FederatedMethod, params, num_clients: int, round_index: int):
-        local = method.optimizer
-        self.row_names = method.model.row_names
-        self.options = dict(betas=local.betas, eps=local.eps, weight_decay=float(local.weight_decay))
-        stepped = dict.fromkeys(name for group in method.steps for name in group)
-        self.lr = {name: method.lr(name, round_index) for name in stepped}
-        self.exp_avg = {name: torch.zeros_like(params[name]) for name in stepped}
-        self.exp_avg_sq = {name: torch.zeros_like(params[name]) for name in stepped}
-        device = next(iter(params.values())).device
-        self.count = {name: torch.zeros(num_clients, dtype=torch.int64, device=device) for name in stepped}
-        self.params = params
+    def __init__(self, model, global_state, slot_client: torch.Tensor, slot_item: torch.Tensor, num_items: int):
+        self.kinds = model.param_kinds
+        self.slot_pair = slot_client * num_items + slot_item  # (R,) the slot's row in the noise draw
+        # public tables: the noise of every row, weighted and summed over clients (I, d), and the
+        # part of it the touched slots already hold (R, d)
+        self.public_sum = {name: torch.zeros_like(global_state[name]) for name in model.names("public_rows")}
+        self.at_slots = {name: global_state[name].new_zeros((slot_item.numel(), *global_state[name].shape[1:]))
+                         for name in model.names("public_rows")}
 
-    @torch.no_grad()
-    def step(self, group, grads, noise, step_slots, slot_client, num_slots: int, active: int, stepping,
-             noise_slots=None):
-        """One Adam step of the ``active`` clients (a prefix of the ranks) on the tensors of ``group``.
+    def add(self, name, noise, slots_param, num_slots: int, active: int, users, w, private_state, alpha: float):
+        """Add ``alpha ×`` one step's noise of the ``active`` stepping clients to every row they hold.
 
         Args:
-            grads: the group's gradients (clipped): ``(S, ...)`` at ``step_slots`` for row
-                tables, ``(C_s, ...)`` for dense tensors.
-            noise: gradient noise per tensor: dense ``(C_s, ...)``; rows ``(num_slots, ...)`` on
-                the slot prefix, or aligned with ``noise_slots`` when given.
-            num_slots: slots of the active clients (the prefix ``[0, num_slots)``).
-            stepping: ``(C_s,) bool`` the active clients that have a real example in this batch.
-            noise_slots: ``(N,)`` the slots that receive the row noise (``None``: the prefix).
+            noise: ``(active × I, *row)`` sorted by (client rank, item).
+            slots_param: ``(R, *row)`` the local copies (the slot prefix ``[0, num_slots)`` is
+                the stepping clients').
+            users: ``(C,)`` the chunk's user ids by rank; w: ``(C,)`` their upload weights.
         """
-        for name, grad in zip(group, grads):
-            if name in self.row_names:
-                # Dense gradient over every slot of the stepping clients: zero on the rows this
-                # batch does not use, whose moments still decay (torch.optim.Adam on a full table).
-                grad = grad.new_zeros((num_slots, *grad.shape[1:])).index_add_(0, step_slots, grad)
-                span, owner = slice(0, num_slots), slot_client[:num_slots]
-            else:
-                span, owner = slice(0, active), None
-            if name in noise:
-                in_rows = name in self.row_names and noise_slots is not None
-                grad = grad.index_add(0, noise_slots, noise[name]) if in_rows else grad + noise[name]
-            masked_adam_step(self.params[name][span], grad, self.exp_avg[name][span], self.exp_avg_sq[name][span],
-                             self.count[name][:active], stepping, lr=self.lr[name], owner=owner, **self.options)
+        at_touched = noise[self.slot_pair[:num_slots]]  # (num_slots, *row)
+        slots_param[:num_slots].add_(at_touched, alpha=alpha)
+        per_client = noise.view(active, -1, *noise.shape[1:])  # (active, I, *row)
+        if self.kinds[name] == "private_rows":  # untouched rows in place; touched ones are rewritten at the end
+            private_state[name].index_add_(0, users[:active], per_client, alpha=alpha)
+        else:
+            self.public_sum[name] += torch.tensordot(w[:active] * alpha, per_client, dims=1)
+            self.at_slots[name][:num_slots].add_(at_touched, alpha=alpha)
+
+    def untouched_part(self, name, update, delta):
+        """Add the public table's spread noise to ``update``; return the slots' delta without it."""
+        update[name] += self.public_sum[name]
+        return delta - self.at_slots[name]
 
 
 class _ChunkAdam:

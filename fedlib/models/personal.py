@@ -49,6 +49,11 @@ class PersonalItemTableModel(FederatedModel):
         kinds.update({"head_w": "private_dense", "head_b": "private_dense"})
         self.param_kinds = kinds
 
+    @property
+    def linear_head_tables(self):
+        """The row tables whose rows add up under the linear head (:mod:`fedlib.engine.linear_head`)."""
+        return ("personal_item_emb", "item_emb") if self.shared_table else ("personal_item_emb",)
+
     def init_global(self, generator, dtype=torch.float32, device="cpu"):
         if not self.shared_table:
             return {}

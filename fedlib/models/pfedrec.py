@@ -34,6 +34,9 @@ class PFedRec(FederatedModel):
     param_kinds = {"item_emb": "public_rows", "head_w": "private_dense", "head_b": "private_dense"}
     #: the two-step local update of the paper: head first, then the item table
     update_steps = (("head_w", "head_b"), ("item_emb",))
+    #: the score is a linear head on this row table (the engine's closed-form gradients,
+    #: :mod:`fedlib.engine.linear_head`)
+    linear_head_tables = ("item_emb",)
 
     def __init__(self, num_users: int, num_items: int, dim: int = 32, item_init_std: float = 1.0):
         self.num_users, self.num_items, self.dim, self.item_init_std = int(num_users), int(num_items), int(dim), float(item_init_std)
