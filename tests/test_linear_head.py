@@ -9,6 +9,8 @@ import torch
 from fedlib.engine import LocalBatch, bce_client_loss, fedmf_method, personal_table_method, pfedrec_method
 from fedlib.engine.linear_head import linear_head_gradients, linear_head_tables
 from fedlib.models import FedMF, PersonalItemTableModel, PFedRec
+from fedlib.papers.fedrkg.guidance import GuidedPFedRec
+from fedlib.papers.fedrkg.method import guided_method
 
 torch.set_num_threads(1)
 
@@ -20,6 +22,7 @@ def _models():
         "pfedrec": PFedRec(NUM_USERS, NUM_ITEMS, DIM),
         "personal": PersonalItemTableModel(NUM_USERS, NUM_ITEMS, DIM),
         "personal_shared": PersonalItemTableModel(NUM_USERS, NUM_ITEMS, DIM, shared_table=True),
+        "guided_pfedrec": GuidedPFedRec(NUM_USERS, NUM_ITEMS, DIM),  # FedRKG's PFedRec backbone
     }
 
 
@@ -49,7 +52,7 @@ def _padded(client, row, labels, sizes):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", ["pfedrec", "personal", "personal_shared"])
+@pytest.mark.parametrize("name", ["pfedrec", "personal", "personal_shared", "guided_pfedrec"])
 def test_closed_form_equals_autograd_on_the_models_logits(name, seed):
     model = _models()[name]
     params, client, row, labels, sizes = _random_step(model, seed)
@@ -75,6 +78,9 @@ def test_closed_form_applies_only_to_linear_heads_under_the_default_loss():
     assert linear_head_tables(personal_table_method(models["personal"])) == ("personal_item_emb",)
     assert linear_head_tables(personal_table_method(models["personal_shared"])) == ("personal_item_emb", "item_emb")
     assert linear_head_tables(fedmf_method(FedMF(NUM_USERS, NUM_ITEMS, DIM))) is None  # no linear head
+    guided = GuidedPFedRec(NUM_USERS, NUM_ITEMS, DIM)
+    assert linear_head_tables(guided_method(guided)) == ("personal_item_emb",)
+    assert linear_head_tables(guided_method(GuidedPFedRec(NUM_USERS, NUM_ITEMS, DIM, hidden=(3,)))) is None  # an MLP
 
     def other_loss(model, params, batch):
         return bce_client_loss(model, params, batch) * 2.0

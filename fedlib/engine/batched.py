@@ -367,11 +367,12 @@ class BatchedExecutor:
 
         params, downloaded = {}, {}
         for name, kind in model.param_kinds.items():
+            # index_select rather than tensor[index]: the same rows, several times faster on CPU
             if kind == "public_rows":
-                downloaded[name] = global_state[name][slot_item]  # (R, d)
+                downloaded[name] = global_state[name].index_select(0, slot_item)  # (R, d)
             elif kind == "private_rows":
                 table = private_state[name]
-                downloaded[name] = table.view(-1, *table.shape[2:])[slot_user * num_items + slot_item]
+                downloaded[name] = table.view(-1, *table.shape[2:]).index_select(0, slot_user * num_items + slot_item)
             elif kind == "public_dense":
                 downloaded[name] = global_state[name].unsqueeze(0).expand(num_clients, *global_state[name].shape)
             else:
@@ -407,19 +408,23 @@ class BatchedExecutor:
             for group_index, group in enumerate(method.steps):
                 if summed_tables is not None:
                     if rows_sum is None:
-                        rows_sum = params[summed_tables[0]][step_slots]
+                        rows_sum = params[summed_tables[0]].index_select(0, step_slots)
                         for name in summed_tables[1:]:
-                            rows_sum = rows_sum + params[name][step_slots]
+                            rows_sum = rows_sum + params[name].index_select(0, step_slots)
+                    wanted = ["rows" if name in summed_tables else name for name in group]
                     client_loss, by_name = linear_head_gradients(
                         rows_sum, params["head_w"][:active], params["head_b"][:active], local_rows, ex_client[idx],
-                        ex_label[idx], need_loss=group_index == 0)
-                    grads = tuple(by_name["rows"] if name in summed_tables else by_name[name] for name in group)
+                        ex_label[idx], need_loss=group_index == 0, wanted=wanted)
+                    grads = tuple(by_name[key] for key in wanted)
                     if any(name in summed_tables for name in group):
                         rows_sum = None  # this group's step moves the rows
                 else:
                     live = {}
                     for name in model.param_kinds:
-                        tensor = params[name][step_slots] if name in row_names else params[name][:active]
+                        if name in row_names:
+                            tensor = params[name].index_select(0, step_slots)
+                        else:
+                            tensor = params[name][:active]
                         live[name] = tensor.detach().requires_grad_(name in group)
                     client_loss = method.client_loss(model, live, batch)  # (C_s,)
                     grads = torch.autograd.grad(client_loss.sum(), [live[name] for name in group])
@@ -643,7 +648,7 @@ class _SpreadNoise:
                 the stepping clients').
             users: ``(C,)`` the chunk's user ids by rank; w: ``(C,)`` their upload weights.
         """
-        at_touched = noise[self.slot_pair[:num_slots]]  # (num_slots, *row)
+        at_touched = noise.index_select(0, self.slot_pair[:num_slots])  # (num_slots, *row)
         slots_param[:num_slots].add_(at_touched, alpha=alpha)
         per_client = noise.view(active, -1, *noise.shape[1:])  # (active, I, *row)
         if self.kinds[name] == "private_rows":  # untouched rows in place; touched ones are rewritten at the end

@@ -21,17 +21,19 @@ applies). The model's own ``logits`` and autograd are the reference:
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from fedlib.engine.method import FederatedMethod, bce_client_loss
 
-__all__ = ["HEAD_NAMES", "linear_head_tables", "linear_head_gradients"]
+__all__ = ["HEAD_NAMES", "GRADIENT_NAMES", "linear_head_tables", "linear_head_gradients"]
 
 #: The private head of a linear-head backbone: weight ``(U, d)`` and bias ``(U,)``.
 HEAD_NAMES = ("head_w", "head_b")
+#: The gradients :func:`linear_head_gradients` can return (``"rows"``: every summed table's).
+GRADIENT_NAMES = ("rows",) + HEAD_NAMES
 
 
 def linear_head_tables(method: FederatedMethod) -> Optional[Tuple[str, ...]]:
@@ -52,7 +54,8 @@ def linear_head_tables(method: FederatedMethod) -> Optional[Tuple[str, ...]]:
 
 
 def linear_head_gradients(rows_sum: torch.Tensor, head_w: torch.Tensor, head_b: torch.Tensor, row: torch.Tensor,
-                          client: torch.Tensor, labels: torch.Tensor, need_loss: bool = True
+                          client: torch.Tensor, labels: torch.Tensor, need_loss: bool = True,
+                          wanted: Sequence[str] = GRADIENT_NAMES
                           ) -> Tuple[Optional[torch.Tensor], Dict[str, torch.Tensor]]:
     """Each client's mean BCE on its batch and its gradients, every client of a step at once.
 
@@ -64,26 +67,31 @@ def linear_head_gradients(rows_sum: torch.Tensor, head_w: torch.Tensor, head_b: 
             least one example (as the autograd path, a client without one would divide by 0).
         labels: ``(E,)`` 1 / 0.
         need_loss: compute the loss (only the first update group of a step reports it).
+        wanted: the gradients to compute, among :data:`GRADIENT_NAMES` (an update group that
+            steps only the head needs no row gradient, and the reverse).
 
     Returns:
         ``(loss, grads)``: ``loss`` ``(C,)`` (``None`` without ``need_loss``); ``grads`` maps
-        ``"rows"`` to ``(S, d)`` (the gradient of every summed table, rows drawn twice added
+        each of ``wanted``: ``"rows"`` to ``(S, d)`` (the gradient of every summed table, rows drawn twice added
         up), ``"head_w"`` to ``(C, d)`` and ``"head_b"`` to ``(C,)``.
     """
     num_clients = head_w.shape[0]
-    x = rows_sum[row]  # (E, d)
-    w = head_w[client]  # (E, d)
-    logits = (x * w).sum(1) + head_b[client]  # (E,)
+    # index_select rather than tensor[index]: the same rows, several times faster on CPU
+    x = rows_sum.index_select(0, row)  # (E, d)
+    w = head_w.index_select(0, client)  # (E, d)
+    logits = (x * w).sum(1) + head_b.index_select(0, client)  # (E,)
     sizes = torch.zeros(num_clients, dtype=x.dtype, device=x.device).index_add_(0, client, torch.ones_like(logits))
-    per_example = sizes[client]  # (E,) n_c
+    per_example = sizes.index_select(0, client)  # (E,) n_c
     loss = None
     if need_loss:
         bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (E,)
         loss = torch.zeros_like(sizes).index_add_(0, client, bce) / sizes  # (C,)
     g = (torch.sigmoid(logits) - labels) / per_example  # (E,) ∂L_c/∂s_e
-    grads = {
-        "rows": torch.zeros_like(rows_sum).index_add_(0, row, g[:, None] * w),
-        "head_w": torch.zeros_like(head_w).index_add_(0, client, g[:, None] * x),
-        "head_b": torch.zeros_like(head_b).index_add_(0, client, g),
-    }
+    grads = {}
+    if "rows" in wanted:
+        grads["rows"] = torch.zeros_like(rows_sum).index_add_(0, row, g[:, None] * w)
+    if "head_w" in wanted:
+        grads["head_w"] = torch.zeros_like(head_w).index_add_(0, client, g[:, None] * x)
+    if "head_b" in wanted:
+        grads["head_b"] = torch.zeros_like(head_b).index_add_(0, client, g)
     return loss, grads

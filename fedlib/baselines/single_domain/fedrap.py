@@ -347,12 +347,12 @@ def _fedrap_step_gradients(d_rows: torch.Tensor, c_rows: torch.Tensor, head_w: t
         drawn twice are summed by the caller's scatter.
     """
     dim = d_rows.shape[1]
-    w = head_w[client]  # (E, d)
+    w = head_w.index_select(0, client)  # (E, d); index_select: several times faster than head_w[client] on CPU
     items = d_rows + c_rows  # (E, d)
-    logits = (items * w).sum(1) + head_b[client]  # (E,)
+    logits = (items * w).sum(1) + head_b.index_select(0, client)  # (E,)
     sizes = torch.zeros(num_clients, dtype=d_rows.dtype, device=d_rows.device).index_add_(
         0, client, torch.ones_like(logits))  # (C,) n_c
-    per_example = sizes.clamp(min=1)[client]  # (E,)
+    per_example = sizes.clamp(min=1).index_select(0, client)  # (E,)
     diff = d_rows - c_rows
     bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")  # (E,)
     terms = (bce - lam / dim * diff.pow(2).sum(1) + mu / dim * c_rows.abs().sum(1)) / per_example  # (E,)
@@ -521,8 +521,8 @@ class FedRAPCodeExecutor:
         keys, ex_slot = torch.unique(ex_client * num_items + ex_item, sorted=True, return_inverse=True)
         slot_client, slot_item = keys // num_items, keys % num_items  # (R,)
         flat_personal = private_state[personality].view(-1, model.dim)
-        d_slots = flat_personal[users[slot_client] * num_items + slot_item].clone()  # (R, d)
-        c_slots = public[slot_item].clone()  # (R, d)
+        d_slots = flat_personal.index_select(0, users[slot_client] * num_items + slot_item)  # (R, d), a copy
+        c_slots = public.index_select(0, slot_item)  # (R, d), a copy
         head_w = private_state["head_w"][users].clone()  # (C, d)
         head_b = private_state["head_b"][users].clone()  # (C,)
         lam, mu = method.client_loss.weights(plan.round_index)
@@ -546,7 +546,8 @@ class FedRAPCodeExecutor:
             idx = idx[stepping[ex_client[idx]]]
             client, slot = ex_client[idx], ex_slot[idx]  # (E_s,) this step's examples, unpadded
             client_loss, sizes, grad_d, grad_c, grad_w, grad_b = _fedrap_step_gradients(
-                d_slots[slot], c_slots[slot], head_w, head_b, client, ex_label[idx], count, lam, mu)
+                d_slots.index_select(0, slot), c_slots.index_select(0, slot), head_w, head_b, client, ex_label[idx],
+                count, lam, mu)
             with torch.no_grad():
                 scale = gamma ** step
                 lr_items, lr_head = rates[personality] * scale, rates["head_w"] * scale
@@ -554,8 +555,9 @@ class FedRAPCodeExecutor:
                 keep_items = torch.where(stepping, one * (1.0 - lr_items * wd), one)  # (C,) in the state's dtype
                 keep_head = torch.where(stepping, one * (1.0 - lr_head * wd), one)
                 # SGD with weight decay: θ ← θ (1 − η wd) − η ∇L, ∇L taken at the pre-step θ.
-                d_slots.mul_(keep_items[slot_client, None])
-                c_slots.mul_(keep_items[slot_client, None])
+                keep_slots = keep_items.index_select(0, slot_client)[:, None]  # (R, 1)
+                d_slots.mul_(keep_slots)
+                c_slots.mul_(keep_slots)
                 d_slots.index_add_(0, slot, grad_d, alpha=-lr_items)  # an item drawn twice adds up
                 c_slots.index_add_(0, slot, grad_c, alpha=-lr_items)
                 head_w.mul_(keep_head[:, None]).sub_(grad_w, alpha=lr_head)

@@ -322,6 +322,12 @@ class GuidedPFedRec(_PersonalTableBackbone):
         self.param_kinds = kinds
 
     @property
+    def linear_head_tables(self) -> Optional[Tuple[str, ...]]:
+        """Without hidden layers the score is a linear head on ``P_u``: the engine's closed-form
+        local gradients apply (:mod:`fedlib.engine.linear_head`); ``None`` with an MLP."""
+        return None if self.hidden else (PERSONAL_TABLE,)
+
+    @property
     def update_steps(self) -> Tuple[Tuple[str, ...], ...]:
         """PFedRec's two steps per batch: the score function, then (loss recomputed) the items."""
         return tuple(name for name in self.param_kinds if name != PERSONAL_TABLE), (PERSONAL_TABLE,)
