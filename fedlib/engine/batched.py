@@ -377,7 +377,10 @@ class BatchedExecutor:
                 downloaded[name] = global_state[name].unsqueeze(0).expand(num_clients, *global_state[name].shape)
             else:
                 downloaded[name] = private_state[name][users]  # (C, ...)
-            params[name] = downloaded[name].clone()
+            # The upload and the one-batch write-back need the download next to the trained copy;
+            # other private tensors are gathered copies already and are written back whole.
+            keeps_download = kind.startswith("public") or (kind == "private_rows" and direct_rows)
+            params[name] = downloaded[name].clone() if keeps_download else downloaded[name]
         adam = _ChunkAdam(method, params, num_clients, plan.round_index) if method.optimizer.is_adam else None
 
         # Examples grouped by step, then client, padded to (C_s, B_s).
@@ -466,7 +469,9 @@ class BatchedExecutor:
         # Upload: weighted deltas scatter-added into the global sum; private state written back.
         with torch.no_grad():
             for name, kind in model.param_kinds.items():
-                delta = params[name] - downloaded[name]
+                delta = None
+                if kind.startswith("public") or (kind == "private_rows" and direct_rows):
+                    delta = params[name] - downloaded[name]
                 if spread is not None and kind == "public_rows":
                     delta = spread.untouched_part(name, update, delta)
                 if kind == "public_rows":
