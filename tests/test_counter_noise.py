@@ -240,6 +240,35 @@ def test_the_vectorised_block_size_changes_no_value(monkeypatch):
     assert all(torch.equal(a, b) for a, b in zip(default, small))
 
 
+def test_the_compiled_hash_gives_the_bits_of_numpys_splitmix64():
+    from fedlib.engine.counter_kernel import splitmix64_rows
+    from fedlib.engine.privacy import SPLITMIX_GAMMA, splitmix64
+
+    bases = np.random.default_rng(3).integers(0, 2**63, size=17).astype(np.uint64) * np.uint64(2) + np.uint64(1)
+    steps = np.arange(1, 301, dtype=np.uint64) * SPLITMIX_GAMMA
+    assert np.array_equal(splitmix64_rows(bases, 300), splitmix64(bases[:, None] + steps[None, :]))
+    assert splitmix64_rows(bases, 0).shape == (17, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_the_whole_pair_paths_give_the_bits_of_the_per_element_path(monkeypatch, dtype, weighted):
+    """Rows of whole pairs take compiled / pairwise paths; the generic per-element numpy path is their reference."""
+    import fedlib.engine.privacy as privacy
+
+    rng = np.random.default_rng(4)
+    keys = rng.integers(0, 2**63, size=120).astype(np.uint64)
+    starts, width = rng.integers(0, 10**6, size=120) * 2, 2 * 37
+    weights = rng.random(120) if weighted else None
+    fast = (laplace_from_counters(keys, starts, width, 0.3, dtype, row_weights=weights),
+            gaussian_from_counters(keys, starts, width, 0.3, dtype))
+    monkeypatch.setattr(privacy, "_pairs_aligned", lambda *_: False)
+    generic = (laplace_from_counters(keys, starts, width, 0.3, dtype, row_weights=weights),
+               gaussian_from_counters(keys, starts, width, 0.3, dtype))
+    for a, b in zip(fast, generic):  # the same bits, including the sign of zeros
+        assert torch.equal(a, b) and torch.equal(a.signbit(), b.signbit())
+
+
 def test_whole_tables_drawn_as_one_row_per_client_are_the_rows_of_every_item():
     """full_table_upload_noise (one long row per client) == upload_noise_rows over every item; weights scale clients."""
     model, plan = _setup()
