@@ -5,6 +5,7 @@ view) must give the loss, every parameter's gradient and the random generators' 
 previous implementation, which is kept here verbatim as the reference (``*_before``), in float64
 with dropout on, sampled negatives and both contrastive losses.
 """
+import copy
 import math
 
 import numpy as np
@@ -177,3 +178,42 @@ def test_a_step_reads_each_item_table_once_for_the_batch_and_its_augmented_view(
         assert _reads_of(total, table) == 1
     before, _ = _fedcsr_loss_before(model, batch, global_model=target, rng=np.random.default_rng(0))
     assert _reads_of(before, encoder.emb_cross.weight) == 2
+
+
+def test_kept_table_gradients_give_the_adam_steps_of_fresh_gradients():
+    """The training loop's KeptTableGradients (dense table gradients kept between steps, filled by
+    sparse reads) takes the same Adam steps as zero_grad(set_to_none=True) with dense reads, in
+    float64, including a step whose batch has no domain-B target (head_b unread: Adam skips it)."""
+    from fedlib.engine.optim import adam
+    from fedlib.papers.fedcsr.training import KeptTableGradients
+
+    model, target, batch = _problem()
+    reference = copy.deepcopy(model)
+    na, nb = model.num_items_a, model.num_items_b
+    only_a = S.make_batch([[0, 1, 2, 3], [4, 5, 6], [7, 8, 9, 10, 11]], na, nb, model.config.maxlen)
+    assert not only_a.next_b_mask.any() and not only_a.unified_b_mask.any()
+    opt_kept, opt_ref = (adam(m.parameters(), lr=1e-2, betas=(0.9, 0.98), weight_decay=0.0) for m in (model, reference))
+    with KeptTableGradients(model) as tables:
+        assert model.encoder.sparse_table_grads
+        for step, (seed, b) in enumerate(((0, batch), (1, only_a), (2, batch))):
+            torch.manual_seed(seed)
+            loss, _ = M.fedcsr_loss(model, b, global_model=target, rng=np.random.default_rng(seed))
+            tables.zero_grad(opt_kept)
+            loss.backward()
+            tables.before_step()
+            torch.manual_seed(seed)
+            loss_ref, _ = M.fedcsr_loss(reference, b, global_model=target, rng=np.random.default_rng(seed))
+            opt_ref.zero_grad(set_to_none=True)
+            loss_ref.backward()
+            torch.testing.assert_close(loss, loss_ref, rtol=0, atol=1e-12)
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                assert (p.grad is None) == (q.grad is None), (step, name)
+                if p.grad is not None:
+                    assert p.grad.layout == torch.strided, name           # Adam gets a dense gradient
+                    torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=1e-12, msg=f"step {step}: {name}")
+            assert (model.head_b.weight.grad is None) == (b is only_a)
+            opt_kept.step()
+            opt_ref.step()
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                torch.testing.assert_close(p, q, rtol=0, atol=1e-10, msg=f"step {step}: {name}")
+    assert not model.encoder.sparse_table_grads and model.encoder.emb_cross.weight.grad is None

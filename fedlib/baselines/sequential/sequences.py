@@ -327,8 +327,22 @@ def propagate(graph: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return torch.cat([mixed, table[n:]], dim=0)                            # (n + 1, dim)
 
 
+def read_rows(table: torch.Tensor, ids: torch.Tensor, sparse_grad: bool = False) -> torch.Tensor:
+    """``table[ids]``: (..., d) rows of a (rows, d) table; with ``sparse_grad`` its gradient is sparse.
+
+    A dense read's backward allocates a zero-filled gradient of the whole table every step (at
+    d = 256 the Food-Kitchen tables are 30-65 MB each, and a fresh allocation of that size costs
+    its page faults: a fresh 65 MB zero fill takes about 8 times as long as zeroing it in place).
+    A sparse gradient added into a dense ``.grad`` that is kept between steps
+    (:class:`fedlib.papers.fedcsr.training.KeptTableGradients`) gives the same dense gradient
+    without it. Use ``sparse_grad`` only when such a ``.grad`` exists: otherwise the
+    parameter's ``.grad`` becomes a sparse tensor, which Adam refuses.
+    """
+    return F.embedding(ids, table, sparse=True) if sparse_grad else table[ids]
+
+
 def propagate_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *,
-                   residual: bool = False) -> torch.Tensor:
+                   residual: bool = False, sparse_grad: bool = False, scale: float = 1.0) -> torch.Tensor:
     """``propagate(graph, table)[ids]`` (plus ``table[ids]`` if ``residual``), from the rows ``ids`` need.
 
     A batch touches a few thousand of the tens of thousands of items, so mixing only those
@@ -346,6 +360,9 @@ def propagate_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, 
         table: ``(n + 1, d)`` item table, row ``n`` = padding.
         ids: ``(...)`` item ids in ``[0, n]``.
         residual: add the raw rows ``table[ids]`` (the encoder's ``E + propagate(E)`` input, Eq. 1).
+        sparse_grad: give ``table`` a sparse gradient (:func:`read_rows`).
+        scale: a factor applied to the distinct rows before they are spread over ``ids`` (the
+            encoder's ``sqrt(n)``; on the few distinct rows instead of every position of the batch).
     Returns:
         ``(..., d)`` graph-mixed rows.
     """
@@ -363,7 +380,7 @@ def propagate_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, 
     offset_in_row = torch.arange(owner.numel(), device=table.device) - (degree.cumsum(0) - degree)[owner]
     edges = first[owner] + offset_in_row                                   # (S,) positions in the COO arrays
     needed, local = torch.unique(torch.cat([unique_ids, edge_cols[edges]]), return_inverse=True)  # (N,), (U + S,)
-    gathered = table[needed]                                               # (N, d): the one read of the table
+    gathered = read_rows(table, needed, sparse_grad)                       # (N, d): the one read of the table
     own = gathered[local[:unique_ids.numel()]]                             # (U, d) = table[unique_ids]
     messages = weights[edges, None].to(table.dtype) * gathered[local[unique_ids.numel():]]  # (S, d)
     neighbours = torch.zeros(real, table.shape[1], dtype=table.dtype, device=table.device)
@@ -371,6 +388,8 @@ def propagate_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, 
     mixed = torch.cat([0.5 * (own[:real] + neighbours), own[real:]])       # (U, d)
     if residual:
         mixed = mixed + own
+    if scale != 1.0:
+        mixed = mixed * scale                                              # (U, d)
     return mixed[inverse].view(*ids.shape, table.shape[1])                 # (..., d)
 
 
@@ -398,14 +417,15 @@ class GAEncoder(nn.Module):
         self.enc_cross, self.enc_a, self.enc_b = (CausalSelfAttention(*args) for _ in range(3))
         self.scale = math.sqrt(d)
         self.graphs = graphs
+        self.sparse_table_grads = False    # read the tables with sparse gradients (read_rows); set by the training loop
 
     def set_graphs(self, graphs: TransitionGraphs) -> None:
         self.graphs = graphs
 
     def _features(self, emb: nn.Embedding, graph: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         table = emb.weight                                                 # (rows + 1, n)
-        mixed = propagate_rows(graph.to(table.device), table, ids, residual=True)  # (..., n) = propagate(...)[ids] + table[ids]
-        return mixed * self.scale                                          # (..., n)
+        return propagate_rows(graph.to(table.device), table, ids, residual=True, sparse_grad=self.sparse_table_grads,
+                              scale=self.scale)                             # (..., n) = (propagate(...)[ids] + table[ids]) · √n
 
     def forward(self, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(H*, H^A, H^B)``, three (B, L, n), of one batch of inputs."""
@@ -495,13 +515,14 @@ def head_cross_entropy(head: nn.Linear, hidden: torch.Tensor, target: torch.Tens
 
 
 def sampled_head_losses(head: nn.Linear, terms: SequenceT[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                        negatives: Optional[torch.Tensor] = None) -> List[torch.Tensor]:
+                        negatives: Optional[torch.Tensor] = None, *, sparse_grad: bool = False) -> List[torch.Tensor]:
     """:func:`head_cross_entropy` of several ``(hidden, target, mask)`` terms that share one head.
 
     With a sampled softmax the head's rows (every term's targets and the shared negatives) are
     read in **one** gather: each index into a (|V^d|, n) parameter costs its backward a zero-filled
     gradient of the whole head, so one gather instead of two per term is several times cheaper
-    for the three terms of a domain in Eq. 17. Same values as separate calls.
+    for the three terms of a domain in Eq. 17. Same values as separate calls. ``sparse_grad``:
+    the head's weight gets a sparse gradient (:func:`read_rows`; sampled softmax only).
     """
     losses: List[Optional[torch.Tensor]] = [None] * len(terms)
     live = []                                                               # (term index, rows (P, n), targets (P,))
@@ -516,7 +537,7 @@ def sampled_head_losses(head: nn.Linear, terms: SequenceT[Tuple[torch.Tensor, to
         return losses
     if live:
         ids = torch.cat([negatives] + [tgt for _, _, tgt in live])         # (S + Σ P,)
-        weight, bias = head.weight[ids], head.bias[ids]                     # (S + Σ P, n), (S + Σ P,): one gather
+        weight, bias = read_rows(head.weight, ids, sparse_grad), head.bias[ids]  # (S + Σ P, n), (S + Σ P,): one gather
         neg_w, neg_b = weight[:negatives.numel()], bias[:negatives.numel()]  # (S, n), (S,)
         start = negatives.numel()
         for index, rows, tgt in live:
@@ -553,12 +574,14 @@ def draw_negatives_torch(num_items_a: int, num_items_b: int, count: Optional[int
 
 def prediction_loss(heads: Tuple[nn.Linear, nn.Linear], h_cross: torch.Tensor, h_a: torch.Tensor, h_b: torch.Tensor,
                     batch: SequenceBatch, *, use_unified: bool = True, use_single: bool = True,
-                    negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> Dict[str, torch.Tensor]:
+                    negatives: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                    sparse_grads: bool = False) -> Dict[str, torch.Tensor]:
     """Eq. 17 as separate CE terms (cross-domain heads always; unified / single by flag).
 
     ``heads = (W^A, W^B)``; the three hidden states are (B, L, n). The logits of Eq. 16 are
     those of :meth:`FedCSRModel.logits`, evaluated only where a term has a target.
     ``negatives``: per-domain shared negatives for a sampled softmax (:func:`draw_negatives`).
+    ``sparse_grads``: the heads' weights get sparse gradients (:func:`read_rows`).
     """
     head_a, head_b = heads
     neg_a, neg_b = negatives if negatives is not None else (None, None)
@@ -566,8 +589,8 @@ def prediction_loss(heads: Tuple[nn.Linear, nn.Linear], h_cross: torch.Tensor, h
     inputs = {"cross": ((h_a + h_cross, batch.next_a, batch.next_a_mask), (h_b + h_cross, batch.next_b, batch.next_b_mask)),
               "single": ((h_a, batch.next_a, batch.next_a_mask), (h_b, batch.next_b, batch.next_b_mask)),
               "unified": ((h_cross, batch.unified_a, batch.unified_a_mask), (h_cross, batch.unified_b, batch.unified_b_mask))}
-    losses_a = sampled_head_losses(head_a, [inputs[name][0] for name in names], neg_a)
-    losses_b = sampled_head_losses(head_b, [inputs[name][1] for name in names], neg_b)
+    losses_a = sampled_head_losses(head_a, [inputs[name][0] for name in names], neg_a, sparse_grad=sparse_grads)
+    losses_b = sampled_head_losses(head_b, [inputs[name][1] for name in names], neg_b, sparse_grad=sparse_grads)
     terms = {}
     for name, loss_a, loss_b in zip(names, losses_a, losses_b):
         terms[f"{name}_a"], terms[f"{name}_b"] = loss_a, loss_b
@@ -575,6 +598,6 @@ def prediction_loss(heads: Tuple[nn.Linear, nn.Linear], h_cross: torch.Tensor, h
 
 
 __all__ = ["check_fields", "check_sampled_negatives", "SequenceInputs", "SequenceBatch", "domain_index", "inputs_from_cross",
-           "make_batch", "TransitionGraphs", "transition_graphs", "CausalSelfAttention", "propagate", "propagate_rows",
+           "make_batch", "TransitionGraphs", "transition_graphs", "CausalSelfAttention", "propagate", "read_rows", "propagate_rows",
            "GAEncoder", "cross_domain_scores", "head_cross_entropy", "sampled_head_losses", "draw_negatives",
            "draw_negatives_torch", "prediction_loss"]

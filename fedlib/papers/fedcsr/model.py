@@ -292,7 +292,8 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
     represented = model.represent_views(views)                              # the item tables read once per step
     h_cross, h_a, h_b, r_a, r_b = represented[0]                            # 3 × (B, L, n), 2 × (B, n)
     terms = prediction_loss((model.head_a, model.head_b), h_cross, h_a, h_b, batch,
-                            use_unified=cfg.use_unified, use_single=cfg.use_single, negatives=negatives)
+                            use_unified=cfg.use_unified, use_single=cfg.use_single, negatives=negatives,
+                            sparse_grads=model.encoder.sparse_table_grads)
     parts = {"pre": sum(terms.values())}
     parts.update({f"ce_{k}": v for k, v in terms.items()})
     lam_pre, lam_mcl, lam_scl = cfg.lambdas
