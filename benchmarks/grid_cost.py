@@ -20,11 +20,13 @@ changes and no config value is overridden (so early stopping cannot end a run th
 
 * ``round`` (most cells): the paper's per-round callback. The first round is a warm-up (the
   clock starts at its end, so data loading, model construction and the first round are
-  excluded); the next ``--rounds`` rounds of the same training run are timed. Evaluations that
-  fall inside those rounds are counted, those after them are not: with the default two rounds,
-  cells that evaluate every 10th round (FedRKG, FedKDRec) are timed on training only, although
-  one evaluation of FedRKG's FedNCF LastFM-2K cell costs about as much as nine of its training
-  rounds. ``--rounds 10`` times exactly one evaluation per such cell (and takes several times longer).
+  excluded); the next rounds of the same training run are timed: by default one evaluation
+  period (:func:`timed_rounds`), so a cell that evaluates every 10th round (FedRKG, FedKDRec)
+  is timed over rounds 2-11, which hold exactly one evaluation, and evaluation counts in the
+  proportion the grid pays for it (one evaluation of FedRKG's FedNCF LastFM-2K cell cost about
+  nine of its training rounds at 12a1189); other cells over two rounds. ``--rounds N`` times N
+  rounds of every round cell instead (before 29 Nov 2026 the default was two rounds everywhere,
+  which left those evaluations out).
 * ``step`` (FedCSR and FedPCL-CDR, whose rounds take 20-350 s): one call of a torch optimiser's
   ``step`` (a global step hook, ``torch.optim.optimizer.register_optimizer_step_post_hook``).
   The first ``STEP_WARMUP`` steps are a warm-up, the next ``--steps`` are timed. A faster
@@ -377,18 +379,42 @@ def select_cells(names: Optional[str], quick: bool) -> List[Cell]:
     return chosen
 
 
+#: Round cells time at least this many rounds (after the warm-up round).
+MIN_TIMED_ROUNDS = 2
+#: A cell that evaluates every ``eval_every ≤`` this many rounds is timed over one whole evaluation period.
+LONGEST_TIMED_PERIOD = 10
+
+
+def timed_rounds(cell: Cell, config: Optional[Mapping[str, Any]], rounds: Optional[int]) -> int:
+    """How many rounds of a round cell are timed (after one warm-up round).
+
+    ``rounds`` (``--rounds``) when given; otherwise one evaluation period: ``eval_every`` rounds
+    for a cell whose config evaluates every ``eval_every ≤`` :data:`LONGEST_TIMED_PERIOD` rounds
+    (rounds 2 … ``eval_every + 1``, which hold exactly one evaluation, so a grid's evaluation
+    cost counts in proportion), else :data:`MIN_TIMED_ROUNDS`. ``cell.max_rounds`` caps either.
+    """
+    if rounds is None:
+        period = (config or {}).get("eval_every")
+        rounds = (max(MIN_TIMED_ROUNDS, int(period)) if isinstance(period, int) and 0 < period <= LONGEST_TIMED_PERIOD
+                  else MIN_TIMED_ROUNDS)
+    return min(rounds, cell.max_rounds or rounds)
+
+
 def measure(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], new_tree: Path,
-            old_tree: Optional[Path], *, rounds: int, steps: int, repeats: int, log=print) -> Dict[str, Any]:
-    """Time ``cells`` on ``new_tree`` (and ``old_tree``, alternating); the result the JSON line prints."""
-    if repeats < 1 or rounds < 1 or steps < 1:
+            old_tree: Optional[Path], *, rounds: Optional[int], steps: int, repeats: int, log=print) -> Dict[str, Any]:
+    """Time ``cells`` on ``new_tree`` (and ``old_tree``, alternating); the result the JSON line prints.
+
+    ``rounds``: timed rounds of every round cell, or ``None`` for each cell's own (:func:`timed_rounds`).
+    """
+    if repeats < 1 or (rounds is not None and rounds < 1) or steps < 1:
         raise ValueError(f"--repeats ({repeats}), --rounds ({rounds}) and --steps ({steps}) must be at least 1")
     rows = []
     for cell in cells:
         record = records.get(cell.key)
         if record is None and cell.key not in ENGINE_CELLS:
             raise SystemExit(f"cell {cell.key} has no paper-profile record in results/*/runs.jsonl")
-        timed = steps if cell.unit == "step" else min(rounds, cell.max_rounds or rounds)
         config = None if record is None else record["config"]
+        timed = steps if cell.unit == "step" else timed_rounds(cell, config, rounds)
         old_times, new_times = [], []
         cell_started = time.perf_counter()
         for _ in range(repeats):  # old, new, old, new, ...: both see the same machine state
@@ -443,7 +469,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
                         help=f"revision to compare against (default {DEFAULT_BASELINE}); 'none': only the current tree")
     parser.add_argument("--baseline-tree", type=Path, default=None,
                         help="an existing checkout to use as the old tree instead of a worktree of --baseline")
-    parser.add_argument("--rounds", type=int, default=2, help="timed rounds per round cell, after one warm-up round")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="timed rounds per round cell, after one warm-up round (default: one evaluation period "
+                             f"of cells evaluating every <= {LONGEST_TIMED_PERIOD} rounds, else {MIN_TIMED_ROUNDS})")
     parser.add_argument("--steps", type=int, default=10,
                         help=f"timed optimiser steps per step cell, after {STEP_WARMUP} warm-up steps")
     parser.add_argument("--repeats", type=int, default=2, help="runs per tree and cell (the median counts)")
@@ -478,7 +506,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     else:
         old_tree = baseline_tree(args.baseline)
     log(f"CPU-seconds per unit on one torch thread; old = {old_tree.name if old_tree else '(none)'}, "
-        f"new = {PROJECT_ROOT.name}; rounds {args.rounds} (+1 warm-up), steps {args.steps} (+{STEP_WARMUP} "
+        f"new = {PROJECT_ROOT.name}; rounds {args.rounds or 'one evaluation period, else 2'} (+1 warm-up), steps {args.steps} (+{STEP_WARMUP} "
         f"warm-up), median of {args.repeats}; rec s/rnd = recorded wall_time_s / rounds run (context only)")
     log(HEADER)
     result = measure(cells, records, PROJECT_ROOT, old_tree, rounds=args.rounds, steps=args.steps,

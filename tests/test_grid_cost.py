@@ -56,6 +56,18 @@ def test_round_number_is_read_from_every_callback_shape(grid_cost):
     assert grid_cost._round_of((object(),)) is None
 
 
+def test_round_cells_are_timed_over_one_evaluation_period_by_default(grid_cost):
+    cell = grid_cost.Cell("x", "why")
+    assert grid_cost.timed_rounds(cell, {"eval_every": 10}, None) == 10  # rounds 2-11: one evaluation
+    assert grid_cost.timed_rounds(cell, {"eval_every": 1}, None) == grid_cost.MIN_TIMED_ROUNDS
+    assert grid_cost.timed_rounds(cell, {"eval_every": 50}, None) == grid_cost.MIN_TIMED_ROUNDS  # too long
+    assert grid_cost.timed_rounds(cell, {}, None) == grid_cost.MIN_TIMED_ROUNDS
+    assert grid_cost.timed_rounds(cell, None, None) == grid_cost.MIN_TIMED_ROUNDS  # engine cells
+    assert grid_cost.timed_rounds(cell, {"eval_every": 10}, 3) == 3  # --rounds wins
+    capped = grid_cost.Cell("y", "why", max_rounds=1)
+    assert grid_cost.timed_rounds(capped, {"eval_every": 10}, None) == 1
+
+
 def test_every_fixed_cell_has_a_record_or_is_an_engine_cell(grid_cost):
     records = grid_cost.read_records(REPO)
     missing = [c.key for c in grid_cost.CELLS if c.key not in records and c.key not in grid_cost.ENGINE_CELLS]
