@@ -86,6 +86,19 @@ def test_cpu_time_round_trips_and_old_records_without_it_still_load(project):
             append_run("f3crec", "paper", CONFIG, 2, {}, 1.0, device="cpu", commit="c", cpu_time_s=bad)
 
 
+def test_records_carry_torchs_thread_count(project):
+    import torch
+
+    default = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 1.0, device="cpu", commit="c")
+    given = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.1}, 1.0, device="cpu", commit="c", torch_threads=3)
+    assert (default.torch_threads, given.torch_threads) == (torch.get_num_threads(), 3)
+    line = json.loads(runs_path("f3crec", "paper").read_text().splitlines()[1])
+    assert line["torch_threads"] == 3
+    assert RunRecord.from_dict({key: value for key, value in line.items() if key != "torch_threads"}).torch_threads is None
+    with pytest.raises(ValueError, match="torch_threads"):
+        append_run("f3crec", "paper", CONFIG, 2, {}, 1.0, device="cpu", commit="c", torch_threads=0)
+
+
 def test_each_seed_is_its_own_run_and_the_seed_must_agree(project):
     first = append_run("f3crec", "paper", CONFIG, 0, {"N@20": 0.1}, 1.0, device="cpu", commit="c")
     second = append_run("f3crec", "paper", CONFIG, 1, {"N@20": 0.2}, 1.0, device="cpu", commit="c")

@@ -254,6 +254,9 @@ class RunRecord:
     run, or ``None`` when it was not measured (older records, runs resumed from a checkpoint of
     an earlier session). Unlike ``wall_time_s`` it does not grow when other processes share
     the cores, so it is what a cost comparison between records should read.
+    ``torch_threads`` is ``torch.get_num_threads()`` during the run (``None`` in older records):
+    float32 sums can be ordered differently with another thread count, so a run repeats its
+    numbers bit for bit only with the same count.
     """
 
     config_hash: str
@@ -272,6 +275,7 @@ class RunRecord:
     extra: dict = dataclasses.field(default_factory=dict)
     peak_rss_mb: Optional[float] = None
     cpu_time_s: Optional[float] = None
+    torch_threads: Optional[int] = None
 
     @property
     def run_id(self) -> str:
@@ -292,7 +296,7 @@ class RunRecord:
         """Build a record from its JSON form.
 
         Fields added by later versions are ignored; optional fields an older record lacks
-        (``extra``, ``peak_rss_mb``, ``cpu_time_s``) take their defaults.
+        (``extra``, ``peak_rss_mb``, ``cpu_time_s``, ``torch_threads``) take their defaults.
         """
         names = [field.name for field in dataclasses.fields(cls)]
         required = [field.name for field in dataclasses.fields(cls)
@@ -321,6 +325,7 @@ def append_run(
     commit: Optional[str] = None,
     peak_rss_mb: Optional[float] = None,
     cpu_time_s: Optional[float] = None,
+    torch_threads: Optional[int] = None,
 ) -> RunRecord:
     """Append one run to ``results_dir(paper, profile)/runs.jsonl`` and return its record.
 
@@ -330,6 +335,8 @@ def append_run(
     ``commit`` default to :func:`fedlib.device.default_device` and :func:`current_commit`.
     ``peak_rss_mb`` is the run's peak resident memory in MiB (``None``: not measured).
     ``cpu_time_s`` is the CPU time (all threads, seconds) of its training (``None``: not measured).
+    ``torch_threads``: torch's thread count during the run (default: the current
+    ``torch.get_num_threads()``).
 
     The line is written with one ``write`` on a file opened for appending, under an
     exclusive ``flock`` where available, then fsync'ed: parallel grid workers cannot
@@ -362,6 +369,9 @@ def append_run(
 
     import fedlib
 
+    torch_threads = torch.get_num_threads() if torch_threads is None else operator.index(torch_threads)
+    if torch_threads < 1:
+        raise ValueError(f"torch_threads must be a positive thread count, got {torch_threads!r}")
     record = RunRecord(
         config_hash=config_hash(canonical_config),
         paper=paper,
@@ -379,6 +389,7 @@ def append_run(
         extra=to_canonical(dict(extra or {}), _path="extra", _non_finite="null"),
         peak_rss_mb=peak_rss_mb,
         cpu_time_s=cpu_time_s,
+        torch_threads=torch_threads,
     )
     if profile == "paper":
         _append_line(path, record.to_json_line())
