@@ -152,6 +152,11 @@ def test_recorded_ldp_accounting_reads_what_each_run_recorded():
     assert table["δ"].tolist() == [0.001, 0.001] and table["multiplier s/C"].tolist() == pytest.approx([0.01, 0.01])
     assert table["run_id"].tolist() == [records[1].config_hash, records[0].config_hash]
     assert T.recorded_ldp_accounting([]).empty
+    # the same cell recorded at an older version too: listed once, at its latest version
+    older = record({**private, "version": private["version"] - 1}, {**scores(0.1), "ldp_epsilon": 9.0,
+                                                                    "ldp_delta": 0.001}, seed=0)
+    again = T.recorded_ldp_accounting([older, *records])
+    assert again["run_id"].tolist() == table["run_id"].tolist() and again["ε"].tolist() == [2.5e7, 2.5e7]
 
 
 def test_claims_test_the_decisive_gap_with_welch_and_say_so():

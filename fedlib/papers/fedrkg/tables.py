@@ -303,10 +303,21 @@ def ldp_accounting(cells: Sequence[Mapping[str, Any]], split) -> pd.DataFrame:
 
 
 def recorded_ldp_accounting(records) -> pd.DataFrame:
-    """The same for recorded runs: ε and δ as each run recorded them (``ldp_epsilon``, ``ldp_delta``)."""
+    """The same for recorded runs: ε and δ as each run recorded them (``ldp_epsilon``, ``ldp_delta``).
+
+    A cell recorded at several versions (the LDP cells moved to version 2 with the counter-based
+    noise) appears once, at its latest version.
+    """
+    latest_version: Dict[str, Any] = {}  # the config without its version -> its latest record
+    for record in latest_records(records).values():
+        if record.config.get("kind") is not None or record.config.get("ldp") is None:
+            continue
+        cell_key = config_hash({k: v for k, v in record.config.items() if k != "version"})
+        kept = latest_version.get(cell_key)
+        if kept is None or record.config.get("version", 1) > kept.config.get("version", 1):
+            latest_version[cell_key] = record
     rows = [_ldp_row(r.config, r.metrics.get("ldp_delta"), r.metrics.get("ldp_epsilon"), r.config_hash)
-            for r in latest_records(records).values()
-            if r.config.get("kind") is None and r.config.get("ldp") is not None]
+            for r in latest_version.values()]
     frame = pd.DataFrame(rows, columns=LDP_COLUMNS)
     return frame.sort_values(["dataset", "sampler", "method", "seed"], ignore_index=True)
 
