@@ -55,15 +55,20 @@ from fedlib.papers.fedcsr import model as model_module
 GRAPH_LAYERS = {"full graph": (True, False), "rows, separate reads": (False, False), "rows, one read": (False, True)}
 
 
-def _full_graph_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False
-                     ) -> torch.Tensor:
-    """The direct form: propagate every item, then index the batch's rows (and add them)."""
+def _full_graph_rows(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False,
+                     sparse_grad: bool = False, scale: float = 1.0) -> torch.Tensor:
+    """The direct form: propagate every item, then index the batch's rows (and add them).
+
+    ``sparse_grad`` is accepted for the signature of ``propagate_rows`` and ignored (dense reads:
+    this benchmark steps with plain ``zero_grad``); ``scale`` multiplies the result, as there.
+    """
     mixed = sequences.propagate(graph, table)[ids]
-    return mixed + table[ids] if residual else mixed
+    mixed = mixed + table[ids] if residual else mixed
+    return mixed * scale if scale != 1.0 else mixed
 
 
-def _rows_separate_reads(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False
-                         ) -> torch.Tensor:
+def _rows_separate_reads(graph: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, *, residual: bool = False,
+                         sparse_grad: bool = False, scale: float = 1.0) -> torch.Tensor:
     """Row-only propagation that indexes ``table`` at every use (own rows, neighbours, padding, residual)."""
     n = graph.shape[0]
     graph = graph if graph.is_coalesced() else graph.coalesce()
@@ -79,10 +84,11 @@ def _rows_separate_reads(graph: torch.Tensor, table: torch.Tensor, ids: torch.Te
     neighbours = torch.zeros(rows.numel(), table.shape[1], dtype=table.dtype).index_add(0, owner, messages)
     mixed = torch.cat([0.5 * (table[rows] + neighbours), table[unique_ids[rows.numel():]]])[inverse]
     mixed = mixed.view(*ids.shape, table.shape[1])
-    return mixed + table[ids] if residual else mixed
+    mixed = mixed + table[ids] if residual else mixed
+    return mixed * scale if scale != 1.0 else mixed
 
 
-def _heads_separate_reads(head, terms, negatives=None):
+def _heads_separate_reads(head, terms, negatives=None, *, sparse_grad: bool = False):
     """Each term of Eq. 17 indexes the head's weight and bias for its targets and for the negatives."""
     losses = []
     for hidden, target, mask in terms:
