@@ -176,3 +176,29 @@ def test_training_beats_random_ranking_and_is_deterministic():
     first, second = N.train_nmcdr(split, short), N.train_nmcdr(split, short)
     assert history_rows(first)[0]["loss"] == history_rows(second)[0]["loss"]
     assert selected_blocks(first) == selected_blocks(second)
+
+
+# ----------------------------------------------------------------------------- fast paths
+def test_history_of_the_node_rows_equals_every_users_history_then_indexed_in_float64():
+    """The step's history mean over the node rows only (NMCDRModel.history_of) against the plain
+    full product then indexing (history_reference): values and the item table's gradient."""
+    split = overlapping_domains(num_users=120, items_per_domain=80, overlap=0.5, num_negatives=20, seed=3)
+    model = N.NMCDRModel(split, N.NMCDRConfig(dim=6), torch.Generator().manual_seed(1)).double()
+    rng = np.random.default_rng(0)
+    for domain in range(2):
+        # a sorted unique node set with users with and without data in this domain, and every user (evaluation)
+        for nodes in (np.sort(rng.choice(model.num_global_users, size=37, replace=False)),
+                      np.arange(model.num_global_users)):
+            nodes = torch.as_tensor(nodes)
+            weights = torch.randn(len(nodes), 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+            grads, values = [], []
+            for history in (model.history_of, model.history_reference):
+                model.zero_grad(set_to_none=True)
+                out = history(domain, nodes)
+                (out * weights).sum().backward()
+                values.append(out.detach())
+                grads.append(model.item_emb[domain].grad.clone())
+            assert values[0].shape == (len(nodes), 6)
+            assert torch.allclose(values[0], values[1], rtol=0, atol=1e-6)
+            assert torch.allclose(grads[0], grads[1], rtol=0, atol=1e-6)
+            assert grads[0].abs().sum() > 0  # the gradient reached the item table

@@ -278,6 +278,10 @@ class NMCDRModel(nn.Module):
                                                  (self.num_global_users, self.num_items[index]),
                                                  check_invariants=False).coalesce()
             self.register_buffer(f"mean_items_{index}", mean_items, persistent=False)  # (N, I_d) row-normalised
+            # (N + 1,) where each user's entries start in mean_items' (row-sorted) indices: a step reads
+            # only the rows of its node set (history_of)
+            self.register_buffer(f"history_rowptr_{index}", torch.as_tensor(
+                np.concatenate([[0], np.cumsum(degree)]), dtype=torch.int64), persistent=False)
             self.register_buffer(f"is_head_{index}", torch.as_tensor(degree >= config.head_min_interactions),
                                  persistent=False)
             members.append(np.flatnonzero(degree > 0))
@@ -304,6 +308,34 @@ class NMCDRModel(nn.Module):
         """``(U_d,) int64`` global id of each local user of ``domain``."""
         return getattr(self, f"global_of_{domain}")
 
+    def history_of(self, domain: int, nodes: torch.Tensor) -> torch.Tensor:
+        """Eq. 2's history mean ``mean_{i ∈ N_a(u)} v_i^a`` of the nodes: ``(n,)`` sorted unique global ids → ``(n, d)``.
+
+        Multiplies only the nodes' rows of the ``(N, I_d)`` row-normalised history matrix (a
+        training step's node set is about a thousand of Elec-Cloth's 15,761 users): the forward
+        and, above all, the backward product (the item table's gradient) shrink by ``N / n``.
+        The rows keep their entries' order and the left-out rows only added exact zeros, so the
+        result and the gradients are those of :meth:`history_reference` (the same bits in float32
+        on CPU; tested to 1e-6 in float64).
+        """
+        mean_items, item_table = getattr(self, f"mean_items_{domain}"), self.item_emb[domain]
+        if nodes.numel() == self.num_global_users:  # sorted and unique: every user, in order (evaluation)
+            return torch.sparse.mm(mean_items, item_table)
+        rowptr = getattr(self, f"history_rowptr_{domain}")
+        starts = rowptr[nodes]  # (n,) first entry of each node's row
+        counts = rowptr[nodes + 1] - starts  # (n,) the node's distinct training items
+        row = torch.repeat_interleave(torch.arange(nodes.numel(), device=nodes.device), counts)  # (m,) node position
+        first_of_row = torch.cumsum(counts, 0) - counts  # (n,) where each node's entries start among the m
+        entries = starts[row] + torch.arange(row.numel(), device=nodes.device) - first_of_row[row]  # (m,)
+        rows_of_nodes = torch.sparse_coo_tensor(torch.stack([row, mean_items.indices()[1, entries]]),
+                                                mean_items.values()[entries], (nodes.numel(), item_table.shape[0]),
+                                                is_coalesced=True, check_invariants=False)  # (n, I_d)
+        return torch.sparse.mm(rows_of_nodes, item_table)
+
+    def history_reference(self, domain: int, nodes: torch.Tensor) -> torch.Tensor:
+        """:meth:`history_of` as first written: every user's history mean, then the nodes' rows ``(n, d)``."""
+        return torch.sparse.mm(getattr(self, f"mean_items_{domain}"), self.item_emb[domain])[nodes]
+
     def represent(self, nodes: torch.Tensor, user_keys: Sequence[torch.Tensor],
                   item_keys: Sequence[torch.Tensor]) -> Dict[str, List[torch.Tensor]]:
         """Eqs. 1–9 for a node set.
@@ -322,7 +354,7 @@ class NMCDRModel(nn.Module):
         h = []
         for a in range(2):
             x = self.views[a](shared)                                             # Eq. 1
-            history = torch.sparse.mm(getattr(self, f"mean_items_{a}"), self.item_emb[a])[nodes]  # (n, d)
+            history = self.history_of(a, nodes)  # (n, d)
             for layer in self.encoder[a]:                                         # Eq. 2
                 x = torch.relu(x + layer(history))
             h.append(x)
@@ -400,7 +432,8 @@ class NMCDRAlgorithm(CrossDomainAlgorithm):
         eval_rng = np.random.default_rng([config.seed, 5920])
         generator = torch.Generator().manual_seed(config.seed + 5919)
         model = NMCDRModel(self.split, config, generator).to(device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+        # foreach: the same bits as the default per-tensor loop on CPU, in fewer passes over the tables
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, foreach=True)
         self.global_ids = [model.global_of(a).cpu().numpy() for a in range(2)]
         self.eval_users, self.eval_items = _candidates(model, config, eval_rng)
         return JointModelState(model, optimizer, rng)
