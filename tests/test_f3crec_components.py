@@ -422,3 +422,103 @@ def test_regularisation_sequential_equals_batched():
     _assert_states_close(seq, bat)
     plain = _train_block(ctx, config, ParameterRegularisation(lambda_reg=0.0), BatchedExecutor())
     assert float((plain.state.global_state["item_emb"] - bat.state.global_state["item_emb"]).abs().max()) > 1e-6
+
+
+# -- closed-form gradients (the batched executor's path for FedMF and PFedRec) ---------------------
+def _replay_step(model, seed, num_clients=4, top_n=5):
+    """An unpadded step of ``num_clients`` clients (rec, replay and context examples, float64):
+    ``(loss with its round prepared, head (C, ...), row slots (S, 3), slot (E,), client (E,),
+    item (E,), label (E,), the same step as a padded LocalBatch)``."""
+    gen = torch.Generator().manual_seed(seed)
+    num_items = model.num_items
+    download = {"item_emb": torch.randn(num_items, 3, generator=gen, dtype=torch.float64)}
+    memory = torch.stack([torch.randperm(num_items, generator=gen)[:top_n] for _ in range(num_clients - 1)])
+    teacher = torch.randn(num_clients - 1, top_n, generator=gen, dtype=torch.float64) * 2
+    loss = f3crec.ReplayDistillationLoss(memory, teacher, lambda_kd=0.7, eps=0.05, record=True)
+    loss._download = download
+    clients, items, labels = [], [], []
+    for c in range(num_clients):  # the last client is a new user: no memory, no replay rows
+        own = torch.randperm(num_items, generator=gen)[:3 + c]
+        rec_labels = (torch.rand(own.numel(), generator=gen) < 0.4).double()
+        items += own.tolist()
+        labels += rec_labels.tolist()
+        if c < num_clients - 1:
+            priority = torch.randperm(top_n, generator=gen)
+            items += memory[c].tolist()
+            labels += [-(1.0 + k + top_n * float(priority[k])) for k in range(top_n)]
+            items.append(int(torch.randint(num_items, (1,), generator=gen)))
+            labels.append(CONTEXT_LABEL)
+        clients += [c] * (len(items) - len(clients))
+    client, item, label = torch.tensor(clients), torch.tensor(items), torch.tensor(labels, dtype=torch.float64)
+    # Row slots: one per (client, item), the local copies moved away from the download.
+    keys, row = torch.unique(client * num_items + item, return_inverse=True)
+    rows_table = download["item_emb"][keys % num_items] + 0.3 * torch.randn(keys.numel(), 3, generator=gen,
+                                                                           dtype=torch.float64)
+    if type(model) is FedMF:  # the stepping clients' head, under the model's own names
+        head = {"user_emb": torch.randn(num_clients, 3, generator=gen, dtype=torch.float64)}
+    else:
+        head = {"head_w": torch.randn(num_clients, 3, generator=gen, dtype=torch.float64),
+                "head_b": torch.randn(num_clients, generator=gen, dtype=torch.float64)}
+    sizes = torch.bincount(client).tolist()
+    width = max(sizes)
+    column = torch.cat([torch.arange(n) for n in sizes])
+    padded = {key: torch.zeros(num_clients, width, dtype=dtype) for key, dtype in
+              (("rows", torch.int64), ("items", torch.int64), ("labels", torch.float64), ("mask", torch.float64))}
+    padded["rows"][client, column], padded["items"][client, column] = row, item
+    padded["labels"][client, column], padded["mask"][client, column] = label, 1.0
+    batch = LocalBatch(clients=torch.arange(num_clients), **padded)
+    return loss, head, rows_table, row, client, item, label, batch
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("backbone", ["fedmf", "pfedrec"])
+@pytest.mark.parametrize("adaptive,reduction", [(True, "mean"), (True, "sum"), (False, "mean")])
+def test_closed_form_logit_gradients_equal_autograd_on_the_padded_loss(backbone, seed, adaptive, reduction):
+    """logit_gradients (the batched executor's closed-form path) against the loss's own __call__
+    on the padded batch and autograd, float64: the loss, the gradients of the item rows and of the
+    head, and the recorded Δ / |M_u|."""
+    from fedlib.engine.linear_head import linear_head_gradients
+    from fedlib.models import PFedRec
+
+    model = FedMF(4, 12, dim=3) if backbone == "fedmf" else PFedRec(4, 12, dim=3)
+    loss, head, rows_table, row, client, item, label, batch = _replay_step(model, seed)
+    loss.adaptive, loss.kd_reduction = adaptive, reduction
+    head_names = list(head)
+    live = {name: value.clone().requires_grad_(True) for name, value in head.items()}
+    live["item_emb"] = rows_table.clone().requires_grad_(True)
+    reference = loss(model, live, batch)  # (C,)
+    expected = torch.autograd.grad(reference.sum(), [live[name] for name in head_names + ["item_emb"]])
+    reference_records = loss.records[-1] if adaptive else None
+
+    weight, bias = head_names[0], (head_names[1] if len(head_names) > 1 else None)
+    got_loss, grads = linear_head_gradients(
+        rows_table, head[weight], None if bias is None else head[bias], row, client, label, loss_fn=loss,
+        step={"model": model, "items": item, "users": torch.arange(4), "head": head})
+    torch.testing.assert_close(got_loss, reference.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads["head_w"], expected[0], rtol=0, atol=1e-12)
+    if bias is not None:
+        torch.testing.assert_close(grads["head_b"], expected[1], rtol=0, atol=1e-12)
+    torch.testing.assert_close(grads["rows"], expected[-1], rtol=0, atol=1e-12)
+    kd_rows = grads["rows"][row[label <= -1.0]]
+    assert float(kd_rows.abs().max()) > 1e-4  # the distillation really reaches the replay rows
+    if adaptive:
+        for key in ("users", "shift", "size"):
+            np.testing.assert_array_equal(loss.records[-1][key], reference_records[key])
+        assert reference_records["size"].min() < 5  # the adaptive memory is not all of S_u here
+
+
+def test_closed_form_path_is_taken_only_where_it_applies():
+    from fedlib.engine.linear_head import closed_form_head
+    from fedlib.models import FedNCF
+
+    model = FedMF(4, 12, dim=3)
+    loss = _replay_step(model, 0)[0]
+    method = fedmf_method(model, client_loss=loss)
+    head = closed_form_head(method)
+    assert head.tables == ("item_emb",) and head.weight == "user_emb" and head.bias is None and head.loss is loss
+    assert closed_form_head(fedmf_method(model)) is None  # FedMF under BCE: its kernel / autograd
+    custom = f3crec.ReplayDistillationLoss(loss.memory_items, loss.teacher_logits, lambda_kd=0.7, eps=0.05,
+                                           base_loss=lambda model, params, batch: bce_client_loss(model, params, batch))
+    assert closed_form_head(fedmf_method(model, client_loss=custom)) is None  # a base loss of its own
+    ncf = FedNCF(4, 12, dim=3)
+    assert not loss.closed_form_applies(ncf)  # shared MLP layers: autograd

@@ -7,8 +7,10 @@ the two exact shortcuts (one-batch clients, the FedMF kernel), Adam and gradient
 floating-point rounding; ``tests/test_engine_equivalence.py`` checks it.
 
 Two more exact shortcuts of this executor's autograd path: linear-head backbones (PFedRec, the
-personal-table models) under the default loss take closed-form gradients on the unpadded
-examples (:mod:`fedlib.engine.linear_head`), and full-support gradient noise under SGD keeps
+personal-table models) under the default loss, and FedMF or a linear head under a loss with
+closed-form logit gradients (F3CRec's distillation), take closed-form gradients on the unpadded
+examples (:mod:`fedlib.engine.linear_head`), in one chunk of clients in plan order since they
+pad nothing, and full-support gradient noise under SGD keeps
 local copies of the touched rows only (:class:`_SpreadNoise`).
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from fedlib.engine.linear_head import linear_head_gradients, linear_head_tables
+from fedlib.engine.linear_head import closed_form_head, linear_head_gradients
 from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan
 from fedlib.engine.privacy import clip_factors
@@ -165,7 +167,11 @@ class BatchedExecutor:
             chunk = max(1, min(chunk, self.dense_budget // max(model.num_items * row_values, 1)))
         noisy = method.adds_upload_noise or method.adds_gradient_noise
         noise_key = _noise_key(plan, noise_seed) if noisy else 0
-        if use_kernel or self.width_ratio is None:  # the kernel pads nothing
+        # Width buckets bound the padding of the autograd path's (C_s, B_s) batches; the FedMF
+        # kernel and the closed-form linear-head gradients pad nothing, and one chunk in plan
+        # order spares them the per-chunk and per-step overhead of ~10 buckets per round.
+        pads = not use_kernel and closed_form_head(method) is None
+        if not pads or self.width_ratio is None:
             chunks = [np.arange(start, min(start + chunk, plan.num_clients))
                       for start in range(0, plan.num_clients, chunk)]
         else:
@@ -390,9 +396,11 @@ class BatchedExecutor:
         step_bounds = torch.searchsorted(step_of_sorted, torch.arange(num_steps + 1, device=device)).tolist()
         steps_per_client = torch.as_tensor(sub.num_steps, device=device)
         row_names = model.row_names
-        # Linear-head backbones under the default loss: closed-form gradients on the unpadded
-        # examples (fedlib.engine.linear_head) instead of a padded batch and autograd.
-        summed_tables = linear_head_tables(method)
+        # Linear-head backbones under the default loss (and FedMF or a linear head under a loss
+        # with closed-form logit gradients, F3CRec's): gradients on the unpadded examples
+        # (fedlib.engine.linear_head) instead of a padded batch and autograd.
+        head = closed_form_head(method)
+        summed_tables = None if head is None else head.tables
         for step in range(num_steps):
             idx = by_step[step_bounds[step]:step_bounds[step + 1]]
             active = int((steps_per_client > step).sum())
@@ -414,10 +422,18 @@ class BatchedExecutor:
                         rows_sum = params[summed_tables[0]].index_select(0, step_slots)
                         for name in summed_tables[1:]:
                             rows_sum = rows_sum + params[name].index_select(0, step_slots)
-                    wanted = ["rows" if name in summed_tables else name for name in group]
+                    wanted = [head.role(name) for name in group]
+                    head_w = params[head.weight][:active]
+                    head_b = None if head.bias is None else params[head.bias][:active]
+                    step_fields = None
+                    if head.loss is not None:  # what the loss reads beyond logits and labels
+                        own = {head.weight: head_w} if head_b is None else {head.weight: head_w, head.bias: head_b}
+                        step_fields = {"model": model, "items": ex_item[idx], "users": users[:active],
+                                       "head": {name: value.detach() for name, value in own.items()}}
                     client_loss, by_name = linear_head_gradients(
-                        rows_sum, params["head_w"][:active], params["head_b"][:active], local_rows, ex_client[idx],
-                        ex_label[idx], need_loss=group_index == 0, wanted=wanted)
+                        rows_sum, head_w, head_b, local_rows, ex_client[idx], ex_label[idx],
+                        need_loss=group_index == 0, wanted=wanted, loss_fn=head.loss,
+                        step=step_fields)
                     grads = tuple(by_name[key] for key in wanted)
                     if any(name in summed_tables for name in group):
                         rows_sum = None  # this group's step moves the rows

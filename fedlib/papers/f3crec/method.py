@@ -507,6 +507,88 @@ class ReplayDistillationLoss:
         return total_client_loss(rec, distillation, self.lambda_kd)  # Eq. 6
 
 
+    # -- closed-form gradients (fedlib.engine.linear_head) -----------------------------------
+    def closed_form_applies(self, model: FederatedModel) -> bool:
+        """Whether :meth:`logit_gradients` gives this loss for ``model``: the default base loss
+        and no shared dense layers or personal tables (every score is then linear in the item row)."""
+        return (self.base_loss is bce_client_loss and not model.names("public_dense")
+                and not model.names("private_rows"))
+
+    def logit_gradients(self, step) -> Tuple[torch.Tensor, torch.Tensor]:
+        """This loss and its gradient with respect to each example's logit, on unpadded examples.
+
+        The same Eqs. 1-6 as :meth:`__call__` (its reference, ``tests/test_f3crec_components.py``
+        compares the two in float64) for a backbone whose logits are linear in the item rows
+        (FedMF, PFedRec): with ``n_c`` client ``c``'s recommendation examples, ``t_e`` the
+        teacher's probability of replay example ``e`` and ``m_c = max(1, |M_c|)``::
+
+            ∂L_c/∂s_e = (σ(s_e) − y_e) / n_c                 recommendation example
+                      = λ_KD (σ(s_e) − t_e) / m_c · [e ∈ M_c]   replay example ("sum": without / m_c)
+                      = 0                                      context example
+
+        Args:
+            step: a :class:`~fedlib.engine.linear_head.StepLogits` of ``C`` clients and ``E``
+                examples (labels as coded by :func:`augment_plan_with_replay`).
+
+        Returns:
+            ``(loss (C,), g (E,))``.
+        """
+        logits, client, labels = step.logits, step.client, step.labels
+        num_clients = step.users.shape[0]
+        dtype, device = logits.dtype, logits.device
+        is_rec = (labels >= 0).to(dtype)
+        targets = labels.clamp(min=0.0)
+        rec_count = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, is_rec)
+        bce = F.binary_cross_entropy_with_logits(logits, targets, reduction="none") * is_rec  # (E,)
+        rec = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, client, bce) / rec_count
+        g = (torch.sigmoid(logits) - targets) * is_rec / rec_count.index_select(0, client)  # (E,)
+        replay = torch.nonzero(labels <= -1.0).squeeze(1)  # (R,)
+        if replay.numel() == 0:
+            return rec, g
+        if self._download is None:
+            raise RuntimeError("ReplayDistillationLoss needs its round prepared: run it under PlanAugmentingExecutor")
+
+        n = self.top_n
+        replay_client = client.index_select(0, replay)  # (R,)
+        k, priority = decode_replay_label(labels.index_select(0, replay), n)
+        student_e = logits.index_select(0, replay)  # (R,)
+        users = step.users.clamp(max=self.teacher_logits.shape[0] - 1)
+        teacher = torch.sigmoid(self.teacher_logits[users[replay_client], k]).to(dtype)  # (R,)
+        if self.adaptive:
+            with torch.no_grad():
+                # Every item's score under each client's local model: the download, overridden by
+                # the live logits of every row the client changed this round (all in the step).
+                scores = step.model.score_users(self._download, step.head,
+                                                torch.arange(num_clients, device=device)).clone()  # (C, I)
+                scores[client, step.items] = logits
+                student = logits.new_zeros((num_clients, n)).index_put((replay_client, k), student_e)  # (C, N)
+                ranks = student_ranks(scores, student, self.rank_strategy)  # (C, N)
+                shift = preference_shift(ranks)  # Eq. 2
+                rate = consistency_sampling_rate(shift, self.eps)  # Eq. 3
+                sizes = replay_memory_size(rate, n)  # Eq. 4
+            if self.record:
+                has_memory = torch.zeros(num_clients, dtype=torch.bool, device=device)
+                has_memory[replay_client] = True
+                self.records.append({"round": self._round, "users": step.users[has_memory].cpu().numpy(),
+                                     "shift": shift[has_memory].cpu().numpy(), "rate": rate[has_memory].cpu().numpy(),
+                                     "size": sizes[has_memory].cpu().numpy()})
+        else:
+            sizes = torch.full((num_clients,), n, dtype=torch.int64, device=device)
+        selected = (priority < sizes.index_select(0, replay_client)).to(dtype)  # (R,) e ∈ M_c, Eq. 4
+        per_item = F.binary_cross_entropy_with_logits(student_e, teacher, reduction="none") * selected
+        distillation = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, replay_client, per_item)
+        g_replay = self.lambda_kd * (torch.sigmoid(student_e) - teacher) * selected
+        if self.kd_reduction == "mean":
+            count = torch.zeros(num_clients, dtype=dtype, device=device).index_add_(0, replay_client, selected)
+            count = count.clamp(min=1.0)
+            distillation = distillation / count  # Eq. 5
+            g_replay = g_replay / count.index_select(0, replay_client)
+        elif self.kd_reduction != "sum":
+            raise ValueError(f"reduction must be 'mean' or 'sum', got {self.kd_reduction!r}")
+        g = g.index_add(0, replay, g_replay)
+        return total_client_loss(rec, distillation, self.lambda_kd), g  # Eq. 6
+
+
 def _first_occurrences(items: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """``(C, B) bool``: True at the first valid occurrence of each item in each client's row."""
     marked = torch.where(valid, items, torch.full_like(items, -1))
