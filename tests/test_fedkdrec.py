@@ -18,8 +18,8 @@ from fedlib.models.lightgcn import lightgcn_propagate, normalized_adjacency
 from fedlib.models.stacked import Backbone, paper_hidden
 from fedlib.papers.fedkdrec import agents as A
 from fedlib.papers.fedkdrec.clients import (
-    VARIANTS, FedKDRecConfig, gather_local, local_examples, local_predictions, mixed_label_bce, prepare_uploads,
-    variant_config,
+    VARIANTS, FedKDRecConfig, epoch_orders, gather_local, local_examples, local_predictions, mixed_label_bce,
+    prepare_uploads, train_clients_batched, train_clients_sequential, variant_config,
 )
 from fedlib.papers.fedkdrec.method import _Server, train_fedkdrec
 
@@ -271,6 +271,62 @@ def test_confidence_selection_follows_ptf_fedrec(split):
         real = row[row >= 0].tolist()
         assert len(real) == len(set(real))
     assert bool(((labels > 0) == (sent >= 0)).all())
+
+
+@pytest.mark.parametrize("kind", ["neumf", "lightgcn"])
+def test_batched_local_training_equals_one_adam_per_client_in_float64(kind):
+    # the batched executor (groups of clients, one flat Adam block per group) against the plain
+    # reference (one torch.optim.Adam per client), in float64, with weight decay, heavy-tailed
+    # client sizes and groups narrower than the round (so prefixes and widths really vary)
+    rng = np.random.default_rng(5)
+    sizes = np.r_[30, 24, 17, 11, np.full(16, 4)]  # (20,) ratings per user
+    users = np.repeat(np.arange(20), sizes)
+    items = np.concatenate([rng.choice(60, n, replace=False) for n in sizes])
+    train = Pairs.from_arrays(users, items, 20)
+    backbone = Backbone(kind, 20, 60, dim=5, hidden=(6, 3) if kind != "lightgcn" else ())
+    server = backbone.init_server(torch.Generator().manual_seed(6), dtype=torch.float64)
+    state = backbone.client_copies(server, torch.arange(20))
+    data = local_examples(train, np.arange(20), 60, NegativeSampler(train, 60), 3, rng)
+    data = dataclasses.replace(data, **{f: getattr(data, f).double() for f in ("labels", "mask", "own", "row_mask")})
+    orders = epoch_orders(data, 2, np.random.default_rng(7))
+    trained = {}
+    for name, run in (("batched", lambda *a: train_clients_batched(*a, group_size=6)),
+                      ("sequential", train_clients_sequential)):
+        local = gather_local(backbone, state, data)
+        loss = run(backbone, local, data, orders, 8, 0.01, 1e-3)
+        trained[name] = (loss, local)
+    # the executors average the loss over different units (client-batches vs clients' batches)
+    assert math.isfinite(trained["batched"][0]) and math.isfinite(trained["sequential"][0])
+    rows = data.row_mask > 0
+    for name, value in trained["sequential"][1].items():
+        batched = trained["batched"][1][name]
+        moved = (value - gather_local(backbone, state, data)[name]).abs().max()
+        assert moved > 1e-3, name  # the comparison is not between two untrained models
+        if name in backbone.embedding_names[1]:
+            value, batched = value[rows], batched[rows]  # padding rows alias item 0: not trained
+        torch.testing.assert_close(batched, value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_server_adam_foreach_equals_one_kernel_per_tensor():
+    # the server's Adam runs its multi-tensor kernels: the same numbers, bit for bit, as the
+    # per-tensor torch.optim.Adam the recorded runs used (NeuMF: 12 tensors of many shapes)
+    config = FedKDRecConfig(**small(weight_decay=1e-4))
+    backbone = Backbone("neumf", 30, 40, config.dim, config.hidden)
+    init = backbone.init_server(torch.Generator().manual_seed(2))
+    server = _Server(backbone, init, config, "cpu")
+    reference = {n: v.clone().requires_grad_() for n, v in init.items()}
+    per_tensor = torch.optim.Adam(list(reference.values()), lr=config.server_lr, weight_decay=config.weight_decay,
+                                  foreach=False)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        for name, value in server.params.items():
+            value.grad = torch.randn(value.shape, generator=generator)
+            reference[name].grad = value.grad.clone()
+        server.optimizer.step()
+        per_tensor.step()
+    for name, value in server.params.items():
+        assert not torch.equal(value, init[name]), name
+        assert torch.equal(value, reference[name]), name
 
 
 # ---------------------------------------------------------------------------- whole runs

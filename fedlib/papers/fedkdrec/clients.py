@@ -20,6 +20,7 @@ Distillation" (FedKDRec, anonymous ICLR 2026 submission), §3.1, Eqs. 3–4, App
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
@@ -287,6 +288,12 @@ def epoch_orders(data: LocalData, epochs: int, rng: np.random.Generator) -> List
     return orders
 
 
+def _flat_views(flat: torch.Tensor, shapes: Mapping[str, tuple]) -> Dict[str, torch.Tensor]:
+    """Named views of a flat ``(k, F)`` parameter block: ``name -> (k, *shapes[name])``, in order."""
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    return {n: part.view(flat.shape[0], *shape) for (n, shape), part in zip(shapes.items(), flat.split(sizes, 1))}
+
+
 def train_clients_batched(backbone: Backbone, params: Dict[str, torch.Tensor], data: LocalData,
                           orders: Sequence[torch.Tensor], batch: int, lr: float, weight_decay: float,
                           group_size: int = 24) -> float:
@@ -296,6 +303,13 @@ def train_clients_batched(backbone: Backbone, params: Dict[str, torch.Tensor], d
     by size) are trained in groups of ``group_size``, each padded only to its own largest
     member: the work follows the data instead of the biggest client. Inside a group, the
     clients still training at a step are a prefix.
+
+    A group's parameters (its clients' local item rows ``(g, width, d)``, user vectors and
+    towers) are copied into one flat ``(g, F)`` block for the group's steps and back at the end,
+    so that one :func:`~fedlib.engine.method.masked_adam_step` updates every tensor of a step
+    (NeuMF has 12; one call per tensor cost about 0.36 ms for each small tensor, 3.6 ms a batch).
+    Every client steps all its tensors together, so one step count per client serves them all
+    and each element gets the same Adam arithmetic as with one call per tensor.
     """
     _, item_names = backbone.embedding_names
     rows_per_client = data.row_mask.sum(1).long()
@@ -304,11 +318,12 @@ def train_clients_batched(backbone: Backbone, params: Dict[str, torch.Tensor], d
         b = min(a + group_size, len(data.clients))
         width, length = int(rows_per_client[a:b].max()), int(data.counts[a])
         group = {n: (v[a:b, :width] if n in item_names else v[a:b]) for n, v in params.items()}  # views
+        shapes = {n: tuple(v.shape[1:]) for n, v in group.items()}
+        flat = torch.cat([v.reshape(b - a, -1) for v in group.values()], dim=1)  # (g, F) copy
         own = data.own[a:b, :width]
         counts = torch.as_tensor(data.counts[a:b])
-        exp_avg = {n: torch.zeros_like(v) for n, v in group.items()}
-        exp_avg_sq = {n: torch.zeros_like(v) for n, v in group.items()}
-        steps = {n: torch.zeros(b - a, dtype=torch.int64, device=data.items.device) for n in group}
+        exp_avg, exp_avg_sq = torch.zeros_like(flat), torch.zeros_like(flat)
+        steps = torch.zeros(b - a, dtype=torch.int64, device=data.items.device)
         stepping = torch.ones(b - a, dtype=torch.bool, device=data.items.device)
         for order in orders:
             order = order[a:b, :length]
@@ -318,14 +333,17 @@ def train_clients_batched(backbone: Backbone, params: Dict[str, torch.Tensor], d
                 rows = data.rows[a:a + k].gather(1, idx)
                 labels = data.labels[a:a + k].gather(1, idx)
                 mask = data.mask[a:a + k].gather(1, idx)
-                views = {n: v[:k].detach().requires_grad_() for n, v in group.items()}
-                loss = _client_loss(backbone, views, rows, labels, mask, own[:k])
-                grads = torch.autograd.grad(loss, list(views.values()))
-                for (n, v), grad in zip(group.items(), grads):  # the prefix steps; the rest is done
-                    masked_adam_step(v[:k], grad, exp_avg[n][:k], exp_avg_sq[n][:k], steps[n][:k], stepping[:k],
-                                     lr=lr, weight_decay=weight_decay)
+                leaf = flat[:k].detach().requires_grad_()  # (k, F)
+                loss = _client_loss(backbone, _flat_views(leaf, shapes), rows, labels, mask, own[:k])
+                (grad,) = torch.autograd.grad(loss, [leaf])
+                # the prefix steps; the rest is done
+                masked_adam_step(flat[:k], grad, exp_avg[:k], exp_avg_sq[:k], steps[:k], stepping[:k],
+                                 lr=lr, weight_decay=weight_decay)
                 total += float(loss.detach())
                 seen += k
+        with torch.no_grad():
+            for n, trained in _flat_views(flat, shapes).items():
+                group[n].copy_(trained)
     return total / max(seen, 1)
 
 
