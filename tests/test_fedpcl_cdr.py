@@ -411,3 +411,50 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_pa
                                                                         theirs.global_prototypes)
         for name in split.domains:
             assert torch.equal(full.artifacts["transmitted"][name]["sent"], run.artifacts["transmitted"][name]["sent"])
+
+
+def test_the_domain_optimiser_steps_like_the_per_tensor_adam_in_float64():
+    """The domains' Adam (foreach) against the default per-tensor loop on copies of the same parameters."""
+    split = overlapping_domains(num_users=60, items_per_domain=40, overlap=0.5, num_negatives=10, seed=0)
+    config = P.FedPCLConfig(dim=4, num_layers=1)
+    state = P.FedPCLAlgorithm(split, config, "cpu", ks=(5,)).init(0)
+    params = list(state.models[0].double().parameters())
+    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    initial = [p.detach().clone() for p in params]
+    reference = torch.optim.Adam(copies, lr=config.lr, weight_decay=config.weight_decay, foreach=False)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for p, q in zip(params, copies):
+            p.grad = torch.randn(p.shape, dtype=torch.float64, generator=g)
+            q.grad = p.grad.clone()
+        state.optimizers[0].step()
+        reference.step()
+    assert all(torch.allclose(p, q, rtol=0, atol=1e-12) for p, q in zip(params, copies))
+    assert all(not torch.equal(p, p0) for p, p0 in zip(params, initial))  # every parameter moved
+
+
+def test_step_rows_from_the_node_table_equal_propagate_then_index_in_float64():
+    """DomainModel.propagate_rows (one gather from the (U + I, D) table) against propagate() then
+    indexing (propagate_rows_reference): the pairs' and anchors' vectors and both tables' gradients."""
+    split = overlapping_domains(num_users=120, items_per_domain=90, overlap=0.5, num_negatives=20, seed=1)
+    part = split[split.domains[0]]
+    model = P.DomainModel(part, P.FedPCLConfig(dim=6)).double()
+    g = torch.Generator().manual_seed(0)
+    users = torch.randint(0, part.num_users, (40,), generator=g)  # repeats, as a batch's users
+    items = torch.randint(0, part.num_items, (40,), generator=g)
+    for anchors in (None, users[:25]):
+        outputs = []
+        for rows in (model.propagate_rows, model.propagate_rows_reference):
+            model.zero_grad(set_to_none=True)
+            user_vectors, item_vectors, anchor_vectors = rows(users, items, anchors)
+            loss = (user_vectors * item_vectors).sum() + user_vectors.square().sum()
+            if anchors is not None:
+                loss = loss + anchor_vectors.pow(3).sum()
+            else:
+                assert anchor_vectors is None
+            loss.backward()
+            outputs.append([user_vectors.detach(), item_vectors.detach(), model.user_emb.grad, model.item_emb.grad]
+                           + ([] if anchors is None else [anchor_vectors.detach()]))
+        assert outputs[0][0].shape == (40, 6)
+        for fast, reference in zip(*outputs):
+            assert torch.allclose(fast, reference, rtol=0, atol=1e-6)
