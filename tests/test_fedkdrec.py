@@ -85,6 +85,22 @@ def test_server_scores_equal_pairwise_logits(kind, hidden):
         torch.testing.assert_close(backbone.server_scores(params, users, chunk=chunk), pairwise, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kind,hidden", [("neumf", (64, 32, 16)), ("ncf", (7, 5))])
+def test_server_scores_do_not_depend_on_the_chunk(kind, hidden):
+    """Users are scored ``chunk`` at a time, each alone: every chunk size gives the same logits
+    (float64; a chunk of a few users may take another GEMM kernel, so not always bit for bit)."""
+    backbone = Backbone(kind, 150, 90, dim=32 if kind == "neumf" else 4, hidden=hidden)
+    g = torch.Generator().manual_seed(5)
+    params = {n: v + 0.3 * torch.randn(v.shape, generator=g, dtype=torch.float64)
+              for n, v in backbone.init_server(torch.Generator().manual_seed(4), dtype=torch.float64).items()}
+    users = torch.randperm(150, generator=g)[:130]
+    whole = backbone.server_scores(params, users, chunk=1000)  # one chunk
+    assert whole.dtype == torch.float64 and whole.shape == (130, 90)
+    for chunk in (1, 7, 64):
+        torch.testing.assert_close(backbone.server_scores(params, users, chunk=chunk), whole, rtol=0, atol=1e-10,
+                                   msg=f"chunk {chunk}")
+
+
 def test_backbone_arguments_are_checked():
     with pytest.raises(ValueError, match="backbone kind"):
         Backbone("gru", 2, 3)
