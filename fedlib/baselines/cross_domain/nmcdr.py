@@ -432,8 +432,9 @@ class NMCDRAlgorithm(CrossDomainAlgorithm):
         eval_rng = np.random.default_rng([config.seed, 5920])
         generator = torch.Generator().manual_seed(config.seed + 5919)
         model = NMCDRModel(self.split, config, generator).to(device)
-        # foreach: the same bits as the default per-tensor loop on CPU, in fewer passes over the tables
-        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, foreach=True)
+        # fused: one pass per tensor instead of about ten; the same formula with its operations ordered
+        # differently (within a float32 ulp per step of the per-tensor loop, 1e-12 in float64: tested)
+        optimizer = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay, fused=True)
         self.global_ids = [model.global_of(a).cpu().numpy() for a in range(2)]
         self.eval_users, self.eval_items = _candidates(model, config, eval_rng)
         return JointModelState(model, optimizer, rng)

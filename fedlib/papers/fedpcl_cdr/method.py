@@ -470,6 +470,7 @@ class FedPCLAlgorithm(CrossDomainAlgorithm):
                                 generator=torch.Generator().manual_seed(config.seed * 1000 + index)).to(self.device)
             models.append(model)
             # foreach: the same bits as the default per-tensor loop on CPU, in fewer passes over the tables
+            # (fused=True is faster but moves the frozen "w/o LDP" tiny cell beyond 1e-6)
             optimizers.append(torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay,
                                                foreach=True))
         count = len(models)
