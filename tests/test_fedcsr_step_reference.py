@@ -217,3 +217,66 @@ def test_kept_table_gradients_give_the_adam_steps_of_fresh_gradients():
             for (name, p), q in zip(model.named_parameters(), reference.parameters()):
                 torch.testing.assert_close(p, q, rtol=0, atol=1e-10, msg=f"step {step}: {name}")
     assert not model.encoder.sparse_table_grads and model.encoder.emb_cross.weight.grad is None
+
+
+# ----------------------------------------------------------------------------- the local epochs
+def _local_epochs_before(model, optimizer, split, rows, target, tc, rng, device):
+    """training._local_epochs before issue 43's second round: the frozen target re-encodes every batch
+    of every epoch, and every gradient is fresh (dense reads, zero_grad(set_to_none=True))."""
+    model.train()
+    total, parts_sum, steps = 0.0, {}, 0
+    for _ in range(tc.local_epochs):
+        order = rows[rng.permutation(rows.size)]
+        for start in range(0, order.size, tc.batch_size):
+            batch = S.make_batch(split.train, split.num_items_a, split.num_items_b, model.config.maxlen,
+                                 rows=order[start:start + tc.batch_size]).to(device)
+            loss, parts = M.fedcsr_loss(model, batch, global_model=target, rng=rng)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach())
+            for key, value in parts.items():
+                parts_sum[key] = parts_sum.get(key, 0.0) + float(value.detach())
+            steps += 1
+    steps_div = max(steps, 1)
+    return total / steps_div, {k: v / steps_div for k, v in parts_sum.items()}, steps
+
+
+@pytest.mark.parametrize("flags", [{}, {"use_mcl": False}])
+def test_local_epochs_equal_the_previous_loop_in_float64(flags):
+    """_local_epochs (the target's representations computed once per row, the tables' gradient rows
+    zeroed where the last step wrote them) = the loop it replaced, over three epochs of five
+    batches in float64 with dropout on: losses, parts, every parameter after the last Adam step, the
+    generators' states. The target is encoded once per row (the first epoch's batches), not per step."""
+    from fedlib.engine.optim import adam
+    from fedlib.papers.fedcsr import training as T
+
+    model, target, _ = _problem(**flags)
+    split = cross_domain_sequences(num_users=60, items_a=23, items_b=19, topics=4, min_len=3, max_len=10,
+                                   num_negatives=5, seed=3)
+    rows = np.arange(len(split.train))[np.arange(len(split.train)) % 6 != 1][:40]  # 40 rows, not a prefix
+    tc = T.FedCSRTrainConfig(local_epochs=3, batch_size=9, lr=1e-2)        # 5 batches per epoch, the last short
+    reference = copy.deepcopy(model)
+    represent_calls = []
+    counting = copy.deepcopy(target)
+    counting.represent = lambda inputs: represent_calls.append(inputs.cross.shape[0]) or target.represent(inputs)
+    results = []
+    for net, loop, tgt in ((model, T._local_epochs, counting), (reference, _local_epochs_before, target)):
+        opt = adam(net.parameters(), lr=tc.lr, betas=tuple(tc.betas))
+        torch.manual_seed(5)
+        rng = np.random.default_rng(5)
+        out = loop(net, opt, split, rows, tgt if net.config.use_mcl else None, tc, rng, torch.device("cpu"))
+        results.append((out, torch.get_rng_state(), rng.bit_generator.state))
+    (new, new_torch, new_np), (old, old_torch, old_np) = results
+    assert new[2] == old[2] == 15
+    assert abs(new[0] - old[0]) < 1e-6
+    assert new[1].keys() == old[1].keys()
+    for key in old[1]:
+        assert abs(new[1][key] - old[1][key]) < 1e-6, key
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-6, msg=name)
+    assert torch.equal(new_torch, old_torch) and new_np == old_np
+    if model.config.use_mcl:
+        assert sum(represent_calls) == rows.size and len(represent_calls) == 5   # the first epoch's batches only
+    else:
+        assert represent_calls == []

@@ -258,22 +258,38 @@ def scl_loss(q: torch.Tensor, p_aug: torch.Tensor, q_aug: torch.Tensor, p: torch
              + F.cosine_similarity(q_aug, p.detach(), dim=-1).mean())
 
 
+def global_representations(global_model: FedCSRModel, inputs: SequenceInputs) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The frozen global model's ``(r_g^A, r_g^B)`` of ``inputs`` (Eq. 3), two (B, n), without gradient.
+
+    The global model is in eval mode (no dropout, no random draw), so a row's representations do
+    not change while the model is frozen: the training loop computes them once per row and round
+    (:func:`fedlib.papers.fedcsr.training._local_epochs`) and passes them to :func:`fedcsr_loss`.
+    """
+    with torch.no_grad():
+        *_, g_a, g_b = global_model.represent(inputs)
+    return g_a, g_b
+
+
 def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional[SequenceInputs] = None,
                 global_model: Optional[FedCSRModel] = None, rng: Optional[np.random.Generator] = None,
-                config: Optional[FedCSRConfig] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+                config: Optional[FedCSRConfig] = None,
+                global_reps: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                ) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Eq. 18: ``λ1 L_Pre + λ2 L_MCL + λ3 L_SCL`` with the ablation flags of ``config`` (default: model's).
 
     Args:
         augmented: the augmented view of ``batch.inputs`` (SCL); drawn from ``rng`` when omitted.
         global_model: the frozen global model (:func:`frozen_copy`) for MCL.
+        global_reps: ``global_representations(global_model, batch.inputs)``, two (B, n), when already
+            known (then ``global_model`` is not needed); computed from ``global_model`` when omitted.
     Returns:
         total loss and a dict of its parts (``pre``, ``mcl``, ``scl`` and the CE terms), all scalars.
     """
     cfg = config or model.config
     if cfg.sampled_negatives is not None and rng is None:
         raise ValueError("sampled_negatives needs rng=np.random.default_rng(...) to draw the negatives")
-    if cfg.use_mcl and global_model is None:
-        raise ValueError("use_mcl=True needs global_model=frozen_copy(<global model>) "
+    if cfg.use_mcl and global_model is None and global_reps is None:
+        raise ValueError("use_mcl=True needs global_model=frozen_copy(<global model>) (or its global_reps) "
                          "(or set use_mcl=False for the w/o-MCL ablation)")
     if cfg.use_scl and augmented is None and rng is None:
         raise ValueError("use_scl=True needs augmented=augment_inputs(...) or rng=np.random.default_rng(...) "
@@ -299,8 +315,7 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
     lam_pre, lam_mcl, lam_scl = cfg.lambdas
     total = lam_pre * parts["pre"]
     if cfg.use_mcl:
-        with torch.no_grad():
-            *_, g_a, g_b = global_model.represent(batch.inputs)            # 2 × (B, n), no gradient
+        g_a, g_b = global_reps if global_reps is not None else global_representations(global_model, batch.inputs)
         z_l = [model.projector(r_a), model.projector(r_b)]                 # 2 × (B, n/2)
         z_g = [model.projector(g_a), model.projector(g_b)]                 # 2 × (B, n/2)
         parts["mcl"] = mcl_loss(z_l, z_g, cfg.tau)
@@ -318,4 +333,4 @@ def fedcsr_loss(model: FedCSRModel, batch: SequenceBatch, *, augmented: Optional
 
 
 __all__ = ["FedCSRConfig", "FedCSRModel", "augment_sequence", "augment_inputs", "sequence_representations", "frozen_copy",
-           "information_gap", "mcl_loss", "scl_loss", "fedcsr_loss"]
+           "global_representations", "information_gap", "mcl_loss", "scl_loss", "fedcsr_loss"]

@@ -91,7 +91,7 @@ from fedlib.baselines.sequential.sequence_training import (TIE_RULES, PlatformPl
                                               generators_of, platform_device, platform_graphs, platform_rows,
                                               platform_schedule, round_callback, state_bytes)
 from fedlib.baselines.sequential.sequences import make_batch
-from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel, fedcsr_loss, frozen_copy
+from fedlib.papers.fedcsr.model import FedCSRConfig, FedCSRModel, fedcsr_loss, frozen_copy, global_representations
 
 __all__ = ["FedCSRTrainConfig", "FedCSRState", "FedCSRAlgorithm", "train_fedcsr", "train_individual"]
 
@@ -326,8 +326,15 @@ class KeptTableGradients:
     d = 256 step). Adam (unchanged, dense) sees the same dense gradients as before.
 
     A table that no loss term read in a step (a head whose domain has no target in the batch)
-    gets ``.grad = None`` before the step, so Adam skips it as it did with ``zero_grad(set_to_none=True)``.
+    gets ``.grad = None`` before the step, so Adam skips it as it did with ``zero_grad(set_to_none=True)``
+    (its zeroed buffer is kept aside and handed back at the next :meth:`zero_grad`).
     Every other parameter's ``.grad`` is set to None before each step's backward, as before.
+
+    Zeroing: a sparse read adds into the rows it names only, so the buffer is zero outside the
+    rows the last step read; :meth:`zero_grad` zeroes those rows (a few thousand of the tables'
+    190,000 at Food-Kitchen) instead of filling the five tables (200 MB at d = 256) every step.
+    A dense gradient (a full-softmax head reads the whole table) marks every row. The result is
+    the same exact zeros.
 
     Use::
 
@@ -344,13 +351,26 @@ class KeptTableGradients:
         self.model = model
         self.tables = [encoder.emb_cross.weight, encoder.emb_a.weight, encoder.emb_b.weight,
                        model.head_a.weight, model.head_b.weight]
-        self._ids = {id(t) for t in self.tables}
+        self._index = {id(t): i for i, t in enumerate(self.tables)}
         self._read: set = set()
         self._hooks: list = []
+        # Per table: the row ids (1-D int64 tensors) whose .grad rows the last step may have written, or None
+        # when every row may be non-zero (a dense gradient, or a buffer of unknown content).
+        self._written: List[Optional[List[torch.Tensor]]] = [[] for _ in self.tables]
+        self._aside: List[Optional[torch.Tensor]] = [None] * len(self.tables)   # zeroed-to-be buffers of unread tables
+
+    def _reached(self, index: int, grad: torch.Tensor) -> None:
+        """Tensor hook: table ``index`` got ``grad`` this step (sparse: note its rows; dense: every row)."""
+        self._read.add(index)
+        written = self._written[index]
+        if grad.is_sparse and written is not None:
+            written.append(grad._indices()[0])
+        else:
+            self._written[index] = None
 
     def __enter__(self) -> "KeptTableGradients":
         def reached(index):
-            return lambda grad: self._read.add(index)          # tensor hook: the table got a gradient this step
+            return lambda grad: self._reached(index, grad)
         self._hooks = [t.register_hook(reached(i)) for i, t in enumerate(self.tables)]
         self.model.encoder.sparse_table_grads = True
         return self
@@ -361,39 +381,96 @@ class KeptTableGradients:
         self.model.encoder.sparse_table_grads = False
         for table in self.tables:
             table.grad = None
+        self._aside = [None] * len(self.tables)
+        self._written = [[] for _ in self.tables]
 
     def zero_grad(self, optimizer: torch.optim.Optimizer) -> None:
-        """The tables' ``.grad`` dense zeros (allocated once, then zeroed in place); every other ``.grad`` None."""
+        """The tables' ``.grad`` dense zeros (allocated once, then the rows the last step wrote zeroed in
+        place); every other ``.grad`` None."""
         for group in optimizer.param_groups:
             for p in group["params"]:
-                if id(p) not in self._ids:
+                index = self._index.get(id(p))
+                if index is None:
                     p.grad = None
-                elif p.grad is None:
+                    continue
+                if p.grad is None:
+                    p.grad, self._aside[index] = self._aside[index], None
+                written = self._written[index]
+                if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                else:
-                    p.grad.zero_()
+                elif written is None or p.grad.layout != torch.strided:
+                    p.grad = torch.zeros_like(p) if p.grad.layout != torch.strided else p.grad.zero_()
+                elif written:
+                    p.grad.index_fill_(0, torch.cat(written), 0.0)    # repeated ids are fine: zeroed twice
+                self._written[index] = []
         self._read.clear()
 
     def before_step(self) -> None:
-        """After the backward: a table that got no gradient this step gets ``.grad = None`` (Adam skips it)."""
+        """After the backward: a table that got no gradient this step gets ``.grad = None`` (Adam skips it);
+        its buffer (zero, or written only at the noted rows) is kept aside for the next :meth:`zero_grad`."""
         for index, table in enumerate(self.tables):
             if index not in self._read:
-                table.grad = None
+                self._aside[index], table.grad = table.grad, None
+
+
+class GlobalRepresentations:
+    """The frozen MCL target's ``(r_g^A, r_g^B)`` (Eq. 3) of a platform's training rows, each computed once per round.
+
+    The target is a frozen copy of the round's global model in eval mode: no dropout, no random
+    draw, no gradient, so a row's ``r_g`` is the same in every local epoch. It is computed with
+    the row's batch of the first epoch, exactly as :func:`fedcsr_loss` would, and read back in
+    the later epochs: the target's forward (an eighth of a step: three encoders over the whole
+    batch) runs in one epoch of ``local_epochs`` instead of every one. A read-back row's values
+    can differ from a recomputation inside another batch by float rounding only (the batch's
+    layout and matrix shapes differ), so the loss equals the recomputing loop's to float precision.
+
+    Args:
+        target: the frozen model (:func:`~fedlib.papers.fedcsr.model.frozen_copy`), its graph set.
+        rows: (N,) the platform's training row ids (distinct), those the batches are drawn from.
+    """
+
+    def __init__(self, target: FedCSRModel, rows: np.ndarray):
+        self.target = target
+        self._sorter = np.argsort(rows, kind="stable")                         # (N,)
+        self._sorted_rows = np.asarray(rows)[self._sorter]                     # (N,)
+        self._known = np.zeros(len(rows), dtype=bool)                          # (N,) computed this round
+        self._values: Optional[Tuple[torch.Tensor, torch.Tensor]] = None       # 2 × (N, n), allocated at first use
+
+    def of(self, batch_rows: np.ndarray, inputs) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(g_a, g_b)``, two (B, n), of the batch rows ``batch_rows`` (B,) whose inputs are ``inputs``."""
+        slots = self._sorter[np.searchsorted(self._sorted_rows, batch_rows)]  # (B,) places in ``rows``
+        if self._values is not None and self._known[slots].all():
+            index = torch.from_numpy(slots).to(self._values[0].device)
+            return self._values[0][index], self._values[1][index]
+        g_a, g_b = global_representations(self.target, inputs)                # 2 × (B, n)
+        if self._values is None:
+            self._values = tuple(g.new_empty(self._known.size, g.shape[1]) for g in (g_a, g_b))
+        index = torch.from_numpy(slots).to(g_a.device)
+        self._values[0][index], self._values[1][index] = g_a, g_b
+        self._known[slots] = True
+        return g_a, g_b
 
 
 def _local_epochs(model: FedCSRModel, optimizer: torch.optim.Optimizer, split: SequenceSplit, rows: np.ndarray,
                   target: Optional[FedCSRModel], tc: FedCSRTrainConfig, rng: np.random.Generator,
                   device: torch.device):
-    """``local_epochs`` shuffled passes of mini-batches over ``rows``; returns (mean loss, mean parts, steps)."""
+    """``local_epochs`` shuffled passes of mini-batches over ``rows``; returns (mean loss, mean parts, steps).
+
+    ``target`` (the frozen MCL model, or None) does not change during the call: its representations
+    of each row are computed once (:class:`GlobalRepresentations`).
+    """
     model.train()
     total, parts_sum, steps = 0.0, {}, 0
+    known = GlobalRepresentations(target, rows) if target is not None else None
     with KeptTableGradients(model) as tables:
         for _ in range(tc.local_epochs):
             order = rows[rng.permutation(rows.size)]
             for start in range(0, order.size, tc.batch_size):
+                chosen = order[start:start + tc.batch_size]
                 batch = make_batch(split.train, split.num_items_a, split.num_items_b, model.config.maxlen,
-                                   rows=order[start:start + tc.batch_size]).to(device)
-                loss, parts = fedcsr_loss(model, batch, global_model=target, rng=rng)
+                                   rows=chosen).to(device)
+                reps = known.of(chosen, batch.inputs) if known is not None else None
+                loss, parts = fedcsr_loss(model, batch, global_model=target, rng=rng, global_reps=reps)
                 tables.zero_grad(optimizer)
                 loss.backward()
                 tables.before_step()
