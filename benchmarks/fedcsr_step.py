@@ -107,20 +107,30 @@ def _heads_separate_reads(head, terms, negatives=None, *, sparse_grad: bool = Fa
 ENCODERS = {"packed": (False, False), "padded": (True, False), "padded, torch dropout": (True, True)}
 
 
+def _padded_tokens(encoder: sequences.CausalSelfAttention, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``forward_tokens`` through the padded form: the real tokens' features ``x`` (T, n) laid out on the
+    (B, L) grid (zero rows at padding, as the zero padding rows of the item tables give), then
+    ``forward_reference`` on every position → (B, L, n)."""
+    (B, L), n = positions.shape, x.shape[1]
+    token = (positions > 0).reshape(-1).nonzero().squeeze(1)               # (T,)
+    return encoder.forward_reference(x.new_zeros(B * L, n).index_copy(0, token, x).view(B, L, n), positions)
+
+
 @contextlib.contextmanager
 def _encoder(name: str):
     """Build and run the model with the encoder layout ``name`` (restored on exit)."""
     padded, torch_dropout = ENCODERS[name]
     encoder_class = sequences.CausalSelfAttention
-    saved = encoder_class.forward, sequences.Dropout
+    saved = encoder_class.forward, encoder_class.forward_tokens, sequences.Dropout
     if padded:
         encoder_class.forward = encoder_class.forward_reference
+        encoder_class.forward_tokens = _padded_tokens
     if torch_dropout:
         sequences.Dropout = torch.nn.Dropout
     try:
         yield
     finally:
-        encoder_class.forward, sequences.Dropout = saved
+        encoder_class.forward, encoder_class.forward_tokens, sequences.Dropout = saved
 
 
 @contextlib.contextmanager

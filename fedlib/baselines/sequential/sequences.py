@@ -273,6 +273,14 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """``x`` (B, L, n) item features, ``positions`` (B, L) (0 = padding) → (B, L, n), zero at padding."""
         B, L, n = x.shape
+        token = (positions > 0).reshape(-1).nonzero().squeeze(1)               # (T,) real positions of B·L, row-major
+        return self.forward_tokens(x.reshape(B * L, n)[token], positions)
+
+    def forward_tokens(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` from the real positions' features only: ``x`` (T, n), the rows of the (B, L, n)
+        input at ``positions > 0`` in row-major order (the encoder never reads a padding row's features,
+        so a caller need not build them) → (B, L, n), zero at padding."""
+        (B, L), n = positions.shape, x.shape[1]
         heads, head_dim = self.num_heads, n // self.num_heads
         real = positions > 0                                                   # (B, L)
         token = real.reshape(-1).nonzero().squeeze(1)                          # (T,) real positions of B·L, row-major
@@ -284,7 +292,7 @@ class CausalSelfAttention(nn.Module):
         slot_real = torch.zeros(B * width, dtype=torch.long, device=x.device).index_fill_(0, packed, 1)
         blocked = ~self._allowed(slot_real.view(B, width)).unsqueeze(1)        # (B, 1, W, W)
         pair = (column.unsqueeze(2) * L + column.unsqueeze(1)).view(B, 1, width * width)  # (B, 1, W·W) into L·L
-        h = self.drop(x.reshape(B * L, n)[token] + self.pos(positions.reshape(-1)[token]))  # (T, n)
+        h = self.drop(x + self.pos(positions.reshape(-1)[token]))                # (T, n)
         for norm, attn, fnorm, ffn in zip(self.attn_norm, self.attn, self.ffn_norm, self.ffn):
             q = norm(h)                                                        # (T, n); keys/values read h
             w, b = attn.in_proj_weight, attn.in_proj_bias                      # (3n, n), (3n,)
@@ -445,21 +453,20 @@ class GAEncoder(nn.Module):
         if self.graphs is None:
             raise ValueError("GAEncoder has no item graphs: call set_graphs(transition_graphs(train_sequences, ...)) "
                              "with the platform's own training sequences first")
-        na, nb = self.num_items_a, self.num_items_b
-        ids = [(v.cross, v.single_a.clamp(max=na), (v.single_b - na).clamp(min=0, max=nb))  # pads → n, na, nb
-               for v in views]                                             # V × 3 × (B_v, L_v)
-        features = []                                                      # per table: V × (B_v·L_v, n)
+        na = self.num_items_a
+        # Only the real positions' features: the encoders never read a padding row (CausalSelfAttention.forward_tokens),
+        # and on Food-Kitchen a domain sequence fills a fifth of the L = 15 window.
+        ids = [(v.cross[v.pos_cross > 0], v.single_a[v.pos_a > 0], v.single_b[v.pos_b > 0] - na)  # local ids
+               for v in views]                                             # V × 3 × (T_v,) in row-major order
+        features = []                                                      # per table: V × (T_v, n)
         for table, (emb, graph) in enumerate(((self.emb_cross, self.graphs.cross), (self.emb_a, self.graphs.a),
                                               (self.emb_b, self.graphs.b))):
-            every = torch.cat([view_ids[table].reshape(-1) for view_ids in ids])       # (Σ B_v·L_v,)
+            every = torch.cat([view_ids[table] for view_ids in ids])       # (Σ T_v,)
             features.append(self._features(emb, graph, every).split([view_ids[table].numel() for view_ids in ids]))
-        out = []
-        for v, view in enumerate(views):
-            (B, L), n = view.cross.shape, self.emb_cross.weight.shape[1]
-            out.append((self.enc_cross(features[0][v].view(B, L, n), view.pos_cross),
-                        self.enc_a(features[1][v].view(B, L, n), view.pos_a),
-                        self.enc_b(features[2][v].view(B, L, n), view.pos_b)))  # 3 × (B, L, n)
-        return out
+        return [(self.enc_cross.forward_tokens(features[0][v], view.pos_cross),
+                 self.enc_a.forward_tokens(features[1][v], view.pos_a),
+                 self.enc_b.forward_tokens(features[2][v], view.pos_b))  # 3 × (B, L, n)
+                for v, view in enumerate(views)]
 
 
 def cross_domain_scores(hidden: Tuple[torch.Tensor, torch.Tensor, torch.Tensor], inputs: SequenceInputs,
