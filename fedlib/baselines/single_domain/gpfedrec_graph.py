@@ -49,34 +49,58 @@ def flatten_tables(tables: torch.Tensor) -> torch.Tensor:
 def user_similarity(tables: torch.Tensor, similarity: str = "cosine", chunk_size: int = 1024) -> torch.Tensor:
     """The user-relation graph ``S (U, U)`` from the users' item tables, by blocked matrix products.
 
-    ``S_uv = x_uᵀ x_v / (‖x_u‖ ‖x_v‖)``, computed ``chunk_size`` rows at a time (each block is
-    ``(chunk, I·d) @ (I·d, U)``; no normalised copy of the tables is made). A zero table has
-    similarity 0 with everyone (sklearn's convention).
+    ``S_uv = x_uᵀ x_v / (‖x_u‖ ‖x_v‖)``, from the upper-triangular blocks of ``X Xᵀ`` only
+    (:func:`_symmetric_gram`: about half the multiply-adds of the full product; no normalised
+    copy of the tables is made). A zero table has similarity 0 with everyone (sklearn's convention).
 
     Args:
         tables: ``(U, I, d)`` or ``(U, F)``.
         similarity: ``"cosine"``, or ``"cosine_distance_as_in_code"``: ``clip(1 − cos, 0, 2)``
             with a zero diagonal, i.e. sklearn's ``pairwise_distances(metric="cosine")``,
             which the public code then uses as a similarity.
-        chunk_size: rows of ``S`` per block.
+        chunk_size: at most this many rows of ``S`` per block (see :func:`_symmetric_gram`).
 
     Returns:
-        ``(U, U)`` in the tables' dtype.
+        ``(U, U)`` in the tables' dtype, exactly symmetric.
     """
     _check_choice("similarity", similarity, SIMILARITIES)
     chunk_size = _check_chunk(chunk_size)
     x = flatten_tables(tables)  # (U, F)
-    num_users = x.shape[0]
     norms = x.norm(dim=1)
     norms = torch.where(norms > 0, norms, torch.ones_like(norms))  # (U,) zero rows stay zero
-    out = x.new_empty((num_users, num_users))
-    for start in range(0, num_users, chunk_size):
-        stop = min(start + chunk_size, num_users)
-        out[start:stop] = (x[start:stop] @ x.T) / (norms[start:stop, None] * norms[None, :])  # (chunk, U)
+    out = _symmetric_gram(x, chunk_size)  # (U, U) x xᵀ
+    out /= norms[:, None] * norms[None, :]
     if similarity == "cosine_distance_as_in_code":
         out = (1.0 - out).clamp_(0.0, 2.0)
         out.fill_diagonal_(0.0)
     return out
+
+
+#: Rows per block of :func:`_symmetric_gram`: small enough that the skipped lower-triangular
+#: blocks are most of the lower half (``U²/2 + U·block/2`` multiply-adds per column instead of
+#: ``U²``), large enough for an efficient matrix product over the ``I·d`` columns.
+GRAM_BLOCK = 128
+
+
+def _symmetric_gram(x: torch.Tensor, chunk_size: int = 1024) -> torch.Tensor:
+    """``x xᵀ (U, U)`` from its upper-triangular row blocks, mirrored: exactly symmetric.
+
+    Why: the Gram is symmetric, so block row ``[a, b)`` needs only columns ``a:``; the
+    diagonal blocks are made symmetric by copying their upper triangle (float rounding may
+    order the two halves' sums differently).
+
+    Args:
+        x: ``(U, F)``.
+        chunk_size: upper bound on the rows per block (``GRAM_BLOCK`` when smaller).
+    """
+    num_users = x.shape[0]
+    block = max(1, min(int(chunk_size), GRAM_BLOCK))
+    gram = x.new_empty((num_users, num_users))
+    for start in range(0, num_users, block):
+        stop = min(start + block, num_users)
+        gram[start:stop, start:] = x[start:stop] @ x[start:].T  # (block, U − start)
+    upper = torch.triu(gram)
+    return upper + torch.triu(gram, diagonal=1).T
 
 
 def neighbour_weights(similarity: torch.Tensor, threshold_scale: float = 1.0) -> Tuple[torch.Tensor, float]:
@@ -179,11 +203,14 @@ class AngleBound:
         threshold: ``τ = κ · mean(S)``, from ``mean(S) = ‖Σ_u x̂_u‖² / U²``.
         angles: ``(U,)`` float64 ``θ_u = ∠(x_u, g)`` to the mean direction ``g`` (π for a zero table).
         wide: ``(U,)`` bool, users whose pairs are not all proved above ``τ``.
+        pair_limit: a pair with ``θ_u + θ_v < pair_limit`` is proved above ``τ`` (radians;
+            ``-inf`` when no pair is provable). ``wide = θ ≥ pair_limit / 2``.
     """
 
     threshold: float
     angles: torch.Tensor
     wide: torch.Tensor
+    pair_limit: float = -math.inf
 
 
 def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0) -> AngleBound:
@@ -217,8 +244,8 @@ def angle_bound(tables: torch.Tensor, threshold_scale: float = 1.0) -> AngleBoun
         # an angle error ≈ √(2e); widen every angle by that much (e from F·eps, generous)
         angles = angles + math.sqrt(2.0 * x.shape[1] * torch.finfo(x.dtype).eps)
     floor = threshold + CERTIFICATE_MARGIN
-    half_limit = 0.5 * math.acos(floor) if floor < 1.0 else -1.0  # no pair provable when τ is near 1
-    return AngleBound(threshold, angles, angles >= half_limit)
+    pair_limit = math.acos(floor) if floor < 1.0 else -math.inf  # no pair provable when τ is near 1
+    return AngleBound(threshold, angles, angles >= 0.5 * pair_limit, pair_limit)
 
 
 def complete_graph_threshold(tables: torch.Tensor, threshold_scale: float = 1.0) -> Optional[float]:
@@ -252,34 +279,86 @@ def _complete_graph(tables: torch.Tensor, threshold: float, certified: bool, wid
     return GraphAggregate(mean.expand_as(tables), mean, weights, None, threshold, certified, wide_users)
 
 
-def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound) -> GraphAggregate:
-    """One-layer server step using :func:`angle_bound`: exact rows of ``S`` for the wide users only.
+def _uncertified_above(x: torch.Tensor, bound: AngleBound, threshold: float) -> torch.Tensor:
+    """The ``(U, U) bool`` neighbour mask ``S > τ``, forming ``S_uv`` only where the angle bound
+    does not prove the pair: ``θ_u + θ_v ≥ pair_limit``, each pair once.
 
-    Narrow user ``u`` has every narrow user as a neighbour, so
-    ``r_u = (Σ_v x_v − Σ_{wide w ∉ N(u)} x_w) / |N(u)|`` and the wide rows
-    ``r_w = A_w X`` cost ``O(W·U·I·d)`` for ``W`` wide users.
+    Why: sorted by angle, the pairs user ``i`` needs are a suffix of the users (those with
+    ``θ_j ≥ pair_limit − θ_i``), so block row ``[a, b)`` of the sorted Gram's upper triangle
+    needs the columns from ``max(a, start of row b − 1)`` on: one matrix product per block. The
+    rest of the mask is proved ``True``; the lower triangle is the upper one mirrored (``S`` is
+    symmetric). Cost: ``O(P·I·d)`` for ``P`` uncertified pairs, plus one sorted copy of ``x``.
+
+    Args:
+        x: ``(U, F)`` the flat tables.
+        bound: :func:`angle_bound` of the same tables.
+        threshold: ``τ``.
     """
-    x = flatten_tables(tables)  # (U, F)
     num_users = x.shape[0]
-    wide = torch.nonzero(bound.wide).flatten()  # (W,)
-    above = torch.ones((num_users, num_users), dtype=torch.bool, device=x.device)  # narrow pairs: proved
-    norms = x.norm(dim=1)
-    norms = torch.where(norms > 0, norms, torch.ones_like(norms))
-    wide_rows = (x[wide] @ x.T) / (norms[wide, None] * norms[None, :])  # (W, U) exact rows of S
-    above[wide] = wide_rows > bound.threshold
-    above[:, wide] = above[wide].T  # S is symmetric
-    if bool(above.all()):  # the wide rows are complete too: the same result as a proved complete graph
-        return _complete_graph(tables, bound.threshold, certified=False, wide_users=int(wide.numel()))
-    weights, counts = _mask_weights(above, x.dtype)
+    angles, order = torch.sort(bound.angles)  # (U,) float64 ascending
+    first_needed = torch.searchsorted(angles, bound.pair_limit - angles)  # (U,) non-increasing
+    if int(first_needed[-1]) >= num_users:  # even the widest user's pairs are all proved
+        return torch.ones((num_users, num_users), dtype=torch.bool, device=x.device)
+    x_sorted = x.index_select(0, order.to(x.device))  # (U, F) a copy, so every block's columns are one slice
+    norms = x_sorted.norm(dim=1)
+    norms = torch.where(norms > 0, norms, torch.ones_like(norms))  # zero rows stay zero
+    sorted_above = torch.ones((num_users, num_users), dtype=torch.bool, device=x.device)
+    for start in range(0, num_users, GRAM_BLOCK):
+        stop = min(start + GRAM_BLOCK, num_users)
+        column = max(start, int(first_needed[stop - 1]))
+        if column >= num_users:
+            continue  # every pair (i ∈ block, j ≥ start) is proved
+        rows = (x_sorted[start:stop] @ x_sorted[column:].T) / (norms[start:stop, None] * norms[None, column:])
+        sorted_above[start:stop, column:] = rows > threshold  # (block, U − column) exact entries of S
+    upper = torch.triu(sorted_above)
+    sorted_above = upper | torch.triu(upper, diagonal=1).T
+    above = torch.empty_like(sorted_above)
+    at = order.to(x.device)
+    above[at[:, None], at[None, :]] = sorted_above  # back to the users' order
+    return above
+
+
+def _personalise_by_complement(x: torch.Tensor, above: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One layer of message passing ``r = A X`` for the mask ``above``: ``(A (U, U), r (U, F))``.
+
+    Why: in GPFedRec's graphs almost every pair is an edge (a handful of non-edges among
+    ``U²``), so for user ``u`` with more neighbours than non-neighbours
+    ``r_u = (Σ_v x_v − Σ_{v ∉ N(u)} x_v) / |N(u)|`` costs ``O(I·d)`` per non-neighbour instead of
+    ``O(U·I·d)``; the other users (and users without neighbours, ``r_u = x_u``) take ``A_u X``.
+    Equal to ``message_passing(A, x)`` up to float rounding.
+    """
+    num_users = x.shape[0]
+    weights, counts = _mask_weights(above, x.dtype)  # (U, U), (U,)
+    outside = ~above
+    by_complement = counts > num_users - counts  # (U,) more neighbours than non-neighbours
     total = x.sum(0)  # (F,)
     personal = torch.empty_like(x)
-    narrow = torch.nonzero(~bound.wide).flatten()
-    if narrow.numel():
-        missing = (~above[narrow][:, wide]).to(x.dtype)  # (N, W) wide users outside N(u)
-        personal[narrow] = (total[None, :] - missing @ x[wide]) / counts[narrow].to(x.dtype)[:, None]
-    personal[wide] = weights[wide] @ x  # (W, F)
+    torch.div(total[None, :], counts.clamp(min=1).to(x.dtype)[:, None], out=personal)  # rows without non-edges
+    # rows that drop some users, one at a time (most drop one or two users: no (R, F) temporary)
+    for user in torch.nonzero(by_complement & outside.any(1)).flatten().tolist():
+        dropped = torch.nonzero(outside[user]).flatten()
+        personal[user] = (total - x[dropped].sum(0)) / counts[user].to(x.dtype)
+    direct = torch.nonzero(~by_complement).flatten()
+    if direct.numel():
+        personal[direct] = weights[direct] @ x  # (D, F)
+    return weights, personal
+
+
+def _graph_personalise_bounded(tables: torch.Tensor, bound: AngleBound) -> GraphAggregate:
+    """One-layer server step using :func:`angle_bound`: ``S`` only on the pairs it does not prove.
+
+    :func:`_uncertified_above` forms the unproved pairs' similarities (each pair once), and
+    :func:`_personalise_by_complement` passes the messages through the few non-edges.
+    ``wide_users`` counts the users with any unproved pair.
+    """
+    x = flatten_tables(tables)  # (U, F)
+    above = _uncertified_above(x, bound, bound.threshold)  # (U, U)
+    wide_users = int(bound.wide.sum())
+    if bool(above.all()):  # the computed pairs are edges too: the same result as a proved complete graph
+        return _complete_graph(tables, bound.threshold, certified=False, wide_users=wide_users)
+    weights, personal = _personalise_by_complement(x, above)
     personal = personal.reshape(tables.shape)
-    return GraphAggregate(personal, personal.mean(0), weights, None, bound.threshold, False, int(wide.numel()))
+    return GraphAggregate(personal, personal.mean(0), weights, None, bound.threshold, False, wide_users)
 
 
 def graph_personalise(tables: torch.Tensor, similarity: str = "cosine", threshold_scale: float = 1.0,
@@ -292,11 +371,13 @@ def graph_personalise(tables: torch.Tensor, similarity: str = "cosine", threshol
             :func:`neighbour_weights`, :func:`message_passing`.
         certify: first try :func:`angle_bound` (cosine only). A proved complete graph skips ``S``
             and message passing (``r_u`` = the mean); with one layer and fewer than half the
-            users wide, only the wide users' rows of ``S`` are computed.
+            users wide, only the pairs the bound does not prove get an entry of ``S``
+            (:func:`_graph_personalise_bounded`).
 
     Returns:
-        :class:`GraphAggregate`. Cost ``O(U² I d)`` multiply-adds (two ``U × U × I·d`` products),
-        ``O(U I d)`` when the complete graph is proved, ``O(W U I d)`` with ``W`` wide users.
+        :class:`GraphAggregate`. Cost ``O(U² I d)`` multiply-adds (``X Xᵀ`` from its upper
+        triangle, ``U²/2 × I·d``, and ``A X``, ``U² × I·d``), ``O(U I d)`` when the complete graph
+        is proved, ``O(P I d)`` for ``P`` unproved pairs on the bounded path.
     """
     if tables.dim() != 3 or tables.shape[0] < 1:
         raise ValueError(f"tables must be (U, I, d) with U >= 1, got shape {tuple(tables.shape)}")
