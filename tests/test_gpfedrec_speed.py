@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from fedlib.baselines.single_domain.gpfedrec import _pull_toward
-from fedlib.baselines.single_domain.gpfedrec_graph import (GRAM_BLOCK, _personalise_by_complement, _symmetric_gram,
+from fedlib.baselines.single_domain.gpfedrec_graph import (GRAM_BLOCK, MAX_DROPPED, _personalise_by_complement, _symmetric_gram,
                                                            _uncertified_above, angle_bound, graph_personalise,
                                                            message_passing, neighbour_weights, user_similarity)
 
@@ -66,19 +66,24 @@ def test_message_passing_through_the_non_edges_equals_the_dense_product(seed):
     above = weights_full > 0
     weights, personal = _personalise_by_complement(x, above)
     assert torch.equal(weights, weights_full)
-    assert bool((~above).any()) and bool(above.sum(1).gt(15).any()) and bool(above.sum(1).le(15).any())
+    non_edges = (~above).sum(1)  # both kinds of rows: by subtraction and dense
+    assert bool(((non_edges > 0) & (non_edges <= MAX_DROPPED)).any()) and bool((non_edges > MAX_DROPPED).any())
     torch.testing.assert_close(personal, message_passing(weights_full, x), atol=1e-12, rtol=0)
     torch.testing.assert_close(personal[7], x[7], atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_bounded_server_step_equals_the_full_one_with_many_wide_users(seed):
-    # users spread enough that the bounded path runs (fewer than half wide) with unproved pairs
-    tables = _tables(60, 0.35, seed, outliers=(seed, 11, 40))
-    fast = graph_personalise(tables, threshold_scale=0.5)
-    full = graph_personalise(tables, threshold_scale=0.5, certify=False)
-    if fast.wide_users is None:
-        pytest.skip("this draw takes the full path (half or more of the users wide)")
+@pytest.mark.parametrize("spread,scale", [(0.35, 0.5), (1.0, 0.5), (3.0, 0.9), (0.2, 1.0)])
+def test_bounded_server_step_equals_the_full_one_with_many_wide_users(seed, spread, scale):
+    # from a few wide users (the bounded path) to every user wide (the full path itself)
+    tables = _tables(60, spread, seed, outliers=(seed, 11, 40))
+    fast = graph_personalise(tables, threshold_scale=scale)
+    full = graph_personalise(tables, threshold_scale=scale, certify=False)
+    assert full.wide_users is None
+    if fast.wide_users is None:  # half or more of the users wide: the full path
+        assert torch.equal(fast.similarity, full.similarity) and fast.threshold == full.threshold
+    else:
+        assert fast.similarity is None
     assert torch.equal(fast.weights, full.weights)
     for name in ("personal", "global_table"):
         torch.testing.assert_close(getattr(fast, name), getattr(full, name), atol=1e-12, rtol=0, msg=name)

@@ -178,7 +178,8 @@ class GraphAggregate:
             the graph complete without forming ``S``.
         threshold: ``τ``.
         certified_complete: True when :func:`angle_bound` proved the graph complete.
-        wide_users: how many users' rows of ``S`` were computed (``None``: all, the full path).
+        wide_users: users with a pair the angle bound does not prove (only such pairs get an entry
+            of ``S``); ``None``: ``S`` formed in full.
     """
 
     personal: torch.Tensor
@@ -318,19 +319,27 @@ def _uncertified_above(x: torch.Tensor, bound: AngleBound, threshold: float) -> 
     return above
 
 
+#: Most non-neighbours a user's row of ``A X`` is formed from by subtraction: each costs a
+#: gathered ``I·d`` row, where the dense row ``A_u X`` costs ``U·I·d`` multiply-adds at matrix
+#: product speed (several times faster per element than a gather and a sum).
+MAX_DROPPED = 8
+
+
 def _personalise_by_complement(x: torch.Tensor, above: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """One layer of message passing ``r = A X`` for the mask ``above``: ``(A (U, U), r (U, F))``.
 
     Why: in GPFedRec's graphs almost every pair is an edge (a handful of non-edges among
     ``U²``), so for user ``u`` with more neighbours than non-neighbours
     ``r_u = (Σ_v x_v − Σ_{v ∉ N(u)} x_v) / |N(u)|`` costs ``O(I·d)`` per non-neighbour instead of
-    ``O(U·I·d)``; the other users (and users without neighbours, ``r_u = x_u``) take ``A_u X``.
+    ``O(U·I·d)``; the other users (more than :data:`MAX_DROPPED` non-neighbours, or users
+    without neighbours, ``r_u = x_u``) take ``A_u X`` in one matrix product.
     Equal to ``message_passing(A, x)`` up to float rounding.
     """
     num_users = x.shape[0]
     weights, counts = _mask_weights(above, x.dtype)  # (U, U), (U,)
     outside = ~above
-    by_complement = counts > num_users - counts  # (U,) more neighbours than non-neighbours
+    non_edges = num_users - counts  # (U,)
+    by_complement = (counts > non_edges) & (non_edges <= MAX_DROPPED)  # (U,)
     total = x.sum(0)  # (F,)
     personal = torch.empty_like(x)
     torch.div(total[None, :], counts.clamp(min=1).to(x.dtype)[:, None], out=personal)  # rows without non-edges
