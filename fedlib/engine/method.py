@@ -39,7 +39,9 @@ from typing import Callable, Mapping, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.graph import increment_version
 
+from fedlib.engine.adam_kernel import adam_moments, adam_params
 from fedlib.engine.aggregation import Aggregation, ServerMixFn
 from fedlib.models.base import FederatedModel
 from fedlib.models.mf import FedMF
@@ -336,6 +338,12 @@ def masked_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Ten
     step count per client, so stacking clients changes nothing: row ``n`` is updated exactly
     as ``torch.optim.Adam`` would update it in client ``owner[n]``'s own optimiser.
 
+    On CPU float32/float64 tensors this is three passes over the elements (two compiled loops
+    around torch's square root, :mod:`fedlib.engine.adam_kernel`, written into the callers'
+    storage, views included); elsewhere (CUDA, other dtypes, layouts that do not flatten to
+    rows, tensors autograd tracks) it is :func:`masked_adam_step_reference`, the torch
+    formulation (about ten passes). Both give the same bits (``tests/test_masked_adam.py``).
+
     Args:
         param: ``(N, ...)`` parameters; row ``n`` belongs to client ``owner[n]``.
         grad: ``(N, ...)`` gradients (zero on rows the client did not use in this step).
@@ -348,6 +356,89 @@ def masked_adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Ten
         owner: ``(N,) int64`` client of each row (e.g. the ragged local rows of an item
             table); ``None``: ``N == C``, row ``c`` is client ``c``'s.
     """
+    rows = _adam_rows_views(param, grad, exp_avg, exp_avg_sq, step, mask, owner)
+    if rows is None:
+        masked_adam_step_reference(param, grad, exp_avg, exp_avg_sq, step, mask, lr=lr, betas=betas, eps=eps,
+                                   weight_decay=weight_decay, owner=owner)
+        return
+    # numpy views of the small tensors too: a numpy operation costs a microsecond, a torch one ten
+    step_counts, stepping = step.numpy(), mask.numpy()
+    step_counts += stepping
+    top = int(step_counts.max()) if step_counts.size else 0
+    step_size, bias2_sqrt, constants = _adam_tables(lr, betas, eps, weight_decay, param.dtype, top)
+    if owner is not None:  # numpy indexing raises IndexError for an owner outside [0, C)
+        owner = owner.numpy()
+        stepping, step_counts = stepping[owner], step_counts[owner]
+    param_rows, grad_rows, exp_avg_rows, exp_avg_sq_rows = rows
+    adam_moments(param_rows, grad_rows, exp_avg_rows, exp_avg_sq_rows, stepping, constants)
+    increment_version((exp_avg, exp_avg_sq, step))  # autograd's in-place check sees the numpy writes
+    # torch's square root, the same bits as the reference's (see fedlib.engine.adam_kernel)
+    sqrt_rows = exp_avg_sq.detach().sqrt().reshape(param.shape[0], -1).numpy()
+    adam_params(param_rows, exp_avg_rows, sqrt_rows, stepping, step_counts, step_size, bias2_sqrt, constants)
+    increment_version(param)
+
+
+def _adam_rows_views(param, grad, exp_avg, exp_avg_sq, step, mask, owner):
+    """``(N, E)`` numpy views sharing the four tensors' storage, or ``None`` when the compiled
+    pass does not apply (then the torch formulation runs)."""
+    tensors = (param, grad, exp_avg, exp_avg_sq)
+    dtype, shape = param.dtype, param.shape
+    applies = (
+        (dtype == torch.float32 or dtype == torch.float64) and param.dim() > 0
+        and all(t.dtype == dtype and t.shape == shape and t.device.type == "cpu" for t in tensors)
+        and step.dtype == torch.int64 and mask.dtype == torch.bool and step.device.type == mask.device.type == "cpu"
+        and mask.dim() == 1 and mask.shape == step.shape
+        and (shape[0] == mask.shape[0] if owner is None else
+             owner.dtype == torch.int64 and owner.device.type == "cpu" and owner.shape == shape[:1])
+        and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)))
+    if not applies:  # the torch formulation runs (it broadcasts or raises its own errors)
+        return None
+    try:  # views, never copies, of what the loops write (the caller's storage); the gradient is only read
+        param_rows, exp_avg_rows, exp_avg_sq_rows = (t.detach().view(shape[0], -1).numpy()
+                                                     for t in (param, exp_avg, exp_avg_sq))
+    except RuntimeError:  # strides that do not merge into one row stride
+        return None
+    # e.g. a batched matmul's weight gradient comes transposed: a copy then
+    grad_rows = grad.detach().reshape(shape[0], -1).numpy()
+    return param_rows, grad_rows, exp_avg_rows, exp_avg_sq_rows
+
+
+# (lr, β₁, β₂, ε, weight decay, dtype) -> (step sizes, √bias corrections, constants), grown as counts grow
+_ADAM_TABLES: dict = {}
+
+
+def _adam_tables(lr, betas, eps, weight_decay, dtype, top: int):
+    """The per-count step sizes ``lr / (1 − β₁^t)`` and ``√(1 − β₂^t)`` for ``t ≤ top`` (at least),
+    computed in Python floats as ``torch.optim.Adam`` does for its scalar step and then rounded
+    to ``dtype`` (as :func:`masked_adam_step_reference`), plus the kernel's constants in ``dtype``.
+
+    Cached: recomputing the tables on every call costs more than the step on small tensors.
+    """
+    beta1, beta2 = betas
+    key = (float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), dtype)
+    cached = _ADAM_TABLES.get(key)
+    if cached is None or len(cached[0]) <= top:
+        size = max(2 * top, 64)
+        counts = range(size)
+        step_size = torch.tensor([lr / (1 - beta1 ** max(t, 1)) for t in counts], dtype=dtype).numpy()
+        bias2_sqrt = torch.tensor([(1 - beta2 ** max(t, 1)) ** 0.5 for t in counts], dtype=dtype).numpy()
+        weight = torch.tensor(1 - beta1, dtype=dtype)
+        constants = torch.stack([weight, torch.tensor(beta2, dtype=dtype), torch.tensor(1 - beta2, dtype=dtype),
+                                 torch.tensor(eps, dtype=dtype), torch.tensor(weight_decay, dtype=dtype),
+                                 weight - 1]).numpy()
+        if len(_ADAM_TABLES) >= 256:  # a decaying learning rate makes a new key every round
+            _ADAM_TABLES.clear()
+        cached = _ADAM_TABLES[key] = (step_size, bias2_sqrt, constants)
+    return cached
+
+
+def masked_adam_step_reference(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                               exp_avg_sq: torch.Tensor, step: torch.Tensor, mask: torch.Tensor, *, lr: float,
+                               betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                               weight_decay: float = 0.0, owner: Optional[torch.Tensor] = None) -> None:
+    """:func:`masked_adam_step` in torch operations: the reference of the compiled pass, and the
+    path off CPU. Same arguments and effect; about ten passes over the tensors, plus
+    ``torch.where`` copies when not every row steps."""
     beta1, beta2 = betas
     step += mask.to(step.dtype)
     rows_step = mask if owner is None else mask[owner]  # (N,) bool
