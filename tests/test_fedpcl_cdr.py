@@ -11,6 +11,7 @@ from fedlib.baselines.cross_domain.cdr_common import audit_blocks, history_rows,
 from fedlib.baselines.cross_domain.user_clusters import cluster_users
 from fedlib.papers.fedpcl_cdr import method as P
 from fedlib.papers.fedpcl_cdr import prototypes as M
+from engine_toys import assert_steps_like_per_tensor_adam
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -419,18 +420,7 @@ def test_the_domain_optimiser_steps_like_the_per_tensor_adam_in_float64():
     config = P.FedPCLConfig(dim=4, num_layers=1)
     state = P.FedPCLAlgorithm(split, config, "cpu", ks=(5,)).init(0)
     params = list(state.models[0].double().parameters())
-    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    initial = [p.detach().clone() for p in params]
-    reference = torch.optim.Adam(copies, lr=config.lr, weight_decay=config.weight_decay, foreach=False)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        for p, q in zip(params, copies):
-            p.grad = torch.randn(p.shape, dtype=torch.float64, generator=g)
-            q.grad = p.grad.clone()
-        state.optimizers[0].step()
-        reference.step()
-    assert all(torch.allclose(p, q, rtol=0, atol=1e-12) for p, q in zip(params, copies))
-    assert all(not torch.equal(p, p0) for p, p0 in zip(params, initial))  # every parameter moved
+    assert_steps_like_per_tensor_adam(state.optimizers[0].step, params, config.lr, config.weight_decay)
 
 
 def test_step_rows_from_the_node_table_equal_propagate_then_index_in_float64():

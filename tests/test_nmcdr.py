@@ -10,6 +10,7 @@ from fedlib.data.splits import DomainSplit, InteractionSplit, Pairs
 from fedlib.data.synthetic import overlapping_domains
 from fedlib.baselines.cross_domain import nmcdr as N
 from fedlib.baselines.cross_domain.cdr_common import history_rows, selected_blocks
+from engine_toys import assert_steps_like_per_tensor_adam
 
 
 def _set_linear(layer: nn.Linear, weight) -> None:
@@ -210,15 +211,4 @@ def test_the_optimiser_steps_like_the_per_tensor_adam_in_float64():
     config = N.NMCDRConfig(**{**FAST, "dim": 8})
     state = N.NMCDRAlgorithm(split, config, "cpu", ks=(5,)).init(0)
     params = list(state.model.double().parameters())
-    copies = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    initial = [p.detach().clone() for p in params]
-    reference = torch.optim.Adam(copies, lr=config.lr, weight_decay=config.weight_decay, foreach=False)
-    g = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        for p, q in zip(params, copies):
-            p.grad = torch.randn(p.shape, dtype=torch.float64, generator=g)
-            q.grad = p.grad.clone()
-        state.optimizer.step()
-        reference.step()
-    assert all(torch.allclose(p, q, rtol=0, atol=1e-12) for p, q in zip(params, copies))
-    assert all(not torch.equal(p, p0) for p, p0 in zip(params, initial))  # every parameter moved
+    assert_steps_like_per_tensor_adam(state.optimizer.step, params, config.lr, config.weight_decay)
