@@ -421,9 +421,11 @@ fnb.record("deviations_all", found)
 #    took that cell from ~17 s to ~1.4 s per round. GPFedRec's graph costs O(users · items · d)
 #    per round once the bound proves it complete (A1). On LastFM-2K (correct sampler) it never
 #    is, and every round forms the whole $U \times U$ similarity and message passing (about 40 s
-#    per round on one thread). GPFedRec under the leaky sampler, up to 3,000 rounds, would take up
-#    to 33 h, and its state (two 1,269 × 12,322 × 32 float tables, 4 GB) is too large to carry between
-#    resumed runs of a fresh checkout. That cell is not recorded. FedDAE's item-sized layers would cost every
+#    per round on one thread). GPFedRec under the leaky sampler, up to 3,000 rounds, was estimated
+#    at 33 h before the pairwise bound and the per-client pull (README, "Speed"); it then ran in
+#    86 CPU-minutes on one thread, in two resumed parts whose checkpoint (two 1,269 × 12,322 × 32
+#    float tables, 4 GB) stays outside git. It reached NaN at round 97, so its row is the best
+#    evaluation before that (round 90). FedDAE's item-sized layers would cost every
 #    client its own copy each round (~70 s per Amazon-Video round on one thread);
 #    `FedDAEExecutor` shares the global parameters and reads and writes the first layers at the
 #    user's own items only, for the same updates (tested against the copying path) in ~1.3 s.
