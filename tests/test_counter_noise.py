@@ -286,3 +286,95 @@ def test_whole_tables_drawn_as_one_row_per_client_are_the_rows_of_every_item():
     expected = tables * torch.as_tensor(weights, dtype=tables.dtype)[:, None, None]
     assert torch.allclose(weighted, expected, rtol=1e-6, atol=1e-7)
     assert not torch.allclose(weighted, tables)  # the weights do change the noise (the test can fail)
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("block", [None, 64])
+def test_noise_added_in_place_has_the_bits_of_drawing_it_and_index_add(monkeypatch, weighted, block):
+    """add_laplace_from_counters == laplace_from_counters + index_add_, bit for bit, repeated rows included."""
+    import fedlib.engine.privacy as privacy
+    from fedlib.engine.privacy import add_laplace_from_counters
+
+    if block is not None:  # many blocks: the rows must still be added in order across them
+        monkeypatch.setattr(privacy, "COUNTER_BLOCK_ELEMENTS", block)
+    rng = np.random.default_rng(6)
+    rows, width, table_rows = 500, 2 * 9, 23
+    keys = rng.integers(0, 2**63, size=rows).astype(np.uint64)
+    destination = rng.integers(0, table_rows, size=rows)  # every table row hit ~20 times
+    starts = destination * width
+    weights = rng.random(rows) if weighted else None
+    table = torch.randn(table_rows, 3, 6)  # rows of (3, 6): 18 elements each
+    expected = table.clone().index_add_(0, torch.as_tensor(destination),
+                                        laplace_from_counters(keys, starts, width, 0.3, row_weights=weights).view(-1, 3, 6))
+    returned = add_laplace_from_counters(table, destination, keys, starts, width, 0.3, row_weights=weights)
+    assert returned is table
+    assert torch.equal(table, expected)
+    # Summed in another order the float32 table differs: bit equality above does tell orders apart.
+    noise = laplace_from_counters(keys, starts, width, 0.3, row_weights=weights).view(-1, 3, 6)
+    start = expected - 0  # a copy of the same table the sums began from
+    start.index_add_(0, torch.as_tensor(destination), -noise)  # back to the first table, up to rounding
+    reverse = torch.arange(rows - 1, -1, -1)
+    backwards = start.clone().index_add_(0, torch.as_tensor(destination)[reverse], noise[reverse])
+    forwards = start.clone().index_add_(0, torch.as_tensor(destination), noise)
+    assert not torch.equal(backwards, forwards)
+
+
+@pytest.mark.parametrize("case", ["float64", "unaligned", "zero scale"])
+def test_noise_added_in_place_falls_back_to_index_add_off_the_compiled_path(case):
+    from fedlib.engine.privacy import add_laplace_from_counters
+
+    rng = np.random.default_rng(7)
+    dtype = torch.float64 if case == "float64" else torch.float32
+    width = 7 if case == "unaligned" else 8
+    keys = rng.integers(0, 2**63, size=50).astype(np.uint64)
+    destination = rng.integers(0, 5, size=50)
+    starts = destination * width + (1 if case == "unaligned" else 0)
+    scale = 0.0 if case == "zero scale" else 0.4
+    table = torch.randn(5, width, dtype=dtype)
+    expected = table.clone().index_add_(0, torch.as_tensor(destination),
+                                        laplace_from_counters(keys, starts, width, scale, dtype))
+    add_laplace_from_counters(table, destination, keys, starts, width, scale)
+    assert torch.equal(table, expected)
+
+
+def test_noise_added_in_place_rejects_mismatched_rows():
+    from fedlib.engine.privacy import add_laplace_from_counters
+
+    keys, table = np.arange(4, dtype=np.uint64), torch.zeros(3, 4)
+    with pytest.raises(ValueError, match="one row per key"):
+        add_laplace_from_counters(table, np.array([0, 1]), keys, np.zeros(4, dtype=np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="rows must have 6 elements"):
+        add_laplace_from_counters(table, np.zeros(4, dtype=np.int64), keys, np.zeros(4, dtype=np.int64), 6, 0.1)
+    with pytest.raises(ValueError, match=r"destination rows must lie in \[0, 3\)"):
+        add_laplace_from_counters(table, np.array([0, 1, 2, 3]), keys, np.zeros(4, dtype=np.int64), 4, 0.1)
+    with pytest.raises(ValueError, match="row_weights"):
+        add_laplace_from_counters(table, np.zeros(4, dtype=np.int64), keys, np.zeros(4, dtype=np.int64), 4, 0.1,
+                                  row_weights=np.array([1.0, -1.0, 1.0, 1.0]))
+    assert torch.equal(table, torch.zeros(3, 4))  # nothing was added before the errors
+
+
+def test_a_float32_noisy_round_adds_the_noise_in_place_with_the_bits_of_index_add(monkeypatch):
+    """The batched round's touched-row noise, added as drawn, == drawing the rows and index_add_ (float32)."""
+    import fedlib.engine.batched as batched
+
+    def drawn_then_added(method, global_state, noise_key, client_ids, positions, items, name, table, row_weights=None):
+        noise = upload_noise_rows(method, global_state, noise_key, client_ids, positions, items, names=[name],
+                                  row_weights=row_weights)[name]
+        return table.index_add_(0, torch.as_tensor(items), noise)
+
+    model, plan = _setup()
+    method = dataclasses.replace(fedmf_method(model, lr=0.5), upload_noise=UploadNoise(0.1, support="touched"))
+    config = FederatedConfig(rounds=1, seed=0, dtype="float32")
+    weights = method.aggregation.client_weights(plan.num_examples)
+
+    def round_update(method):
+        state = ParameterAveraging(method, None, config).init(0)
+        assert state.global_state["item_emb"].dtype == torch.float32
+        return BatchedExecutor().local_updates(method, state.global_state, state.private_state, plan, weights,
+                                               noise_seed=5).update["item_emb"]
+
+    in_place = round_update(method)
+    monkeypatch.setattr(batched, "add_upload_noise_rows", drawn_then_added)
+    assert torch.equal(in_place, round_update(method))
+    plain = round_update(dataclasses.replace(method, upload_noise=None))
+    assert (in_place - plain).abs().max() > 1e-3  # the noise is in it

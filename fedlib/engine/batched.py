@@ -25,8 +25,8 @@ from fedlib.engine.linear_head import closed_form_head, linear_head_gradients
 from fedlib.engine.method import FederatedMethod, LocalBatch, masked_adam_step
 from fedlib.engine.plan import RoundPlan
 from fedlib.engine.privacy import clip_factors
-from fedlib.engine.uploads import (ClientRowUpdates, clients_gradient_noise, full_table_upload_noise, gradient_noise_shapes,
-                                   upload_noise_rows)
+from fedlib.engine.uploads import (ClientRowUpdates, add_upload_noise_rows, clients_gradient_noise,
+                                   full_table_upload_noise, gradient_noise_shapes, upload_noise_rows)
 from fedlib.models.mf import FedMF
 from fedlib.engine.local_updates import (MAX_CLIENT_UPDATE_VALUES, LocalUpdateResult, _check_client_update_size,
                                         _local_step_index, _noise_key, _state_like, _zero_update)
@@ -245,6 +245,10 @@ class BatchedExecutor:
                 if full_support:
                     noise = full_table_upload_noise(method, global_state, noise_key, plan.clients[rows], name,
                                                     weights_in_draw).view(-1, *table.shape[1:])
+                elif not keep:  # drawn and summed into the table in one pass, never kept
+                    add_upload_noise_rows(method, global_state, noise_key, plan.clients, positions[rows], items[rows],
+                                          name, table, row_weights=weights_in_draw)
+                    continue
                 else:
                     noise = upload_noise_rows(method, global_state, noise_key, plan.clients, positions[rows],
                                               items[rows], names=[name], row_weights=weights_in_draw)[name]

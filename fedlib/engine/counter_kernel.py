@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-__all__ = ["splitmix64_rows", "laplace_uniforms", "scale_and_sign"]
+__all__ = ["splitmix64_rows", "laplace_uniforms", "scale_and_sign", "scale_sign_add_rows"]
 
 _GAMMA = np.uint64(0x9E3779B97F4A7C15)
 _MIX_1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -116,3 +116,43 @@ def scale_and_sign(values: np.ndarray, row_factor: np.ndarray, negative: np.ndar
     if values.size:
         _scale_and_sign(values, np.ascontiguousarray(row_factor, dtype=np.float32), negative)
     return values
+
+
+@numba.njit(cache=True, nogil=True)
+def _scale_sign_add_rows(values, row_factor, negative, destination, table):  # pragma: no cover - compiled
+    rows, width = values.shape
+    for r in range(rows):
+        factor = row_factor[r]
+        target = destination[r]
+        for e in range(width):
+            x = values[r, e] * factor  # as _scale_and_sign
+            table[target, e] += -x if negative[r, e] else x  # one rounding, as index_add_
+
+
+def scale_sign_add_rows(values: np.ndarray, row_factor: np.ndarray, negative: np.ndarray, destination: np.ndarray,
+                        table: np.ndarray) -> None:
+    """In place: ``table[destination[r]] += ±values[r]·row_factor[r]`` (minus where ``negative``), rows in order.
+
+    :func:`scale_and_sign` followed by ``index_add_`` in one pass, with the same float32 bits:
+    each element is rounded once by the product and once by the addition, and the rows are added
+    in increasing ``r`` as ``index_add_`` on the CPU adds them (``tests/test_counter_noise.py``).
+    Saves writing the noise and reading it back: the upload noise of a round is summed into the
+    aggregate without being kept.
+
+    Args:
+        values: ``(R, width) float32`` C-contiguous (e.g. ``ln v``); left unchanged.
+        row_factor: ``(R,) float32``.
+        negative: ``(R, width) bool``.
+        destination: ``(R,) int64`` row of ``table`` that row ``r`` is added to, in ``[0, T)``.
+        table: ``(T, width) float32`` C-contiguous, updated in place.
+    """
+    destination = np.ascontiguousarray(destination, dtype=np.int64)
+    if table.dtype != np.float32 or not table.flags.c_contiguous or table.ndim != 2 or table.shape[1] != values.shape[1]:
+        raise ValueError(f"table must be a C-contiguous (T, {values.shape[1]}) float32 array, got "
+                         f"{table.dtype} {table.shape}")
+    if destination.shape != values.shape[:1]:
+        raise ValueError(f"destination must have one row index per row ({values.shape[0]}), got {destination.shape}")
+    if destination.size and (destination.min() < 0 or destination.max() >= table.shape[0]):
+        raise ValueError(f"destination rows must lie in [0, {table.shape[0]})")
+    if values.size:
+        _scale_sign_add_rows(values, np.ascontiguousarray(row_factor, dtype=np.float32), negative, destination, table)

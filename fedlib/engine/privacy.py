@@ -44,7 +44,7 @@ from typing import Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from fedlib.engine.counter_kernel import laplace_uniforms, scale_and_sign, splitmix64_rows
+from fedlib.engine.counter_kernel import laplace_uniforms, scale_and_sign, scale_sign_add_rows, splitmix64_rows
 
 __all__ = [
     "laplace_noise_like",
@@ -52,6 +52,7 @@ __all__ = [
     "splitmix64",
     "counter_bits",
     "laplace_from_counters",
+    "add_laplace_from_counters",
     "gaussian_from_counters",
     "laplace_epsilon",
     "l1_sensitivity_of_l2_clip",
@@ -313,6 +314,53 @@ def _laplace_float32_compiled(keys: np.ndarray, starts: np.ndarray, width: int, 
         factor = (np.full(uniforms.shape[0], -scale) if row_weights is None else -scale * row_weights[rows])
         scale_and_sign(uniforms, factor.astype(np.float32), negative)
     return torch.from_numpy(values)
+
+
+def add_laplace_from_counters(table: torch.Tensor, destination: np.ndarray, keys: np.ndarray, starts: np.ndarray,
+                              width: int, scale: float, row_weights: Optional[np.ndarray] = None) -> torch.Tensor:
+    r"""``table.index_add_(0, destination, laplace_from_counters(keys, starts, width, scale, ...))``, the same bits.
+
+    The upload noise of a round is summed into the aggregate and never read again, so on the
+    CPU in float32 (the engine's default) the noise is added row by row as it is drawn: the
+    sign, the scale and the addition in one compiled pass per block of
+    :data:`COUNTER_BLOCK_ELEMENTS`, without writing the ``(R, width)`` noise out. Rows are added in
+    increasing ``r``, as ``index_add_`` adds them, so the sums are bit-identical
+    (``tests/test_counter_noise.py``). Other dtypes, devices and unaligned ``starts`` draw the
+    noise with :func:`laplace_from_counters` and call ``index_add_``.
+
+    Args:
+        table: ``(T, *row)`` with ``prod(row) = width``, updated in place and returned.
+        destination: ``(R,) int64`` row of ``table`` each noise row is added to.
+        keys, starts, width, scale, row_weights: as in :func:`laplace_from_counters`.
+    """
+    scale = _check_non_negative_finite(scale, "scale")
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    destination = np.asarray(destination, dtype=np.int64).reshape(-1)
+    width = int(width)
+    if destination.shape != keys.shape:
+        raise ValueError(f"destination must have one row per key ({keys.size}), got {destination.size}")
+    if table.dim() < 1 or math.prod(table.shape[1:]) != width:
+        raise ValueError(f"table rows must have {width} elements, got shape {tuple(table.shape)}")
+    starts_array = _element_starts(np.asarray(starts).reshape(-1))
+    fused = (table.device.type == "cpu" and table.dtype == torch.float32 and table.is_contiguous()
+             and starts_array.shape == keys.shape and _pairs_aligned(starts_array, width))
+    if not fused or scale == 0.0 or keys.size * width == 0:
+        noise = laplace_from_counters(keys, starts, width, scale, table.dtype, table.device, row_weights=row_weights)
+        return table.index_add_(0, torch.as_tensor(destination, device=table.device), noise.view(-1, *table.shape[1:]))
+    if row_weights is not None:
+        row_weights = np.asarray(row_weights, dtype=np.float64).reshape(-1)
+        if row_weights.shape != keys.shape or not (np.isfinite(row_weights).all() and (row_weights >= 0).all()):
+            raise ValueError(f"row_weights must be {keys.size} finite numbers >= 0 (one per row)")
+    rows_of_table = table.view(table.shape[0], width).numpy()
+    row_base = keys + (starts_array >> np.uint64(1)) * SPLITMIX_GAMMA
+    values = np.empty((min(keys.size, max(1, COUNTER_BLOCK_ELEMENTS // max(width, 1))), width), dtype=np.float32)
+    for rows in _counter_blocks(keys.size, width):
+        block = values[:rows.stop - rows.start]
+        uniforms, negative = laplace_uniforms(row_base[rows], width, out=block)
+        torch.from_numpy(uniforms).log_()  # ln v ≤ 0, as _laplace_float32_compiled
+        factor = (np.full(uniforms.shape[0], -scale) if row_weights is None else -scale * row_weights[rows])
+        scale_sign_add_rows(uniforms, factor.astype(np.float32), negative, destination[rows], rows_of_table)
+    return table
 
 
 def gaussian_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, std: float,

@@ -39,9 +39,9 @@ import torch
 
 from fedlib.engine.communication import CommunicationLedger
 from fedlib.engine.plan import RoundPlan, client_noise_keys
-from fedlib.engine.privacy import gaussian_from_counters, laplace_from_counters
+from fedlib.engine.privacy import add_laplace_from_counters, gaussian_from_counters, laplace_from_counters
 
-__all__ = ["ClientRowUpdates", "client_upload_noise", "upload_noise_rows", "full_table_upload_noise", "client_gradient_noise",
+__all__ = ["ClientRowUpdates", "client_upload_noise", "upload_noise_rows", "add_upload_noise_rows", "full_table_upload_noise", "client_gradient_noise",
            "clients_gradient_noise", "gradient_noise_shapes", "record_round_communication"]
 
 
@@ -142,6 +142,33 @@ def upload_noise_rows(method, global_state: Mapping[str, torch.Tensor], noise_ke
                                           tensor.dtype, tensor.device)
             out[name] = noise.view(client_ids.size, *tensor.shape)
     return out
+
+
+def add_upload_noise_rows(method, global_state: Mapping[str, torch.Tensor], noise_key: int, client_ids: np.ndarray,
+                          positions: np.ndarray, items: np.ndarray, name: str, table: torch.Tensor,
+                          row_weights: np.ndarray = None) -> torch.Tensor:
+    """``table.index_add_(0, items, upload_noise_rows(...)[name])`` without keeping the noise.
+
+    The same numbers as :func:`upload_noise_rows` for the ``public_rows`` tensor ``name``, summed
+    into ``table`` (``(I, *row)``, e.g. the round's aggregate update) row by row in the order of
+    ``(positions, items)``: bit-identical to drawing the rows and calling ``index_add_``
+    (:func:`~fedlib.engine.privacy.add_laplace_from_counters`).
+
+    Args:
+        method, global_state, noise_key, client_ids, positions, items, row_weights: as in
+            :func:`upload_noise_rows`.
+        name: a ``public_rows`` tensor of ``method.model``.
+        table: updated in place and returned.
+    """
+    if method.model.param_kinds.get(name) != "public_rows":
+        raise ValueError(f"{name!r} is not a public_rows tensor of {type(method.model).__name__}")
+    client_ids = np.asarray(client_ids, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64)
+    items = np.asarray(items, dtype=np.int64)
+    width = math.prod(global_state[name].shape[1:])
+    keys = client_noise_keys(noise_key, client_ids, stream=0, part=_part_index(method, name))
+    return add_laplace_from_counters(table, items, keys[positions], items * width, width, method.upload_noise.scale,
+                                     row_weights=row_weights)
 
 
 def full_table_upload_noise(method, global_state: Mapping[str, torch.Tensor], noise_key: int, client_ids: np.ndarray,
