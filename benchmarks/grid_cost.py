@@ -77,7 +77,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 #: The checkout this script belongs to (the "new" tree).
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -193,12 +193,46 @@ def describe(cell: Cell, record: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
             "method": method, "hash": record["config_hash"][:8]}
 
 
-def paper_hours(records: Mapping[str, Mapping[str, Any]]) -> Dict[str, float]:
-    """Recorded CPU-hours of each paper's grid (sum of ``wall_time_s`` over its latest records)."""
-    hours: Dict[str, float] = {}
+def paper_hours(records: Mapping[str, Mapping[str, Any]],
+                is_before: Optional[Callable[[str], bool]] = None) -> Dict[str, Dict[str, float]]:
+    """Recorded CPU-hours of each paper's grid (sum of ``wall_time_s`` over its latest records).
+
+    Returns ``paper -> {"total", "before", "after"}``: ``after`` sums the records whose code is
+    newer than the baseline (``is_before(commit)`` false), which already ran with (some of) the
+    speed-ups, so the estimate does not divide them again. Without ``is_before`` every record
+    counts as ``before``.
+    """
+    hours: Dict[str, Dict[str, float]] = {}
     for record in records.values():
-        hours[record["paper"]] = hours.get(record["paper"], 0.0) + record["wall_time_s"] / 3600.0
+        paper = hours.setdefault(record["paper"], {"total": 0.0, "before": 0.0, "after": 0.0})
+        value = record["wall_time_s"] / 3600.0
+        paper["total"] += value
+        before = True if is_before is None else is_before(str(record.get("commit") or ""))
+        paper["before" if before else "after"] += value
     return hours
+
+
+def commit_predates(baseline: str, root: Path = PROJECT_ROOT) -> Callable[[str], bool]:
+    """``is_before(commit)``: whether a record's commit is ``baseline`` or one of its ancestors.
+
+    A ``+dirty`` suffix is ignored (the commit the tree was based on). A commit this checkout
+    does not know (an empty field, a rewritten history) counts as before, the conservative side:
+    its hours are divided by the speed-up like those of the other old records.
+    """
+    known: Dict[str, bool] = {}
+
+    def is_before(commit: str) -> bool:
+        commit = commit.split("+", 1)[0].strip()
+        if not commit:
+            return True
+        if commit not in known:
+            exists = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root,
+                                    capture_output=True).returncode == 0
+            known[commit] = (not exists) or subprocess.run(
+                ["git", "merge-base", "--is-ancestor", commit, baseline], cwd=root, capture_output=True).returncode == 0
+        return known[commit]
+
+    return is_before
 
 
 # ======================================================================================
@@ -411,10 +445,13 @@ def timed_rounds(cell: Cell, config: Optional[Mapping[str, Any]], rounds: Option
 
 
 def measure(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], new_tree: Path,
-            old_tree: Optional[Path], *, rounds: Optional[int], steps: int, repeats: int, log=print) -> Dict[str, Any]:
+            old_tree: Optional[Path], *, rounds: Optional[int], steps: int, repeats: int, log=print,
+            is_before: Optional[Callable[[str], bool]] = None) -> Dict[str, Any]:
     """Time ``cells`` on ``new_tree`` (and ``old_tree``, alternating); the result the JSON line prints.
 
     ``rounds``: timed rounds of every round cell, or ``None`` for each cell's own (:func:`timed_rounds`).
+    ``is_before``: :func:`commit_predates` of the baseline; the estimate divides only the hours of
+    records made before it by the speed-up (:func:`paper_hours`).
     """
     if repeats < 1 or (rounds is not None and rounds < 1) or steps < 1:
         raise ValueError(f"--repeats ({repeats}), --rounds ({rounds}) and --steps ({steps}) must be at least 1")
@@ -443,14 +480,15 @@ def measure(cells: Sequence[Cell], records: Mapping[str, Mapping[str, Any]], new
         row["wall_s"] = time.perf_counter() - cell_started  # of all its subprocesses, loading included
         rows.append(row)
         log(_format_row(row), flush=True)
-    recorded = paper_hours(records)
+    recorded = paper_hours(records, is_before)
     papers = {}
     for paper in sorted(recorded):
         speedups = [r["speedup"] for r in rows if r["paper"] == paper and r["speedup"] is not None]
         speedup = geometric_mean(speedups) if speedups else None
-        papers[paper] = {"recorded_cpu_hours": recorded[paper], "cells_timed": len(speedups),
-                         "speedup_geomean": speedup, "estimated_cpu_hours_now": recorded[paper] / speedup
-                         if speedups else None}
+        hours = recorded[paper]
+        papers[paper] = {"recorded_cpu_hours": hours["total"], "recorded_after_baseline_hours": hours["after"],
+                         "cells_timed": len(speedups), "speedup_geomean": speedup,
+                         "estimated_cpu_hours_now": hours["before"] / speedup + hours["after"] if speedups else None}
     counted = [r["speedup"] for r in rows if r["in_geomean"] and r["speedup"] is not None]
     return {"baseline": None if old_tree is None else str(old_tree.name),
             "speedup_geomean": geometric_mean(counted) if counted else None,
@@ -519,19 +557,23 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         f"new = {PROJECT_ROOT.name}; rounds {args.rounds or 'one evaluation period, else 2'} (+1 warm-up), steps {args.steps} (+{STEP_WARMUP} "
         f"warm-up), median of {args.repeats}; rec s/rnd = recorded wall_time_s / rounds run (context only)")
     log(HEADER)
+    is_before = commit_predates(args.baseline) if old_tree is not None and args.baseline_tree is None else None
     result = measure(cells, records, PROJECT_ROOT, old_tree, rounds=args.rounds, steps=args.steps,
-                     repeats=args.repeats, log=log)
+                     repeats=args.repeats, log=log, is_before=is_before)
     result["baseline"] = None if old_tree is None else (str(args.baseline_tree) if args.baseline_tree
                                                         else args.baseline)
     result["total_s"] = time.perf_counter() - started
     log("")
-    log(f"{'paper':<12}{'recorded CPU-h':>15}{'cells timed':>12}{'speed-up':>10}{'est. CPU-h now':>16}")
+    log(f"{'paper':<12}{'recorded CPU-h':>15}{'of which new':>13}{'cells timed':>12}{'speed-up':>10}"
+        f"{'est. CPU-h now':>16}")
     for paper, numbers in result["papers"].items():
-        log(f"{paper:<12}{numbers['recorded_cpu_hours']:>15.1f}{numbers['cells_timed']:>12}"
+        log(f"{paper:<12}{numbers['recorded_cpu_hours']:>15.1f}{numbers['recorded_after_baseline_hours']:>13.1f}"
+            f"{numbers['cells_timed']:>12}"
             f"{_number(numbers['speedup_geomean'] if numbers['cells_timed'] else None, 10, 2)}"
             f"{_number(numbers['estimated_cpu_hours_now'], 16, 1)}")
     total = sum(p["recorded_cpu_hours"] for p in result["papers"].values())
-    log(f"{'all':<12}{total:>15.1f}   (estimate = recorded hours / the paper's geometric-mean speed-up)")
+    log(f"{'all':<12}{total:>15.1f}   (estimate = hours recorded before the baseline / the paper's geometric-mean "
+        f"speed-up + the hours of newer records)")
     geomean = result["speedup_geomean"]
     log(f"speedup_geomean over {result['cells_in_geomean']} cells: "
         f"{'-' if geomean is None else f'{geomean:.3f}'}; total {result['total_s']:.0f} s")

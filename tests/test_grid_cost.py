@@ -102,3 +102,28 @@ def test_current_tree_against_itself(grid_cost, shared_data, capsys, monkeypatch
     assert result["speedup_geomean"] == pytest.approx(row["speedup"])
     assert set(result["papers"]) >= {"f3crec", "fedcsr", "fedkdrec", "fedpcl_cdr", "fedrkg"}
     assert all(p["estimated_cpu_hours_now"] is None for p in result["papers"].values())  # no paper cell timed
+
+
+def test_records_newer_than_the_baseline_are_not_divided_by_the_speed_up(grid_cost):
+    records = {"a": {"paper": "p", "wall_time_s": 7200.0, "commit": "old"},
+               "b": {"paper": "p", "wall_time_s": 3600.0, "commit": "new+dirty"},
+               "c": {"paper": "q", "wall_time_s": 1800.0, "commit": "old"}}
+    hours = grid_cost.paper_hours(records, lambda commit: commit.startswith("old"))
+    assert hours == {"p": {"total": 3.0, "before": 2.0, "after": 1.0}, "q": {"total": 0.5, "before": 0.5, "after": 0.0}}
+    assert grid_cost.paper_hours(records)["p"] == {"total": 3.0, "before": 3.0, "after": 0.0}
+
+
+def test_commit_predates_follows_the_history(grid_cost):
+    import subprocess
+
+    def rev(name):
+        done = subprocess.run(["git", "rev-parse", "--short", name], cwd=REPO, capture_output=True, text=True)
+        if done.returncode != 0:
+            pytest.skip(f"{name} is not in this checkout's history (a shallow clone)")
+        return done.stdout.strip()
+
+    baseline = rev(grid_cost.DEFAULT_BASELINE)
+    is_before = grid_cost.commit_predates(baseline, REPO)
+    assert is_before(baseline) and is_before(baseline + "+dirty") and is_before(rev(baseline + "~1"))
+    assert not is_before(rev("HEAD"))  # the baseline is where the speed work started, HEAD is after it
+    assert is_before("") and is_before("0123abc0123abc")  # unknown: counted with the old records
