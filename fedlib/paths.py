@@ -22,14 +22,27 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
+#: Environment variable naming another folder to hold the run records and tables instead of
+#: ``<project root>/results`` (``python -m fedlib grid ... --results-dir`` sets it; tests use a
+#: temporary one so that they never append to the committed records).
+RESULTS_DIR_ENV = "FEDLIB_RESULTS_DIR"
+
+
+def results_root() -> Path:
+    """``<project root>/results``, or the folder ``FEDLIB_RESULTS_DIR`` names."""
+    env = os.environ.get(RESULTS_DIR_ENV)
+    return Path(env).expanduser().resolve() if env else project_root() / "results"
+
+
 def results_dir(paper: str, profile: str) -> Path:
     """``results/<paper>/`` for the ``paper`` profile, ``results/<paper>/<profile>/`` otherwise.
 
     Only ``paper``-profile runs write the recorded tables; ``quick`` and ``smoke`` runs
-    write below their own sub-folder and can never overwrite them.
+    write below their own sub-folder and can never overwrite them. ``results/`` is
+    :func:`results_root`.
     """
     _check_slug(paper)
-    base = project_root() / "results" / paper
+    base = results_root() / paper
     return base if profile == "paper" else base / profile
 
 

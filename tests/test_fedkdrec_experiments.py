@@ -155,20 +155,23 @@ def test_selected_learning_rates_match_the_recorded_tuning_runs():
         assert X.SELECTED[fam] == derived[fam], f"SELECTED[{fam!r}] disagrees with the recorded tuning runs"
 
 
-def test_command_line_keeps_backboneless_baselines_and_splits_work(monkeypatch):
+def test_command_line_keeps_backboneless_baselines_and_chooses_where_to_train(monkeypatch):
     ran = {}
     monkeypatch.setattr(X, "run_grid", lambda cells, profile, **kwargs: ran.update(cells=cells, profile=profile, **kwargs))
-    X.main(["table1", "--backbones", "LightGCN", "--dataset", "ML-1M", "--seeds", "0", "1", "--worker", "1",
-            "--workers", "2"])
+    X.main(["table1", "--backbones", "LightGCN", "--dataset", "ML-1M", "--seeds", "0", "1", "--local-cluster", "2"])
     cells = ran["cells"]
     labels = {(c["method"], c["backbone"]) for c in cells}
     assert labels == {("FedMF", None), ("FedNCF", None), ("FedPerGNN", None), ("Centralized", "LightGCN"),
                       ("FedKDRec", "LightGCN")}                     # FedKDRec and its -m-c~s (PTF-FedRec)
     assert len(cells) == 2 * 6 and {c["dataset"] for c in cells} == {"ML-1M"}
-    assert (ran["worker"], ran["workers"]) == (1, 2)
+    assert ran["cluster"] == X.grid.Cluster(local_workers=2, scheduler=None, threads=1)
     X.main(["ablation", "--methods=-m", "--backbones", "NeuMF"])                # labels starting with "-": "="
     assert [(c["variant"], c["backbone"], c["seed"]) for c in ran["cells"]] == [("-m", "NeuMF", 0)]
+    assert ran["cluster"] is None                                               # in this process
+    for gone in (["--worker", "1"], ["--workers", "2"]):                        # the old sharding is refused
+        with pytest.raises(SystemExit):
+            X.main(["table1", *gone])
     with pytest.raises(SystemExit):
-        X.main(["table1", "--worker", "2", "--workers", "2"])
+        X.main(["table1", "--local-cluster", "2", "--scheduler", "tcp://127.0.0.1:8786"])  # one of the two
     with pytest.raises(SystemExit):
         X.main(["table1", "--backbones", "MF"])                     # not a backbone of the paper

@@ -5,108 +5,37 @@ Both paths train a cell with the paper module's ``run_cell`` and append the resu
 wall time and its peak resident memory (:class:`PeakRSS`):
 
 * :func:`run_recorded_grid` (``paper`` profile, command line): skips every cell already in
-  the cache, which a fresh clone restores from the committed ``runs.jsonl``; a worker takes
-  every ``workers``-th cell, and processes sharing the cache skip what the others finished;
+  the cache, which a fresh clone restores from the committed ``runs.jsonl``; cells train in
+  this process, or on a Dask cluster (:class:`Cluster`, :mod:`fedlib.experiments.cluster`)
+  whose workers return results to this process, the only writer of the records; processes
+  sharing the cache skip what the others finished;
 * :func:`run_cells` (notebooks): ``paper`` goes through the recorded grid; other profiles
   train each cell live with a progress bar, once per distinct configuration.
 """
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Union
 
 import pandas as pd
 
+# re-exported: a cell's training, measurement, record and cost guess live in fedlib.experiments.cells
+from fedlib.experiments.cells import (Cluster, CostGuess, PeakRSS, Train, makespan_hours, record_measured,
+                                     train_measured, unique_cells)
 from fedlib.reporting.results import config_hash
 
 __all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config", "split_statistics",
-           "record_split_statistics", "write_tables", "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS"]
-
-#: ``train(config, progress)`` -> ``{"metrics", "extra"}``; ``progress()`` is called once per round
-Train = Callable[[Mapping[str, Any], Optional[Callable[..., None]]], Mapping[str, Any]]
-
-
-def unique_cells(cells: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:
-    """``cells`` without repeats, in first-seen order (parts of a grid share cells, e.g. a
-    main-table row that is also an ablation's full model)."""
-    seen: Dict[str, Dict[str, Any]] = {}
-    for c in cells:
-        seen.setdefault(config_hash(c), dict(c))
-    return list(seen.values())
-
-
-class PeakRSS:
-    """Peak resident memory (RSS) of this process while a block runs, in MiB.
-
-    ``with PeakRSS() as peak: ...`` then ``peak.mb`` (``None`` if it could not be measured) and
-    ``peak.source``, which says what the number is:
-
-    * ``"VmHWM"`` (Linux): the peak is reset to the current RSS before the block by writing
-      ``5`` to ``/proc/self/clear_refs``, and ``VmHWM`` of ``/proc/self/status`` is read after
-      it: the peak *of this block* (it includes what the process held before the block, and a
-      tensor served from heap memory an earlier block freed adds nothing: those pages are
-      resident already, see :func:`fedlib.device.keep_freed_memory`);
-    * ``"ru_maxrss"`` (when the reset or the read fails, e.g. not Linux):
-      ``resource.getrusage(RUSAGE_SELF).ru_maxrss``, the peak of the *whole process so far*,
-      so a run after a bigger one reports the bigger one's peak (an upper bound, not the run's own);
-    * ``None``: neither is available; ``mb`` is ``None``.
-
-    Only this process is counted (threads yes, child processes no); the engine trains in-process.
-    """
-
-    _STATUS = Path("/proc/self/status")
-    _CLEAR_REFS = Path("/proc/self/clear_refs")
-
-    def __init__(self):
-        self.mb: Optional[float] = None
-        self.source: Optional[str] = None
-        self._reset = False
-
-    def __enter__(self) -> "PeakRSS":
-        try:
-            self._CLEAR_REFS.write_text("5")  # "5": reset the peak RSS counter (VmHWM) to the current RSS
-            self._reset = self._vm_hwm_mb() is not None
-        except OSError:
-            self._reset = False
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.mb, self.source = (self._vm_hwm_mb(), "VmHWM") if self._reset else (None, None)
-        if self.mb is None:
-            self.mb, self.source = self._ru_maxrss_mb(), "ru_maxrss"
-            if self.mb is None:
-                self.source = None
-
-    @classmethod
-    def _vm_hwm_mb(cls) -> Optional[float]:
-        try:
-            found = re.search(r"^VmHWM:\s*(\d+)\s*kB", cls._STATUS.read_text(), re.MULTILINE)
-        except OSError:
-            return None
-        return int(found.group(1)) / 1024.0 if found else None
-
-    @staticmethod
-    def _ru_maxrss_mb() -> Optional[float]:
-        try:
-            import resource
-            import sys
-
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        except (ImportError, OSError, ValueError):
-            return None
-        # kilobytes on Linux, bytes on macOS
-        return float(peak) / (2**20 if sys.platform == "darwin" else 1024.0)
-
+           "record_split_statistics", "write_tables", "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS",
+           "Cluster", "CostGuess", "makespan_hours"]
 
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
-                      cache_dir: Path, worker: int = 0, workers: int = 1, progress: bool = True,
-                      checkpoint_every_s: Optional[float] = None, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell of this worker's share without a recorded result, appending each to runs.jsonl.
+                      cache_dir: Path, progress: bool = True, checkpoint_every_s: Optional[float] = None,
+                      rerun: bool = False, cluster: Optional[Cluster] = None) -> pd.DataFrame:
+    """Run every cell without a recorded result, appending each to runs.jsonl; all cells' results.
 
-    Each record carries the commit checked out when this worker started, not when the cell
-    ended: a long-running worker keeps the code it imported, whatever is committed meanwhile.
+    Each record carries the commit checked out when the grid started, not when the cell
+    ended: a long-running process keeps the code it imported, whatever is committed meanwhile.
 
     ``checkpoint_every_s``: also save each cell's training state every this many seconds of
     wall time, to ``<cache_dir>/<profile>/checkpoints/<config_hash>.pt``, and resume a cell
@@ -117,52 +46,42 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     checkpoint holds no code version: after a change that alters a cell's numbers, bump the
     paper's config ``version`` (which renames every checkpoint) or delete the folder.
 
-    ``rerun``: train this worker's cells again even when recorded, appending a new record (the
-    tables read each cell's latest): to record metrics added since, or to check that a cell
-    repeats its numbers. A rerun cell that was killed continues from its checkpoint like any other.
+    ``rerun``: train the cells again even when recorded, appending a new record (the tables
+    read each cell's latest): to record metrics added since, or to check that a cell repeats
+    its numbers. A rerun cell that was killed continues from its checkpoint like any other.
+
+    ``cluster``: train the pending cells on Dask workers (:func:`fedlib.experiments.cluster.run_on_cluster`);
+    this process stays the only writer of ``runs.jsonl``, appending each record as it arrives.
     """
-    from fedlib.engine import Checkpointer
-    from fedlib.reporting import ResultCache, append_run
+    from fedlib.reporting import ResultCache
     from fedlib.reporting.cache import restore_cache_from_records
     from fedlib.reporting.results import current_commit
 
     started_at = current_commit()
-
-    distinct = list({config_hash(c): c for c in cells}.values())
-    mine = [c for i, c in enumerate(distinct) if i % workers == worker]
+    distinct = unique_cells(cells)
     cache = ResultCache(Path(cache_dir) / profile)
-    restore_cache_from_records(cache, paper, profile, rerun=mine if rerun else ())
+    restore_cache_from_records(cache, paper, profile, rerun=distinct if rerun else ())
+    checkpoint_dir = Path(cache_dir) / profile / "checkpoints" if checkpoint_every_s is not None else None
 
-    peaks: Dict[str, Optional[float]] = {}  # run id -> peak RSS (MiB) of its training, until it is recorded
-    cpu_seconds: Dict[str, float] = {}  # run id -> CPU time (s, all threads) of its training, until it is recorded
-    checkpointers: Dict[str, Checkpointer] = {}  # run id -> its checkpointer, until it is recorded
+    if cluster is not None:
+        from fedlib.experiments.cluster import run_on_cluster
+
+        return run_on_cluster(paper, distinct, train, profile, cache=cache, cluster=cluster.check(),
+                              checkpoint_dir=checkpoint_dir, checkpoint_every_s=checkpoint_every_s,
+                              rerun=rerun, progress=progress, commit=started_at)
+
+    measured_runs: Dict[str, Dict[str, Any]] = {}  # run id -> its measurements, until it is recorded
 
     def measured(config):
-        keywords = {}
-        if checkpoint_every_s is not None:
-            keywords["checkpointer"] = checkpointers[config_hash(config)] = Checkpointer(
-                Path(cache_dir) / profile / "checkpoints", name=config_hash(config), every=None,
-                every_seconds=checkpoint_every_s)
-        cpu_started = time.process_time()
-        with PeakRSS() as peak:
-            result = train(config, None, **keywords)
-        peaks[config_hash(config)] = peak.mb
-        cpu_seconds[config_hash(config)] = time.process_time() - cpu_started
-        return result
+        measured_runs[config_hash(config)] = run = train_measured(train, config, checkpoint_dir, checkpoint_every_s)
+        return run["result"]
 
     def record(config, result, wall):
-        checkpointer = checkpointers.pop(config_hash(config), None)
-        earlier = checkpointer.earlier_seconds if checkpointer is not None else 0.0
-        cpu = cpu_seconds.pop(config_hash(config), None)
-        # A checkpoint keeps the earlier sessions' wall time but not their CPU time: leave it unmeasured.
-        append_run(paper, profile, config, config["seed"], result["metrics"], wall + earlier, extra=result["extra"],
-                   peak_rss_mb=peaks.pop(config_hash(config), None), commit=started_at,
-                   cpu_time_s=cpu if earlier == 0.0 else None)
-        if checkpointer is not None:
-            checkpointer.delete()
+        record_measured(paper, profile, config, measured_runs.pop(config_hash(config)), commit=started_at,
+                        checkpoint_dir=checkpoint_dir)
 
-    return cache.run_grid(mine, measured, progress=progress, on_new_result=record,
-                          description=f"{paper} {profile} worker {worker}/{workers}")
+    return cache.run_grid(distinct, measured, progress=progress, on_new_result=record,
+                          description=f"{paper} {profile}")
 
 
 def run_cells(paper: str, cells: Sequence[Mapping[str, Any]], profile: str, train: Train,
@@ -271,18 +190,6 @@ def pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) 
     return [c for c in unique_cells(cells) if config_hash(c) not in known]
 
 
-#: Config keys that name a cell's dataset (the first one present is used by :func:`pending_report`).
-DATASET_KEYS = ("task", "dataset")
-
-
-def _dataset_of(config: Mapping[str, Any]) -> Optional[str]:
-    """The cell's dataset (or task) name, or ``None`` when its config has none of :data:`DATASET_KEYS`."""
-    for key in DATASET_KEYS:
-        if config.get(key) is not None:
-            return str(config[key])
-    return None
-
-
 def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
                    label: Optional[Callable[[Mapping[str, Any]], str]] = None,
                    cache_dir: Optional[Path] = None) -> pd.DataFrame:
@@ -313,55 +220,9 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import latest_records
 
-    def seedless(config: Mapping[str, Any]) -> str:
-        return config_hash({k: v for k, v in config.items() if k != "seed"})
-
-    def median(values: Sequence[float]) -> float:
-        return float(pd.Series(values, dtype=float).median())
-
-    def nearest_median(c: Mapping[str, Any], runs: Sequence[Tuple[Mapping[str, Any], float]]) -> float:
-        """Median wall time of the ``runs`` whose configs differ from ``c`` in the fewest settings."""
-        ignored = {"seed", *DATASET_KEYS}
-
-        def distance(config: Mapping[str, Any]) -> int:
-            return sum(config.get(k) != c.get(k) for k in (set(config) | set(c)) - ignored)
-
-        closest = min(distance(config) for config, _ in runs)
-        return median([wall for config, wall in runs if distance(config) == closest])
-
     label = label or (lambda c: str(c.get("method", "cell")))
     known = latest_records(read_runs(paper, profile))
-    seconds: Dict[str, List[float]] = {}
-    on_dataset: Dict[Tuple[str, Optional[str]], List[Tuple[Mapping[str, Any], float]]] = {}  # (config, s)
-    same_cell: Dict[str, List[float]] = {}
-    for record in known.values():
-        try:
-            wall = float(record.wall_time_s)
-            row_label = label(record.config)
-        except (KeyError, TypeError):  # statistics records and other kinds of run have no row label
-            continue
-        seconds.setdefault(row_label, []).append(wall)
-        on_dataset.setdefault((row_label, _dataset_of(record.config)), []).append((record.config, wall))
-        same_cell.setdefault(seedless(record.config), []).append(wall)
-    label_median = {k: median(v) for k, v in seconds.items()}
-    pair_median = {key: median([wall for _, wall in runs]) for key, runs in on_dataset.items()}  # (label, dataset) -> s
-
-    def dataset_ratio(target: Optional[str], source: Optional[str]) -> Optional[float]:
-        """How many times dearer ``target`` ran than ``source``, over the labels run on both."""
-        ratios = [wall / pair_median[(row_label, source)] for (row_label, dataset), wall in pair_median.items()
-                  if dataset == target and pair_median.get((row_label, source), 0.0) > 0]
-        return median(ratios) if ratios else None
-
-    def guess(c: Mapping[str, Any]) -> float:
-        others = same_cell.get(seedless(c))
-        if others:
-            return median(others)
-        row_label, dataset = label(c), _dataset_of(c)
-        if (row_label, dataset) in on_dataset:
-            return nearest_median(c, on_dataset[(row_label, dataset)])
-        scaled = [nearest_median(c, runs) * ratio for (other_label, source), runs in on_dataset.items()
-                  if other_label == row_label and (ratio := dataset_ratio(dataset, source)) is not None]
-        return median(scaled) if scaled else label_median.get(row_label, float("nan"))
+    guess = CostGuess(known.values(), label)
 
     def progress_of(c: Mapping[str, Any]) -> Optional[Dict[str, Any]]:
         from fedlib.engine import checkpoint_progress
@@ -384,7 +245,7 @@ def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
             row["spent_s"] += saved["elapsed_s"]
     frame = pd.DataFrame(list(rows.values()),
                          columns=["label", "recorded", "pending", "pending_s", "checkpointed", "spent_s"])
-    frame["median_s"] = [label_median.get(k, float("nan")) for k in frame["label"]]
+    frame["median_s"] = [guess.label_median.get(k, float("nan")) for k in frame["label"]]
     frame["pending_h"] = frame.pop("pending_s") / 3600.0
     spent_h = frame.pop("spent_s") / 3600.0
     checkpointed = frame.pop("checkpointed")
@@ -419,7 +280,8 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
 
     Args:
         grid_cells: ``grid_cells(part, **part_options)`` -> the part's cells.
-        run_grid: ``run_grid(cells, profile, cache_dir=, worker=, workers=, rerun=)``.
+        run_grid: ``run_grid(cells, profile, cache_dir=, rerun=, cluster=)`` (``cluster``: a
+            :class:`Cluster` or ``None`` for this process).
         label: a cell's row label; adds ``--methods`` (keep cells with these labels) unless
             ``filters`` defines its own.
         filters: option (``"--datasets"``) -> :class:`CellFilter`.
@@ -448,10 +310,17 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     parser.add_argument("--seeds", nargs="+", type=int, default=[0],
                         help="run every selected cell with each of these seeds")
     parser.add_argument("--profile", default="paper")
-    parser.add_argument("--cache-dir", default=cache_dir or f".cache/{paper}")
-    parser.add_argument("--worker", type=int, default=0, help="this process takes every WORKERS-th cell from WORKER")
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--cache-dir", default=cache_dir or f".cache/{paper}",
+                        help="results cache and checkpoints (on a cluster: a folder every worker can reach)")
+    parser.add_argument("--results-dir", default=None,
+                        help="folder of the run records and tables instead of results/ (e.g. a scratch copy)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--local-cluster", type=int, default=None, metavar="N",
+                       help="train on a Dask LocalCluster of N single-threaded workers on this machine "
+                            "(pip install -e '.[cluster]')")
+    where.add_argument("--scheduler", default=None, metavar="ADDRESS",
+                       help="train on the workers of a running Dask scheduler (e.g. tcp://host:8786)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per cell (in this process or a worker)")
     parser.add_argument("--reverse", action="store_true",
                         help="walk the cells backwards: a second process sharing the cache meets the first halfway")
     parser.add_argument("--rerun", action="store_true",
@@ -463,8 +332,16 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     args = parser.parse_args(argv)
     if args.rerun and args.pending:
         parser.error("--rerun trains cells and --pending trains none: give one of them")
-    if not 0 <= args.worker < args.workers:
-        parser.error(f"--worker must be in [0, --workers) = [0, {args.workers}), got {args.worker}")
+    if args.local_cluster is not None and args.local_cluster < 1:
+        parser.error(f"--local-cluster needs at least one worker, got {args.local_cluster}")
+    if args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if args.results_dir is not None:
+        import os
+
+        from fedlib.paths import RESULTS_DIR_ENV
+
+        os.environ[RESULTS_DIR_ENV] = str(Path(args.results_dir).expanduser().resolve())
     torch.set_num_threads(args.threads)
     dest = {option: option.lstrip("-").replace("-", "_") for option in (*part_options, *filters)}
     options = {dest[option]: getattr(args, dest[option]) for option in part_options}
@@ -485,9 +362,34 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
         if report["checkpointed"].sum():
             print(f"{int(report['checkpointed'].sum())} of them continue from a checkpoint in {args.cache_dir} "
                   f"({report['spent_h'].sum():.1f} h already spent on them)")
-        return pending_cells(paper, args.profile, cells)
+        pending = pending_cells(paper, args.profile, cells)
+        if pending:
+            from fedlib.reporting import read_runs
+            from fedlib.reporting.results import latest_records
+
+            guess = CostGuess(latest_records(read_runs(paper, args.profile)).values(), label)
+            seconds = [guess(c) for c in pending]
+            priced = [v for v in seconds if v == v]
+            if priced:
+                spans = ", ".join(f"{n} workers {makespan_hours(priced, n):.1f} h" for n in (2, 10, 100))
+                print(f"on a cluster (longest cell first, one-thread workers; the {len(priced)} priced cells): {spans}; "
+                      f"the longest cell {max(priced) / 3600.0:.1f} h")
+        return pending
     if args.reverse:
         cells = cells[::-1]
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir), worker=args.worker, workers=args.workers,
-             rerun=args.rerun)
+    cluster = None
+    if args.local_cluster is not None or args.scheduler is not None:
+        import importlib.util
+
+        from fedlib.experiments.cluster import INSTALL_HINT, CellsFailed
+
+        if importlib.util.find_spec("distributed") is None:
+            parser.error(INSTALL_HINT)
+        cluster = Cluster(local_workers=args.local_cluster, scheduler=args.scheduler, threads=args.threads)
+        try:  # absolute: a cluster's workers may start in another folder
+            run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=args.rerun, cluster=cluster)
+        except CellsFailed as failed:
+            raise SystemExit(str(failed)) from None
+        return cells
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=args.rerun, cluster=None)
     return cells

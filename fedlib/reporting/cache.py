@@ -232,10 +232,16 @@ class ResultCache:
                     time.sleep(poll_s)
                 bar.update(1)
 
+        return self.frame(configs)
+
+    def frame(self, configs: Iterable[Mapping[str, Any]]) -> pd.DataFrame:
+        """One row per configuration, in order: its entries (nested mappings flattened to
+        ``outer.inner``) followed by its saved result's; a configuration without a saved result
+        gets only its own entries."""
         rows = []
         for config in configs:
             config_columns = _flatten(to_canonical(config))
-            result_columns = _flatten(self.get(config))
+            result_columns = _flatten(self.get(config, {}))
             clash = sorted(set(config_columns) & set(result_columns))
             if clash:
                 raise ValueError(f"result names {clash} repeat configuration names; rename them in the grid function")

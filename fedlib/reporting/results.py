@@ -248,7 +248,7 @@ class RunRecord:
 
     ``config_hash`` (the run id) is the hash of ``config``, which always includes ``seed``.
     ``peak_rss_mb`` is the run's peak resident memory in MiB
-    (:class:`fedlib.experiments.grid.PeakRSS`), or ``None`` when it was not measured
+    (:class:`fedlib.experiments.cells.PeakRSS`), or ``None`` when it was not measured
     (records written before the field existed, runs recorded outside a grid).
     ``cpu_time_s`` is the CPU time of the process (all its threads, seconds) spent training the
     run, or ``None`` when it was not measured (older records, runs resumed from a checkpoint of
@@ -339,8 +339,9 @@ def append_run(
     ``torch.get_num_threads()``).
 
     The line is written with one ``write`` on a file opened for appending, under an
-    exclusive ``flock`` where available, then fsync'ed: parallel grid workers cannot
-    interleave their lines, and a finished run survives a crash right after.
+    exclusive ``flock`` where available, then fsync'ed: two writing processes (two grid
+    commands, a grid and a notebook) cannot interleave their lines, and a finished run
+    survives a crash right after.
     """
     check_profile(profile)
     path = runs_path(paper, profile)

@@ -113,10 +113,11 @@ for method, params in experiments.DEFAULT_PARAMS.items():  # experiments.DEFAULT
 #
 # **The recorded grid, part by part.** These are the command lines that record the
 # `paper`-profile runs (each finished cell is appended to `results/fedrkg/runs.jsonl`; a
-# command run again trains only what is missing). Every part takes `--workers 2 --worker k`
-# to split its cells over two processes, and `--pending` lists what is left without training.
+# command run again trains only what is missing). Every part takes `--local-cluster 2` to
+# train its cells on two one-thread Dask workers (`--scheduler ADDRESS` for a cluster's), and
+# `--pending` lists what is left without training.
 # A federated cell also saves its training state every 15 minutes under
-# `.cache/fedrkg/paper/checkpoints/`: a LastFM-2K cell (3,000 rounds) that a killed worker left
+# `.cache/fedrkg/paper/checkpoints/`: a LastFM-2K cell (3,000 rounds) that a killed grid left
 # unfinished continues from there when the command is run again, with the result an
 # uninterrupted run gives (`tests/test_fedrkg_checkpoint.py`); its recorded wall time adds the
 # earlier sessions' time up to their last save.

@@ -226,10 +226,10 @@ fnb.record("executor_check", {"server_gap": gap["server"], "client_gap": gap["cl
 # %% [markdown]
 # ## I. How the recorded grid is run
 #
-# Resumable, cached per configuration, one process per core (`--pending` prints what is left):
+# Resumable, cached per configuration, one Dask worker per core (`--pending` prints what is left):
 #
 # ```sh
-# python -m fedlib grid fedkdrec tuning --workers 2 --worker 0          # and --worker 1
+# python -m fedlib grid fedkdrec tuning --local-cluster 2
 # python -m fedlib grid fedkdrec table1 ablation --seeds 0 1 2 3 4 --threads 1
 # python -m fedlib grid fedkdrec agent sensitivity init --threads 1
 # python -m fedlib grid fedkdrec table1 ablation --seeds 0 1 2 3 4 --pending

@@ -420,20 +420,27 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
 # ======================================================================================
 # Command line: resumable paper-profile grids
 # ======================================================================================
-def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, worker: int = 0,
-             workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell without a recorded result (this worker's share), recording each run.
+def _grid_train(config: Mapping[str, Any], progress=None, *, cache_dir: Path) -> Dict[str, Any]:
+    """:func:`run_cell` as the grid calls it (``train(config, progress)``), block-0 models under ``cache_dir``."""
+    return run_cell(config, cache_dir=Path(cache_dir))
+
+
+def run_grid(cells: Iterable[Mapping[str, Any]], profile: str, *, cache_dir: Path, progress: bool = True,
+             rerun: bool = False, cluster=None) -> pd.DataFrame:
+    """Run every cell without a recorded result, recording each run.
 
     :func:`fedlib.experiments.grid.run_recorded_grid`: each finished cell is appended to
     ``results/f3crec[/profile]/runs.jsonl`` (with its per-user values in ``extra``); an
     interrupted grid resumes at the first unfinished cell. Block-0 models are shared under
-    ``cache_dir/base`` (:func:`base_block`).
+    ``cache_dir/base`` (:func:`base_block`; on a cluster, a folder every worker reaches).
+    ``cluster``: a :class:`fedlib.experiments.grid.Cluster` to train on, or ``None``.
     """
+    import functools
+
     from fedlib.experiments.grid import run_recorded_grid
 
-    return run_recorded_grid(PAPER, cells, lambda config, progress=None: run_cell(config, cache_dir=Path(cache_dir)),
-                             profile, cache_dir=Path(cache_dir), worker=worker, workers=workers, progress=progress,
-                             rerun=rerun)
+    return run_recorded_grid(PAPER, cells, functools.partial(_grid_train, cache_dir=Path(cache_dir)), profile,
+                             cache_dir=Path(cache_dir), progress=progress, rerun=rerun, cluster=cluster)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, *, cache_dir: Optional[Path] = None,

@@ -342,17 +342,17 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
 # The grid command
 # ======================================================================================
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
-             cache_dir: Path = Path(".cache/fedcsr"), worker: int = 0, workers: int = 1,
-             progress: bool = True, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
+             cache_dir: Path = Path(".cache/fedcsr"), progress: bool = True, rerun: bool = False,
+             cluster: Optional[grid.Cluster] = None) -> pd.DataFrame:
+    """Run every cell without a recorded result, appending each to runs.jsonl (``cluster``: train on Dask workers).
 
     A cell saves a snapshot every :data:`CHECKPOINT_EVERY_S` seconds (and
-    when it stops) under ``cache_dir/<profile>/checkpoints/``; a killed worker's cell continues
-    there when a worker next takes it (an n = 256 cell can outlast a working session).
+    when it stops) under ``cache_dir/<profile>/checkpoints/``; a killed grid's cell continues
+    there when the grid next runs (an n = 256 cell can outlast a working session).
     """
-    return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S,
-                                  rerun=rerun)
+    return grid.run_recorded_grid(PAPER, unique_cells(cells), _train, profile, cache_dir=cache_dir,
+                                  progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S, rerun=rerun,
+                                  cluster=cluster)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells") -> List[Dict[str, Any]]:

@@ -400,7 +400,7 @@ def selected_from_records(records) -> Dict[str, float]:
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir=".cache/fedkdrec",
              **kwargs) -> pd.DataFrame:
     """Run every cell without a recorded result, appending each to runs.jsonl (a fresh clone resumes from the
-    committed records; :func:`fedlib.experiments.grid.run_recorded_grid`: ``worker``, ``workers``, ``rerun``)."""
+    committed records; :func:`fedlib.experiments.grid.run_recorded_grid`: ``progress``, ``rerun``, ``cluster``)."""
     return grid.run_recorded_grid(PAPER, unique_cells(cells), run_cell, profile, cache_dir=cache_dir, **kwargs)
 
 

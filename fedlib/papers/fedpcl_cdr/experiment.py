@@ -332,7 +332,7 @@ def tuning_frame(records, task: str = "Phone-Sport") -> pd.DataFrame:
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *,
              cache_dir: Path = Path(".cache/fedpcl_cdr"), **kwargs) -> pd.DataFrame:
     """Run every cell without a recorded result, appending each to runs.jsonl
-    (:func:`fedlib.experiments.grid.run_recorded_grid`: ``worker``, ``workers``, ``progress``, ``rerun``)."""
+    (:func:`fedlib.experiments.grid.run_recorded_grid`: ``progress``, ``rerun``, ``cluster``)."""
     return grid.run_recorded_grid(PAPER, cells, run_cell, profile, cache_dir=cache_dir, **kwargs)
 
 

@@ -432,18 +432,17 @@ CHECKPOINT_EVERY_S = 900.0
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir: Path = Path(".cache/fedrkg"),
-             worker: int = 0, workers: int = 1, progress: bool = True, rerun: bool = False) -> pd.DataFrame:
-    """Run every cell without a recorded result (this worker's share), appending each to runs.jsonl.
+             progress: bool = True, rerun: bool = False, cluster: Optional[grid.Cluster] = None) -> pd.DataFrame:
+    """Run every cell without a recorded result, appending each to runs.jsonl (``cluster``: train on Dask workers).
 
     A fresh clone resumes from the committed ``results/fedrkg[/profile]/runs.jsonl``: recorded
     cells are restored into the cache and not trained again. A cell in training saves its
     state every :data:`CHECKPOINT_EVERY_S` seconds (:func:`checkpointable` cells) under
-    ``cache_dir/<profile>/checkpoints/``; a killed worker's cell continues there when a worker
-    next takes it (a LastFM-2K cell can outlast a working session).
+    ``cache_dir/<profile>/checkpoints/``; a killed grid's cell continues there when the grid
+    next runs (a LastFM-2K cell can outlast a working session).
     """
-    return grid.run_recorded_grid(PAPER, cells, _train, profile, cache_dir=cache_dir, worker=worker,
-                                  workers=workers, progress=progress, checkpoint_every_s=CHECKPOINT_EVERY_S,
-                                  rerun=rerun)
+    return grid.run_recorded_grid(PAPER, cells, _train, profile, cache_dir=cache_dir, progress=progress,
+                                  checkpoint_every_s=CHECKPOINT_EVERY_S, rerun=rerun, cluster=cluster)
 
 
 def run_cells(cells: Sequence[Mapping[str, Any]], profile: str, description: str = "cells",
