@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 if os.environ.get("CI"):
-    import distributed  # noqa: F401  (CI installs the cluster extra: a missing one fails there)
+    import distributed  # CI installs the cluster extra: a missing one fails there
 else:
-    pytest.importorskip("distributed", reason="needs the cluster extra: pip install -e '.[cluster]'")
+    distributed = pytest.importorskip("distributed", reason="needs the cluster extra: pip install -e '.[cluster]'")
 
 from fedlib.experiments.grid import Cluster, CostGuess, makespan_hours, unique_cells  # noqa: E402  (re-exported)
 from fedlib.papers.f3crec import experiment as f3crec  # noqa: E402
@@ -202,3 +202,16 @@ def test_the_command_line_reports_failed_cells_and_a_missing_dask(monkeypatch, t
     with pytest.raises(SystemExit) as exited:  # argparse's error: the install hint on stderr
         f3crec.main(argv)
     assert exited.value.code == 2 and 'pip install -e ".[cluster]"' in capsys.readouterr().err
+
+
+def test_a_running_scheduler_is_used_through_its_address(results_dirs, tmp_path):
+    """--scheduler ADDRESS: the cluster is someone else's (started here as a stand-in); the grid only connects."""
+    import logging
+
+    results = results_dirs(1)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                                  silence_logs=logging.ERROR) as running:
+        f3crec.run_grid(f3crec_cells()[:2], "smoke", cache_dir=tmp_path / "cache", progress=False,
+                        cluster=Cluster(scheduler=running.scheduler_address))
+        assert len(running.scheduler_info["workers"]) == 1  # still running: the grid did not close it
+    assert {r["config_hash"] for r in records(results, "f3crec")} == {config_hash(c) for c in f3crec_cells()[:2]}
