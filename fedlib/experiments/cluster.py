@@ -160,11 +160,11 @@ def run_on_cluster(paper: str, cells: Sequence[Mapping[str, Any]], train: Train,
                                  checkpoint_every_s, cluster.threads, pure=False, priority=len(order) - rank,
                                  key=f"{paper}-{config_hash(config)}-{time.time_ns()}"): config
                    for rank, config in enumerate(order)}
-        left_s = [expected_s[config_hash(c)] for c in claimed]
+        remaining_s = {config_hash(c): expected_s[config_hash(c)] for c in claimed}  # cells still out
         warned_commit = False
         with tqdm(total=len(distinct), initial=len(distinct) - len(pending), unit="cell", disable=not progress,
                   desc=f"{paper} {profile} on {workers} worker(s)") as bar:
-            bar.set_postfix_str(_hours_left(left_s, workers))
+            bar.set_postfix_str(_hours_left(list(remaining_s.values()), workers))
             try:
                 for future in distributed.as_completed(futures):
                     config = futures[future]
@@ -185,9 +185,9 @@ def run_on_cluster(paper: str, cells: Sequence[Mapping[str, Any]], train: Train,
                         cache.put(config, measured["result"], wall_time_s=measured["wall_s"])
                     finally:
                         cache.release(config)
-                        left_s.remove(expected_s[key])
+                        remaining_s.pop(key, None)
                         bar.update(1)
-                        bar.set_postfix_str(_hours_left(left_s, workers))
+                        bar.set_postfix_str(_hours_left(list(remaining_s.values()), workers))
             finally:
                 for config in claimed:  # a driver stopped early releases what it did not record
                     cache.release(config)
