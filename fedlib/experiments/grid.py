@@ -29,6 +29,7 @@ __all__ = ["run_recorded_grid", "run_cells", "unique_cells", "statistics_config"
            "record_split_statistics", "write_tables", "CellFilter", "pending_cells", "pending_report", "grid_main", "PeakRSS",
            "Cluster", "CostGuess", "makespan_hours"]
 
+
 def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Train, profile: str = "paper", *,
                       cache_dir: Path, progress: bool = True, checkpoint_every_s: Optional[float] = None,
                       rerun: bool = False, cluster: Optional[Cluster] = None) -> pd.DataFrame:
