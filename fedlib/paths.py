@@ -1,7 +1,10 @@
-"""Where things live: the project checkout, results, figures and the data root."""
+"""Where things live: the project checkout, results, figures and the data root; which code it holds."""
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import subprocess
 from pathlib import Path
 
 PAPER_SLUGS = ("fedrkg", "f3crec", "fedkdrec", "fedpcl_cdr", "fedcsr")
@@ -61,3 +64,56 @@ def _check_slug(paper: str) -> None:
         raise ValueError(
             f"unknown paper slug {paper!r}; expected one of {', '.join(PAPER_SLUGS + (INTRO_SLUG,))}"
         )
+
+
+# --------------------------------------------------------------------------------------
+# Which code a run ran
+# --------------------------------------------------------------------------------------
+_GIT_TIMEOUT_S = 10
+# Outputs a run writes (results, figures, executed notebooks) do not make the code "dirty".
+# executed notebooks at any depth (lessons and notebooks/appendix/): a glob "*" stops at "/"
+_PROVENANCE_ONLY_FOLDERS = ("results", "figures", "notebooks/**/*.ipynb", "README.md")
+
+
+def current_commit(root: str | Path | None = None) -> str:
+    """Short commit of the project checkout, ``+dirty`` when tracked code has changes.
+
+    Changes under ``results/`` and ``figures/`` do not count: appending to a committed
+    ``runs.jsonl`` is exactly what a paper-profile run does, and must not mark every
+    following run dirty. Returns ``"unknown"`` when ``root`` is not the top of a git
+    checkout (an installed copy, a temporary project root) or git is unavailable.
+    """
+    root_path = Path(root) if root is not None else project_root()
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=root_path, capture_output=True, text=True, check=True, timeout=_GIT_TIMEOUT_S
+        ).stdout.strip()
+
+    try:
+        top_level = git("rev-parse", "--show-toplevel")
+        if Path(top_level).resolve() != root_path.resolve():
+            return "unknown"
+        sha = git("rev-parse", "--short", "HEAD")
+        excludes = [f":(exclude,glob){folder}" if "*" in folder else f":(exclude){folder}" for folder in _PROVENANCE_ONLY_FOLDERS]
+        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excludes)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return sha + ("+dirty" if dirty else "")
+
+
+@functools.lru_cache(maxsize=None)
+def source_fingerprint(package: str | Path | None = None) -> str:
+    """SHA-256 (first 16 hex digits) of every ``*.py`` file under the ``fedlib/`` package.
+
+    What a checkpoint records of the code that wrote it (:class:`fedlib.engine.Checkpointer`):
+    resuming under other code would mix two versions in one run. Unlike :func:`current_commit`
+    it needs no git and sees uncommitted changes. Computed once per process (the code a process
+    runs is the code it imported). ``package``: another package folder (tests).
+    """
+    root = Path(package) if package is not None else Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode("utf-8") + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -169,3 +170,45 @@ def test_snapshots_of_other_round_loops_round_trip_and_are_not_confused_with_a_r
     torch.save({"format": 1, "config": config, "state": {"round_index": 1}}, tmp_path / "state.pt")
     with pytest.raises(ValueError, match="older flat 'state' layout.*delete it"):
         Checkpointer(tmp_path, name="state").load_snapshot(config)
+
+
+def test_a_checkpoint_records_its_code_and_is_refused_under_other_sources(tmp_path, monkeypatch):
+    import fedlib.engine.checkpoint as checkpoint_module
+    from fedlib.paths import current_commit, source_fingerprint
+
+    config = {"rounds": 10, "train": {"lr": 1e-3}}
+    Checkpointer(tmp_path, name="run", every=2).save_snapshot({"round_index": 2}, config)
+    payload = torch.load(tmp_path / "run.pt", weights_only=True)
+    assert payload["commit"] == current_commit() and payload["source"] == source_fingerprint()
+    assert Checkpointer(tmp_path, name="run", every=2).load_snapshot(config)["round_index"] == 2  # same code
+    # Another version of fedlib/ (an edit, another checkout) must not finish the run.
+    monkeypatch.setattr(checkpoint_module, "source_fingerprint", lambda: "0123456789abcdef")
+    with pytest.raises(ValueError, match=rf"written by commit {re.escape(payload['commit'])}.*sources differ.*delete the file"):
+        Checkpointer(tmp_path, name="run", every=2).load_snapshot(config)
+    # A checkpoint from before the field is refused too: its code cannot be told.
+    monkeypatch.undo()
+    torch.save({key: value for key, value in payload.items() if key not in ("commit", "source")}, tmp_path / "old.pt")
+    with pytest.raises(ValueError, match="recorded no commit"):
+        Checkpointer(tmp_path, name="old", every=2).load_snapshot(config)
+
+
+def test_the_source_fingerprint_follows_every_python_file(tmp_path):
+    from fedlib.paths import source_fingerprint
+
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "a.py").write_text("x = 1\n")
+    (package / "sub" / "b.py").write_text("y = 2\n")
+    (package / "notes.txt").write_text("not code\n")
+    first = source_fingerprint(package)
+    source_fingerprint.cache_clear()
+    (package / "notes.txt").write_text("still not code\n")
+    assert source_fingerprint(package) == first
+    source_fingerprint.cache_clear()
+    (package / "sub" / "b.py").write_text("y = 3\n")
+    edited = source_fingerprint(package)
+    assert edited != first
+    source_fingerprint.cache_clear()
+    (package / "sub" / "b.py").rename(package / "b.py")  # the same bytes elsewhere is other code
+    assert source_fingerprint(package) not in (first, edited)
+    source_fingerprint.cache_clear()

@@ -23,7 +23,11 @@ Besides the snapshot, a checkpoint carries:
 * the **wall time** spent on the run up to the save (``elapsed_s``), so a run resumed over
   several sessions reports the time of the rounds it kept (:attr:`Checkpointer.earlier_seconds`);
   the rounds a killed session ran after its last save are not counted (they are run again);
-* the rounds at which it was **resumed** (:attr:`Checkpointer.resumed_at`).
+* the rounds at which it was **resumed** (:attr:`Checkpointer.resumed_at`);
+* the **code** that wrote it: the commit (:func:`fedlib.paths.current_commit`) and a fingerprint
+  of the ``fedlib/`` sources (:func:`fedlib.paths.source_fingerprint`). A run resumes only
+  under the same sources: otherwise its rounds would come from two versions of the code, and
+  no record could name the one behind its numbers.
 
 A save can be scheduled every ``every`` rounds, every ``every_seconds`` of wall time (for
 runs whose rounds differ in cost by orders of magnitude between datasets), or both
@@ -38,6 +42,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
+
+from fedlib.paths import current_commit, source_fingerprint
 
 __all__ = ["Checkpointer", "checkpoint_progress"]
 
@@ -113,8 +119,10 @@ class Checkpointer:
         """The saved snapshot, or ``None`` when there is none; restores the wall-time bookkeeping.
 
         Raises ``ValueError`` when the file holds a checkpoint of the older flat ``state``
-        layout, was made under a ``config`` that differs in anything but ``rounds``, or lacks an
-        attachment this object has (it was written by a run that did not save it).
+        layout, was made under a ``config`` that differs in anything but ``rounds``, lacks an
+        attachment this object has (it was written by a run that did not save it), or was
+        written by other ``fedlib/`` sources than this process runs (the message names the
+        commit that wrote it).
         """
         if not self.path.exists():
             return None
@@ -134,6 +142,12 @@ class Checkpointer:
         missing = sorted(set(self.attachments) - set(saved_attachments))
         if missing:
             raise ValueError(f"{self.path} holds no state for the attachments {missing}; delete it to start the run afresh")
+        if payload.get("source") != source_fingerprint():
+            written = (f"commit {payload['commit']}" if payload.get("commit") else
+                       "code that recorded no commit (a checkpoint older than that field)")
+            raise ValueError(f"{self.path} was written by {written}, and the fedlib/ sources differ now "
+                             f"(at {current_commit()}): resuming would mix two versions of the code in one run. Check "
+                             f"out the code that wrote it to finish the run, or delete the file to start it afresh")
         for name, obj in self.attachments.items():
             obj.load_state_dict(saved_attachments[name])
         snapshot = payload["snapshot"]
@@ -145,7 +159,8 @@ class Checkpointer:
     def _write(self, body: Dict[str, Any], config: Dict[str, Any]) -> None:
         payload = {"format": _FORMAT, "config": config, **body,
                    "attachments": {name: obj.state_dict() for name, obj in self.attachments.items()},
-                   "elapsed_s": self.elapsed_seconds(), "resumed_at": list(self.resumed_at)}
+                   "elapsed_s": self.elapsed_seconds(), "resumed_at": list(self.resumed_at),
+                   "commit": current_commit(), "source": source_fingerprint()}
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
         try:

@@ -29,7 +29,6 @@ import operator
 import os
 import platform
 import re
-import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
@@ -39,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.data.paper_tables import PAPER_VALUE_COLUMNS
-from fedlib.paths import project_root, results_dir
+from fedlib.paths import current_commit, results_dir  # current_commit: part of this module's API
 
 try:  # POSIX only; elsewhere appends rely on O_APPEND alone.
     import fcntl
@@ -202,39 +201,6 @@ def config_hash(config: Mapping[str, Any] | Any) -> str:
 # --------------------------------------------------------------------------------------
 # Provenance of a run
 # --------------------------------------------------------------------------------------
-
-_GIT_TIMEOUT_S = 10
-# Outputs a run writes (results, figures, executed notebooks) do not make the code "dirty".
-# executed notebooks at any depth (lessons and notebooks/appendix/): a glob "*" stops at "/"
-_PROVENANCE_ONLY_FOLDERS = ("results", "figures", "notebooks/**/*.ipynb", "README.md")
-
-
-def current_commit(root: str | Path | None = None) -> str:
-    """Short commit of the project checkout, ``+dirty`` when tracked code has changes.
-
-    Changes under ``results/`` and ``figures/`` do not count: appending to a committed
-    ``runs.jsonl`` is exactly what a paper-profile run does, and must not mark every
-    following run dirty. Returns ``"unknown"`` when ``root`` is not the top of a git
-    checkout (an installed copy, a temporary project root) or git is unavailable.
-    """
-    root_path = Path(root) if root is not None else project_root()
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=root_path, capture_output=True, text=True, check=True, timeout=_GIT_TIMEOUT_S
-        ).stdout.strip()
-
-    try:
-        top_level = git("rev-parse", "--show-toplevel")
-        if Path(top_level).resolve() != root_path.resolve():
-            return "unknown"
-        sha = git("rev-parse", "--short", "HEAD")
-        excludes = [f":(exclude,glob){folder}" if "*" in folder else f":(exclude){folder}" for folder in _PROVENANCE_ONLY_FOLDERS]
-        dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".", *excludes)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return sha + ("+dirty" if dirty else "")
-
 
 def _default_device() -> str:
     from fedlib.device import default_device
