@@ -179,10 +179,15 @@ def run_on_cluster(paper: str, cells: Sequence[Mapping[str, Any]], train: Train,
                             tqdm.write(f"workers run commit {measured['commit']}, this process {commit}: each record "
                                        f"carries the commit its worker ran")
                             warned_commit = True
-                        record_measured(paper, profile, config, measured, commit=measured["commit"],
-                                        checkpoint_dir=checkpoint_dir, torch_threads=measured["torch_threads"],
-                                        device=measured["device"])
-                        cache.put(config, measured["result"], wall_time_s=measured["wall_s"])
+                        try:  # a worker on uncommitted code trains, but its paper-profile record is refused
+                            record_measured(paper, profile, config, measured, commit=measured["commit"],
+                                            checkpoint_dir=checkpoint_dir, torch_threads=measured["torch_threads"],
+                                            device=measured["device"])
+                        except ValueError as error:
+                            errors[key] = f"not recorded: {error}"
+                            tqdm.write(f"cell {key} trained on {measured['host']} but was not recorded: {error}")
+                        else:
+                            cache.put(config, measured["result"], wall_time_s=measured["wall_s"])
                     finally:
                         cache.release(config)
                         remaining_s.pop(key, None)

@@ -62,6 +62,12 @@ def run_recorded_grid(paper: str, cells: Iterable[Mapping[str, Any]], train: Tra
     distinct = unique_cells(cells)
     cache = ResultCache(Path(cache_dir) / profile)
     restore_cache_from_records(cache, paper, profile, rerun=distinct if rerun else ())
+    if profile == "paper" and any(not cache.contains(c) for c in distinct):
+        # fail before training: a paper-profile record needs committed code (reading recorded
+        # cells, as a lesson at the paper profile does, needs none)
+        from fedlib.reporting.results import check_recordable_commit
+
+        check_recordable_commit(started_at)
     checkpoint_dir = Path(cache_dir) / profile / "checkpoints" if checkpoint_every_s is not None else None
 
     if cluster is not None:

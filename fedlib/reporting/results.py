@@ -29,6 +29,7 @@ import operator
 import os
 import platform
 import re
+import subprocess
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path, PurePath
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from fedlib.data.paper_tables import PAPER_VALUE_COLUMNS
-from fedlib.paths import current_commit, results_dir  # current_commit: part of this module's API
+from fedlib.paths import _GIT_TIMEOUT_S, current_commit, project_root, results_dir  # current_commit: part of this module's API
 
 try:  # POSIX only; elsewhere appends rely on O_APPEND alone.
     import fcntl
@@ -202,6 +203,34 @@ def config_hash(config: Mapping[str, Any] | Any) -> str:
 # Provenance of a run
 # --------------------------------------------------------------------------------------
 
+def check_recordable_commit(commit: str, root: str | Path | None = None) -> str:
+    """``commit`` if a ``paper``-profile record may carry it, else a ``ValueError`` saying what to do.
+
+    The recorded tables must trace every number to code anyone can check out: the commit must
+    name committed code (not ``unknown``, no ``+dirty``: changes under ``results/``, ``figures/``
+    and executed notebooks do not count, see :func:`current_commit`) and exist in the project's
+    history. There is no override: commit the change, then run the grid.
+    """
+    commit = str(commit or "").strip()
+    fix = "commit (or stash) the change to fedlib/, tests/ or the notebooks' sources first, then run the grid again"
+    if commit in ("", "unknown"):
+        raise ValueError("a paper-profile record needs the commit of the code that ran, and this checkout has none "
+                         "(not a git checkout, or git is missing): run the grid from a clone of the project")
+    if commit.endswith("+dirty"):
+        raise ValueError(f"a paper-profile record must come from committed code, and the checkout at "
+                         f"{commit.split('+')[0]} has uncommitted changes ({commit}): {fix}")
+    root_path = Path(root) if root is not None else project_root()
+    try:
+        found = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=root_path, capture_output=True,
+                               timeout=_GIT_TIMEOUT_S).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        found = False
+    if not found:
+        raise ValueError(f"a paper-profile record names commit {commit!r}, which is not in the history of "
+                         f"{root_path}: record only from code that exists there")
+    return commit
+
+
 def _default_device() -> str:
     from fedlib.device import default_device
 
@@ -359,6 +388,7 @@ def append_run(
         torch_threads=torch_threads,
     )
     if profile == "paper":
+        check_recordable_commit(record.commit)
         _append_line(path, record.to_json_line())
     else:
         # quick and smoke runs are refreshed by every notebook execution: the newest record
