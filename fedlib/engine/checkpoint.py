@@ -82,6 +82,7 @@ class Checkpointer:
         self.earlier_seconds = 0.0
         self.resumed_at: List[int] = []
         self._started = self._last_save = time.perf_counter()
+        self._commit: Optional[str] = None  # the checkout's commit, read at the first save (a git call)
 
     @property
     def path(self) -> Path:
@@ -156,11 +157,16 @@ class Checkpointer:
         self._last_save = time.perf_counter()
         return snapshot
 
+    def _code_commit(self) -> str:
+        if self._commit is None:
+            self._commit = current_commit()
+        return self._commit
+
     def _write(self, body: Dict[str, Any], config: Dict[str, Any]) -> None:
         payload = {"format": _FORMAT, "config": config, **body,
                    "attachments": {name: obj.state_dict() for name, obj in self.attachments.items()},
                    "elapsed_s": self.elapsed_seconds(), "resumed_at": list(self.resumed_at),
-                   "commit": current_commit(), "source": source_fingerprint()}
+                   "commit": self._code_commit(), "source": source_fingerprint()}
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{self.name}.", suffix=".tmp", dir=self.directory)
         try:
