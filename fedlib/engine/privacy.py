@@ -299,20 +299,33 @@ def laplace_from_counters(keys: np.ndarray, starts: np.ndarray, width: int, scal
     return torch.from_numpy(values).to(device=device, dtype=dtype)
 
 
-def _laplace_float32_compiled(keys: np.ndarray, starts: np.ndarray, width: int, scale: float,
-                              row_weights: Optional[np.ndarray], values: np.ndarray) -> torch.Tensor:
-    """The float32 case of :func:`laplace_from_counters` on whole pairs, the same bits in three passes.
+def _float32_log_uniform_blocks(keys: np.ndarray, starts: np.ndarray, width: int, scale: float,
+                                row_weights: Optional[np.ndarray], out: Optional[np.ndarray] = None):
+    """Blocks ``(rows, ln v, negative, factor)`` of float32 Laplace noise before its sign and scale.
 
-    One compiled pass writes the uniforms ``v`` and the signs, torch takes ``ln v`` (the same
-    function as the numpy path, so the same bits), and a second compiled pass multiplies by
-    ``−b`` (or ``−b·w_r``) and applies the sign.
+    One compiled pass writes the uniforms ``v`` and the signs, torch takes ``ln v`` in place
+    (the same function as the numpy path, so the same bits); ``factor`` is ``−b`` (or ``−b·w_r``)
+    per row in float32. ``out``: ``(R, width)`` float32 to write the blocks into; ``None``: one
+    reused block-sized buffer (the caller consumes each block before the next).
     """
     row_base = keys + (starts >> np.uint64(1)) * SPLITMIX_GAMMA
+    buffer = None if out is not None else np.empty(
+        (min(keys.size, max(1, COUNTER_BLOCK_ELEMENTS // max(width, 1))), width), dtype=np.float32)
     for rows in _counter_blocks(keys.size, width):
-        uniforms, negative = laplace_uniforms(row_base[rows], width, out=values[rows])
+        block = out[rows] if out is not None else buffer[:rows.stop - rows.start]
+        uniforms, negative = laplace_uniforms(row_base[rows], width, out=block)
         torch.from_numpy(uniforms).log_()  # ln v ≤ 0
-        factor = (np.full(uniforms.shape[0], -scale) if row_weights is None else -scale * row_weights[rows])
-        scale_and_sign(uniforms, factor.astype(np.float32), negative)
+        factor = np.full(uniforms.shape[0], -scale) if row_weights is None else -scale * row_weights[rows]
+        yield rows, uniforms, negative, factor.astype(np.float32)
+
+
+def _laplace_float32_compiled(keys: np.ndarray, starts: np.ndarray, width: int, scale: float,
+                              row_weights: Optional[np.ndarray], values: np.ndarray) -> torch.Tensor:
+    """The float32 case of :func:`laplace_from_counters` on whole pairs, the same bits in three passes:
+    :func:`_float32_log_uniform_blocks`, then a compiled pass applies the factor and the sign."""
+    for _, log_uniforms, negative, factor in _float32_log_uniform_blocks(keys, starts, width, scale, row_weights,
+                                                                          out=values):
+        scale_and_sign(log_uniforms, factor, negative)
     return torch.from_numpy(values)
 
 
@@ -352,14 +365,9 @@ def add_laplace_from_counters(table: torch.Tensor, destination: np.ndarray, keys
         if row_weights.shape != keys.shape or not (np.isfinite(row_weights).all() and (row_weights >= 0).all()):
             raise ValueError(f"row_weights must be {keys.size} finite numbers >= 0 (one per row)")
     rows_of_table = table.view(table.shape[0], width).numpy()
-    row_base = keys + (starts_array >> np.uint64(1)) * SPLITMIX_GAMMA
-    values = np.empty((min(keys.size, max(1, COUNTER_BLOCK_ELEMENTS // max(width, 1))), width), dtype=np.float32)
-    for rows in _counter_blocks(keys.size, width):
-        block = values[:rows.stop - rows.start]
-        uniforms, negative = laplace_uniforms(row_base[rows], width, out=block)
-        torch.from_numpy(uniforms).log_()  # ln v ≤ 0, as _laplace_float32_compiled
-        factor = (np.full(uniforms.shape[0], -scale) if row_weights is None else -scale * row_weights[rows])
-        scale_sign_add_rows(uniforms, factor.astype(np.float32), negative, destination[rows], rows_of_table)
+    for rows, log_uniforms, negative, factor in _float32_log_uniform_blocks(keys, starts_array, width, scale,
+                                                                             row_weights):
+        scale_sign_add_rows(log_uniforms, factor, negative, destination[rows], rows_of_table)
     return table
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import socket
 import time
 from pathlib import Path
@@ -154,8 +155,7 @@ def run_on_cluster(paper: str, cells: Sequence[Mapping[str, Any]], train: Train,
                        f"skipped (run the command again once it is done)")
         # Longest first (cells never timed before those with a guess, they may be long), so that the
         # last cells to finish are short ones: the LPT rule of :func:`makespan_hours`.
-        order = sorted(claimed, key=lambda c: -expected_s[config_hash(c)] if expected_s[config_hash(c)] == \
-                       expected_s[config_hash(c)] else -float("inf"))
+        order = sorted(claimed, key=lambda c: -_or_infinite(expected_s[config_hash(c)]))
         futures = {client.submit(_train_on_worker, train, config, None if checkpoint_dir is None else str(checkpoint_dir),
                                  checkpoint_every_s, cluster.threads, pure=False, priority=len(order) - rank,
                                  key=f"{paper}-{config_hash(config)}-{time.time_ns()}"): config
@@ -209,3 +209,8 @@ def _hours_left(seconds: Sequence[float], workers: int) -> str:
     text = f"≈ {makespan_hours(known, workers):.1f} h left" if known else "time left unknown"
     unknown = len(seconds) - len(known)
     return text + (f" (+{unknown} cell(s) never timed)" if unknown else "")
+
+
+def _or_infinite(seconds: float) -> float:
+    """A cost guess for ordering: a cell never timed (NaN) counts as the longest."""
+    return float("inf") if math.isnan(seconds) else seconds
