@@ -81,7 +81,12 @@ def test_variants_map_to_flags_of_the_one_implementation():
 
 def test_parts_have_their_sizes_and_share_cells():
     sizes = {part: len(X.grid_cells(part)) for part in X.PARTS}
-    assert sizes == {"table2": 20, "ablation": 12, "alpha": 7, "hidden": 5, "individual": 3, "audit": 5}
+    assert sizes == {"table2": 20, "ablation": 12, "alpha": 7, "hidden": 5, "individual": 3, "audit": 5,
+                     "headline": 3, "headline_lr": 6}
+    headline = X.grid_cells("headline") + X.grid_cells("headline_lr")
+    assert {(c["method"], c["dim"], c["rounds"], c["patience"]) for c in headline} == {  # the paper's budget
+        (m, 64, 100, 20) for m in ("FedCSR", "PiNet", "CLSR")}
+    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3]  # 1e-3 (the headline's) is interior
     table2 = X.grid_cells("table2")
     fedcsr_dims = sorted(c["dim"] for c in table2 if c["method"] == "FedCSR" and c["dataset"] == "Food-Kitchen")
     assert fedcsr_dims == [64, 256]
@@ -92,7 +97,7 @@ def test_parts_have_their_sizes_and_share_cells():
     assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
     assert {c["dim"] for c in hidden} == {X.SMALL_DIM} and "scl_hidden_factor" not in hidden[3]  # 2.0: the default
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
-    assert len(X.unique_cells(every)) == 46  # FedCSR@64 / @256 rows are shared between parts
+    assert len(X.unique_cells(every)) == 46 + 9  # FedCSR@64 / @256 rows are shared between parts
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("figure9")
 

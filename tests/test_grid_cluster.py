@@ -170,6 +170,16 @@ def test_cost_guesses_and_schedules():
     assert guess({"method": "A", "dataset": "y", "seed": 1}) == pytest.approx(100.0)  # the label on that dataset
     assert math.isnan(guess({"method": "B", "dataset": "x", "seed": 0}))  # a label never run: no guess
 
+    class Capped(Record):
+        def __init__(self, method, dataset, seed, wall, rounds, lr):
+            super().__init__(method, dataset, seed, wall)
+            self.config.update(rounds=rounds, lr=lr)
+
+    capped = CostGuess([Capped("A", "x", 0, 100.0, 20, 1e-3), Capped("A", "x", 0, 400.0, 20, 5e-4)])
+    # a longer round cap scales the nearest run (the one at the same rate) by the caps' ratio
+    assert capped({"method": "A", "dataset": "x", "seed": 1, "rounds": 100, "lr": 1e-3}) == pytest.approx(500.0)
+    assert capped({"method": "A", "dataset": "x", "seed": 1, "rounds": 10, "lr": 5e-4}) == pytest.approx(200.0)
+
 
 def test_a_cluster_needs_exactly_one_place():
     with pytest.raises(ValueError, match="exactly one of local_workers"):

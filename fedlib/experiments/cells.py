@@ -7,6 +7,8 @@ one process that writes ``runs.jsonl``.
 """
 from __future__ import annotations
 
+import math
+
 import re
 import time
 from pathlib import Path
@@ -212,14 +214,15 @@ class CostGuess:
         return float(pd.Series(values, dtype=float).median())
 
     def _nearest_median(self, c: Mapping[str, Any], runs: Sequence[Tuple[Mapping[str, Any], float]]) -> float:
-        """Median wall time of the ``runs`` whose configs differ from ``c`` in the fewest settings."""
-        ignored = {"seed", *DATASET_KEYS}
+        """Median wall time of the ``runs`` whose configs differ from ``c`` in the fewest settings,
+        each scaled to ``c``'s round cap (:func:`_rounds_scale`; the cap is not counted as a difference)."""
+        ignored = {"seed", "rounds", *DATASET_KEYS}
 
         def distance(config: Mapping[str, Any]) -> int:
             return sum(config.get(k) != c.get(k) for k in (set(config) | set(c)) - ignored)
 
         closest = min(distance(config) for config, _ in runs)
-        return self._median([wall for config, wall in runs if distance(config) == closest])
+        return self._median([wall * _rounds_scale(config, c) for config, wall in runs if distance(config) == closest])
 
     def _dataset_ratio(self, target: Optional[str], source: Optional[str]) -> Optional[float]:
         """How many times dearer ``target`` ran than ``source``, over the labels run on both."""
@@ -237,6 +240,17 @@ class CostGuess:
         scaled = [self._nearest_median(c, runs) * ratio for (other_label, source), runs in self.on_dataset.items()
                   if other_label == row_label and (ratio := self._dataset_ratio(dataset, source)) is not None]
         return self._median(scaled) if scaled else self.label_median.get(row_label, float("nan"))
+
+
+def _rounds_scale(recorded: Mapping[str, Any], target: Mapping[str, Any]) -> float:
+    """How many times more rounds ``target`` may run than ``recorded`` did: the ratio of their round
+    caps (``config["rounds"]``), 1 when either has none. An upper bound for a run that stops early
+    (patience), which is the safe side for a budget."""
+    try:
+        ratio = float(target["rounds"]) / float(recorded["rounds"])
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return 1.0
+    return ratio if ratio > 0 and math.isfinite(ratio) else 1.0
 
 
 def makespan_hours(seconds: Iterable[float], workers: int) -> float:
