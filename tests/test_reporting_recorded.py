@@ -7,7 +7,7 @@ import pytest
 
 from fedlib.experiments import grid
 from fedlib.experiments.spec import metric_units
-from fedlib.reporting import (FLAG_ORDER, append_run, deviations_by_reason, read_runs, recorded_deviations,
+from fedlib.reporting import (FLAG_ORDER, FlagRules, append_run, deviations_by_reason, read_runs, recorded_deviations,
                               recorded_table, with_flags)
 
 PAPER = "fedrkg"  # a real slug; every file is written below a temporary project root
@@ -47,7 +47,57 @@ def test_flags_of_a_frame_come_from_its_row_and_its_runs(root):
     assert list(exempt["flags"])[:3] == ["one_seed;dirty", "at_cap", "one_seed"]
     # without the records only the row's own columns flag: the dirty commit column, n_seeds, the note
     assert list(with_flags(frame)["flags"]) == ["one_seed;dirty", "", "one_seed", "substitute;one_seed", ""]
-    assert FLAG_ORDER == ("substitute", "one_seed", "diverged", "at_cap", "dirty")
+    assert FLAG_ORDER == ("substitute", "one_seed", "diverged", "at_cap", "grid_edge", "dirty")
+
+
+def test_grid_edge_flags_a_tuned_value_at_the_end_of_the_values_tried(root):
+    base = {"method": "FedMF", "rounds": 10, "dataset": "FilmTrust"}
+    swept = {lr: _run({**base, "lr": lr}, 0, 4) for lr in (1e-3, 1e-2, 1e-1)}
+    other_seed = _run({**base, "lr": 1e-2}, 1, 4)
+    alone = _run({**base, "dataset": "LastFM", "lr": 1e-1}, 0, 4)  # never tuned: one value tried
+    nested = {beta: _run({**base, "method": "F3CRec", "params": {"beta": beta, "eps": 1.0}}, 0, 4)
+              for beta in (0.1, 0.5)}
+    records = read_runs(PAPER, "paper")
+    rules = FlagRules(tuned=["lr", "params.beta"])
+    frame = pd.DataFrame([_cell(0.1, [swept[1e-3]]), _cell(0.1, [swept[1e-2], other_seed]), _cell(0.1, [swept[1e-1]]),
+                          _cell(0.1, [alone]), _cell(0.1, [nested[0.5]])])
+    # by hand: 1e-3 and 1e-1 are the ends of {1e-3, 1e-2, 1e-1}; 1e-2 is interior (two seeds);
+    # LastFM tried one rate; beta 0.5 is the largest of {0.1, 0.5} (eps equal, so the same cell)
+    assert list(with_flags(frame, records, rules=rules)["flags"]) == [
+        "one_seed;grid_edge", "", "one_seed;grid_edge", "one_seed", "one_seed;grid_edge"]
+    # without the rules nothing is tuned, so nothing is at a grid's edge
+    assert "grid_edge" not in ";".join(with_flags(frame, records)["flags"])
+    # an explicit grid (a sweep around other defaults) replaces the neighbours' values
+    wider = FlagRules(tuned=["lr"], grids=lambda config: {"lr": [1e-4, 1e-3, 1e-2, 1e-1, 1.0]})
+    assert list(with_flags(frame.iloc[:3], records, rules=wider)["flags"]) == ["one_seed", "", "one_seed"]
+    # a written table's flags are kept when it is read again without the rules
+    written = with_flags(frame, records, rules=rules)
+    assert list(with_flags(written, records)["flags"]) == list(written["flags"])
+
+
+def test_a_written_table_carries_its_flags_in_the_csv(root):
+    from fedlib.reporting import compare_with_paper, write_results_table
+    from fedlib.reporting.results_tables import read_results_table
+
+    runs = [_run({"method": "FedMF", "rounds": 10, "lr": lr}, 0, best) for lr, best in ((1e-3, 10), (1e-2, 4))]
+    ours = pd.DataFrame([{"dataset": "FilmTrust", "method": f"FedMF lr={r.config['lr']:g}", "metric": "R@10", "value": 0.1,
+                          "n_seeds": 1, "run_ids": r.config_hash, "commit": r.commit} for r in runs])
+    paper = pd.DataFrame({"table": ["table1"] * 2, "dataset": ["FilmTrust"] * 2, "method": list(ours["method"]),
+                          "metric": ["R@10"] * 2, "value": [0.1, 0.1], "unit": ["fraction"] * 2, "confidence": ["high"] * 2})
+    table = compare_with_paper(ours, paper, ["dataset", "method", "metric"], profile="paper")
+    write_results_table(PAPER, "table1", table, "paper", flag_rules=FlagRules(tuned=["lr"]), validate=False)
+    written = read_results_table(PAPER, "table1", "paper")
+    # by hand: both rates are ends of the two tried; 1e-3 also selected its last round (10 of 10)
+    assert list(written["flags"]) == ["one_seed;at_cap;grid_edge", "one_seed;grid_edge"]
+
+
+def test_flag_rules_come_from_a_spec_section_and_reject_bad_input():
+    rules = FlagRules.from_spec({"at_cap_exempt": {"method": ["Centralized"]}, "tuned": ["lr"]})
+    assert rules.tuned == ("lr",) and rules.at_cap_exempt == {"method": ["Centralized"]}
+    with pytest.raises(ValueError, match="unknown key 'tuning'"):
+        FlagRules.from_spec({"tuning": ["lr"]})
+    with pytest.raises(TypeError, match="dotted paths"):
+        FlagRules(tuned="lr")
 
 
 def test_a_run_that_records_selected_round_is_at_cap_too(root):
@@ -157,7 +207,8 @@ def test_write_tables_records_first_then_writes_each_frame_under_its_table_id(ro
 
     calls = []
     monkeypatch.setattr(fedlib.reporting, "write_results_table",
-                        lambda paper, table_id, frame, profile: calls.append((paper, table_id, len(frame), profile)))
+                        lambda paper, table_id, frame, profile, flag_rules: calls.append((paper, table_id, len(frame), profile,
+                                                                                          flag_rules.tuned)))
 
     def record(records):
         calls.append(("recorded", len(records)))
@@ -169,7 +220,7 @@ def test_write_tables_records_first_then_writes_each_frame_under_its_table_id(ro
 
     tables = grid.write_tables(PAPER, "quick", build, record)
     assert set(tables) == {"table1_main", "empty"}
-    assert calls == [("recorded", 0), ("built", 1), (PAPER, "table1", 2, "quick")]
+    assert calls == [("recorded", 0), ("built", 1), (PAPER, "table1", 2, "quick", ("lr",))]  # the paper's [report.flags]
 
 
 def test_metric_units_hook_sets_each_rows_unit():

@@ -168,23 +168,28 @@ def record_split_statistics(paper: str, profile: str, datasets: Sequence[str], l
 
 
 def write_tables(paper: str, profile: str, build: Callable[[list], Mapping[str, pd.DataFrame]],
-                 record_statistics: Optional[Callable[[list], Any]] = None) -> Dict[str, pd.DataFrame]:
+                 record_statistics: Optional[Callable[[list], Any]] = None,
+                 flag_rules: Optional[Any] = None) -> Dict[str, pd.DataFrame]:
     """Record the statistics if needed, build every table and write ``results/<paper>[/<profile>]/``.
 
     ``record_statistics(records)`` records what the tables need and is missing (e.g. a bound
     :func:`record_split_statistics`); ``build(records)`` -> ``{key: frame}``. Each non-empty
     frame is written to ``<its table column>.csv`` (the paper's table id, as the status table
-    expects) by :func:`~fedlib.reporting.write_results_table`, which validates it first.
-    Returns the built frames.
+    expects) by :func:`~fedlib.reporting.write_results_table`, which validates it first and adds
+    its ``flags`` column by ``flag_rules`` (default: the paper's ``[report.flags]``,
+    :meth:`~fedlib.experiments.spec.Spec.flag_rules`). Returns the built frames.
     """
+    from fedlib.experiments.spec import load_spec
     from fedlib.reporting import read_runs, write_results_table
+
+    rules = flag_rules if flag_rules is not None else load_spec(paper).flag_rules()
 
     if record_statistics is not None:
         record_statistics(read_runs(paper, profile))
     tables = dict(build(read_runs(paper, profile)))
     for frame in tables.values():
         if len(frame):
-            write_results_table(paper, str(frame["table"].iloc[0]), frame, profile)
+            write_results_table(paper, str(frame["table"].iloc[0]), frame, profile, flag_rules=rules)
     return tables
 
 

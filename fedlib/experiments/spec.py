@@ -320,6 +320,16 @@ class Spec:
     # ----------------------------------------------------------------------------------
     # Tables
     # ----------------------------------------------------------------------------------
+    def flag_rules(self):
+        """The paper's :class:`~fedlib.reporting.flags.FlagRules` from ``[report.flags]``
+        (``at_cap_exempt``, ``tuned``; none given: no exemption, nothing tuned)."""
+        from fedlib.reporting.flags import FlagRules
+
+        try:
+            return FlagRules.from_spec(self.data.get("report", {}).get("flags", {}))
+        except (TypeError, ValueError) as error:
+            raise _fail(self.path, "report.flags", str(error)) from None
+
     def table(self, table_id: str) -> Mapping[str, Any]:
         if table_id not in self.data.get("tables", {}):
             raise ValueError(f"unknown table {table_id!r}; {self.path.name} lays out "

@@ -31,6 +31,7 @@ from fedlib.reporting.results import (
     current_commit,
     read_runs,
 )
+from fedlib.reporting.flags import FlagRules
 from fedlib.reporting.recorded import FLAG_ORDER, deviations_by_reason, recorded_deviations, recorded_table, with_flags
 from fedlib.reporting.results_tables import read_results_table, recorded_or_none, write_results_table
 from fedlib.reporting.status import render_status_markdown, update_readme
@@ -60,6 +61,7 @@ __all__ = [
     "recorded_deviations",
     "recorded_table",
     "with_flags",
+    "FlagRules",
     "read_results_table",
     "read_runs",
     "recorded_or_none",

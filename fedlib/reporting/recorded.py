@@ -18,71 +18,32 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from fedlib.reporting.display import MODERATE, deviations
-from fedlib.reporting.results import RUN_ID_SEPARATOR, latest_records, read_runs
+from fedlib.reporting.flags import FLAG_ORDER, FlagRules, add_flags
+from fedlib.reporting.results import read_runs
 from fedlib.reporting.results_tables import read_results_table
 
 __all__ = ["FLAG_ORDER", "with_flags", "recorded_table", "recorded_deviations", "deviations_by_reason"]
-
-FLAG_ORDER = ("substitute", "one_seed", "diverged", "at_cap", "dirty")
-"""The flags a row of ours may carry, in the order they are listed (``;``-joined):
-
-* ``substitute``: the row's note says ``SUBSTITUTE`` (substitute data or split);
-* ``one_seed``: one seed stands behind the value (``n_seeds == 1``);
-* ``diverged``: a run ended on a NaN loss (``extra["diverged_at_round"]``; its best finite evaluation counts);
-* ``at_cap``: a run selected its last allowed round (its selected round, recorded as
-  ``metrics["best_round"]`` or ``metrics["selected_round"]``, equals ``config["rounds"]``): it may
-  still have been improving;
-* ``dirty``: a run was recorded from a tree with uncommitted changes (commit ``...+dirty``).
-
-A row without a value of ours carries no flag."""
 
 
 def _text(value: Any) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def _selected_round(metrics: Mapping[str, Any]) -> Any:
-    """The round a run selected: ``best_round`` (parameter averaging) or ``selected_round`` (the
-    cross-domain and sequential families); ``None`` for a run without rounds."""
-    return metrics.get("best_round", metrics.get("selected_round"))
-
-
-def _exempt(config: Mapping[str, Any], exempt: Mapping[str, Sequence[Any]]) -> bool:
-    return any(config.get(key) in values for key, values in exempt.items())
-
-
-def with_flags(frame: pd.DataFrame, records=(), *, at_cap_exempt: Mapping[str, Sequence[Any]] = {}) -> pd.DataFrame:
+def with_flags(frame: pd.DataFrame, records=(), *, at_cap_exempt: Mapping[str, Sequence[Any]] = {},
+               rules: Optional[FlagRules] = None) -> pd.DataFrame:
     """``frame`` (rows of a results table) with a ``flags`` column (:data:`FLAG_ORDER`).
 
     Args:
-        frame: rows with ``value_ours`` and optionally ``n_seeds``, ``note``, ``commit`` and
-            ``run_ids`` (run config hashes joined by ``;``); an absent column raises no flag.
+        frame: rows with ``value_ours`` and optionally ``n_seeds``, ``note``, ``commit``,
+            ``run_ids`` (run config hashes joined by ``;``) and ``flags`` (a written table's
+            flags, kept); an absent column raises no flag.
         records: the run records behind ``run_ids`` (``read_runs(paper, profile)``); the
-            run-level flags (``diverged``, ``at_cap``, a run's ``dirty``) need them.
+            run-level flags (``diverged``, ``at_cap``, ``grid_edge``, a run's ``dirty``) need them.
         at_cap_exempt: config key -> values whose runs are never ``at_cap``, e.g.
             ``{"method": ["Centralized"]}`` (trained for a fixed number of epochs, not rounds).
+        rules: the paper's :class:`~fedlib.reporting.flags.FlagRules` (replaces ``at_cap_exempt``).
     """
-    if not isinstance(at_cap_exempt, Mapping) or any(isinstance(v, str) for v in at_cap_exempt.values()):
-        raise TypeError(f"at_cap_exempt maps a config key to a list of values, e.g. {{'method': ['Centralized']}}; "
-                        f"got {at_cap_exempt!r}")
-    known = latest_records(records)
-    column = lambda name, fill: frame[name] if name in frame.columns else pd.Series(fill, index=frame.index)
-    flags = []
-    for value, seeds, note, commit, run_ids in zip(column("value_ours", math.nan), column("n_seeds", 0),
-                                                   column("note", ""), column("commit", ""), column("run_ids", "")):
-        if _text(value) == "":
-            flags.append("")
-            continue
-        runs = [known[h] for h in _text(run_ids).split(RUN_ID_SEPARATOR) if h in known]
-        commits = [c for c in _text(commit).split(RUN_ID_SEPARATOR) if c] + [str(r.commit) for r in runs]
-        on = {"substitute": "SUBSTITUTE" in _text(note),
-              "one_seed": _text(seeds) != "" and int(float(seeds)) == 1,
-              "diverged": any((r.extra or {}).get("diverged_at_round") is not None for r in runs),
-              "at_cap": any(_selected_round(r.metrics) is not None and _selected_round(r.metrics) == r.config.get("rounds")
-                            and not _exempt(r.config, at_cap_exempt) for r in runs),
-              "dirty": any(c.endswith("+dirty") for c in commits)}
-        flags.append(";".join(flag for flag in FLAG_ORDER if on[flag]))
-    return frame.assign(flags=flags)
+    return add_flags(frame, records, rules if rules is not None else FlagRules(at_cap_exempt=at_cap_exempt))
 
 
 def recorded_table(paper: str, table_id: str, profile: str = "paper", *, records=None,

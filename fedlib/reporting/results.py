@@ -75,12 +75,13 @@ STANDARD_COLUMNS = (
 REQUIRED_COLUMNS = STANDARD_COLUMNS + ("run_ids", "note")
 """Standard columns plus the provenance link (``run_ids``) and the explanation (``note``)."""
 
-PROVENANCE_COLUMNS = ("std_ours", "unit", "ours_unit", "run_metric", "run_ids", "note")
+PROVENANCE_COLUMNS = ("std_ours", "unit", "ours_unit", "run_metric", "run_ids", "flags", "note")
 """Optional columns written after the table's own keys.
 
 ``unit`` is the paper's unit, in which ``value_ours``, ``std_ours`` and ``delta`` are
 expressed; ``ours_unit`` is the unit of the metric in ``runs.jsonl``; ``run_metric`` is the
-metric's name there; ``run_ids`` lists the runs (config hashes, ``;``-separated).
+metric's name there; ``run_ids`` lists the runs (config hashes, ``;``-separated); ``flags``
+the reasons to read the value with care (:data:`fedlib.reporting.flags.FLAG_ORDER`).
 """
 
 VALUE_COLUMNS = frozenset(STANDARD_COLUMNS[4:]) | frozenset(PROVENANCE_COLUMNS)

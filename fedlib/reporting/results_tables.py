@@ -18,6 +18,7 @@ from fedlib.data.paper_tables import load_paper_table
 from fedlib.paths import results_dir
 from fedlib.reporting._atomic import atomic_writer
 from fedlib.reporting.consistency import check_results_table
+from fedlib.reporting.flags import FlagRules, add_flags
 from fedlib.reporting.results import (
     FLOAT_COLUMNS,
     REQUIRED_COLUMNS,
@@ -39,7 +40,8 @@ def results_table_path(paper: str, table_id: str, profile: str) -> Path:
 
 
 def write_results_table(
-    paper: str, table_id: str, df: pd.DataFrame, profile: str, *, validate: bool = True
+    paper: str, table_id: str, df: pd.DataFrame, profile: str, *, validate: bool = True,
+    flag_rules: Optional[FlagRules] = None,
 ) -> Path:
     """Write a paper-vs-ours table to ``results_dir(paper, profile)/<table_id>.csv``.
 
@@ -51,6 +53,10 @@ def write_results_table(
     With ``validate`` (the default) the table must also pass the consistency checks of
     :func:`fedlib.reporting.consistency.check_results_table`, including the run records
     behind every ``value_ours``, so a bad table fails here rather than in CI.
+
+    The ``flags`` column is computed here from the rows and the runs behind them
+    (:func:`~fedlib.reporting.flags.add_flags` with the paper's ``flag_rules``; flags the frame
+    already carries are kept), so every written table says which of its values to read with care.
 
     The file is written to a temporary name and renamed into place: an interrupted write
     leaves the previous file (or none), never a partial one. Returns the path.
@@ -72,7 +78,9 @@ def write_results_table(
     if table_ids != {table_id}:
         raise ValueError(f"rows of {table_id}.csv must have table == {table_id!r}, found {sorted(table_ids)}")
 
-    table = order_columns(df.reset_index(drop=True).copy())
+    runs = latest_records(read_run_file(path.parent / "runs.jsonl"))
+    df = add_flags(df.reset_index(drop=True), runs.values(), flag_rules if flag_rules is not None else FlagRules())
+    table = order_columns(df.copy())
     for column in FLOAT_COLUMNS:
         if column in table.columns:
             table[column] = pd.to_numeric(table[column], errors="raise").astype(float)
@@ -86,7 +94,7 @@ def write_results_table(
             table,
             table_id=table_id,
             expected_profile=profile,
-            runs=latest_records(read_run_file(path.parent / "runs.jsonl")),
+            runs=runs,
             paper=paper,
         )
         if problems:

@@ -30,6 +30,7 @@ values of the paper's grid diverge with F3CRec's ``lr × |I|`` item step.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -52,7 +53,7 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "SPEC", "PARTS", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS",
     "SENSITIVITY_GRID", "SELECTED", "cell", "method_params", "grid_cells",
-    "audit_cells", "select_hyperparameters", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
+    "audit_cells", "select_hyperparameters", "tuning_grids", "flag_rules", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
     "run_cell", "WithUploadNoise", "run_cells", "run_grid", "run_live", "forgetting_frame", "memory_consumed_share",
 ]
 
@@ -149,6 +150,35 @@ def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[s
     for (dataset, method, param), scored in points.items():
         out.setdefault(dataset, {}).setdefault(method, {})[param] = None if None in scored else max(scored)[2]
     return {d: choice for d, choice in out.items() if all(None not in c.values() for c in choice.values())}
+
+
+@functools.lru_cache(maxsize=None)
+def _tuning_grids(dataset: str) -> Dict[str, Dict[str, tuple]]:
+    grids: Dict[str, Dict[str, list]] = {}
+    for keywords, _ in SPEC.labelled_cells("tuning", cell, {"datasets": [dataset]}):
+        sweep = keywords["sweep"]
+        values = grids.setdefault(keywords["method"], {}).setdefault(f"method_params.{sweep['param']}", [])
+        values.append(float(sweep["value"]))
+    return {method: {path: tuple(v) for path, v in by_path.items()} for method, by_path in grids.items()}
+
+
+def tuning_grids(config: Mapping[str, Any]) -> Dict[str, tuple]:
+    """The values the ``tuning`` part tried for each hyperparameter of ``config``'s method on its
+    dataset (``{"method_params.beta": (...)}``; an ablation's are F3CRec's), for the ``grid_edge``
+    flag: one-at-a-time FedMF sweeps around the untuned defaults, whose winners are combined."""
+    dataset, method = config.get("dataset"), config.get("method")
+    if dataset not in SPEC.choices("dataset") or method not in SPEC.choices("method"):
+        return {}
+    base = SPEC.choice("method", method).get("ablation_of", method)
+    chosen, params = SELECTED.get(dataset, {}).get(base, {}), config.get("method_params", {})
+    # only a value [selected] chose is "tuned": a sweep point away from it is not at any grid's edge
+    return {path: values for path, values in _tuning_grids(dataset).get(base, {}).items()
+            if path.split(".", 1)[1] in chosen and params.get(path.split(".", 1)[1]) == chosen[path.split(".", 1)[1]]}
+
+
+def flag_rules():
+    """The spec's ``[report.flags]`` with :func:`tuning_grids` as the grids the tuned values came from."""
+    return dataclasses.replace(SPEC.flag_rules(), grids=tuning_grids)
 
 
 # ======================================================================================

@@ -21,9 +21,12 @@ from fedlib.experiments import grid
 from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
 from fedlib.metrics import paired_ttest
 from fedlib.reporting import deviations_by_reason, recorded, recorded_deviations
-from fedlib.papers.f3crec.experiment import (ANALYSIS_DATASETS, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
+from fedlib.papers.f3crec.experiment import (ANALYSIS_DATASETS, flag_rules, DATASETS, METHODS, OFFLINE_DATASETS, PAPER,
                                              SENSITIVITY_GRID, SPEC, cell, eps_scale)
 from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
+
+#: a derived row carries the commits and devices of the runs it derives from (a table is a function of the records)
+_derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
            "improvement_over_second_best", "sensitivity_frame", "significance", "recorded_table",
@@ -69,7 +72,7 @@ def _improvement_over_ft(ours: pd.DataFrame, context: TableContext) -> pd.DataFr
         for (d, b, m, metric), value in avg.items():
             if m == "FT" or (d, b, "FT", metric) not in avg.index:
                 continue
-            rows.append(derived_row({"dataset": d, "backbone": b, "method": m, "metric": metric, "block": "Improv"},
+            rows.append(_derived({"dataset": d, "backbone": b, "method": m, "metric": metric, "block": "Improv"},
                                     100.0 * (value / avg[(d, b, "FT", metric)] - 1.0),
                                     context.runs_of(dataset=d, backbone=b, method=m), "100·(Avg / FT Avg − 1)",
                                     "percent"))
@@ -125,7 +128,7 @@ def _decrease_vs_f3crec(ours: pd.DataFrame, context: TableContext) -> pd.DataFra
         for (d, m, metric), value in score.items():
             if m == "F3CRec" or (d, "F3CRec", metric) not in score.index:
                 continue
-            rows.append(derived_row({"dataset": d, "backbone": "FedMF", "method": m, "metric": metric,
+            rows.append(_derived({"dataset": d, "backbone": "FedMF", "method": m, "metric": metric,
                                      "stat": "decrease_vs_F3CRec"},
                                     100.0 * (value / score[(d, "F3CRec", metric)] - 1.0),
                                     context.runs_of(dataset=d, method=m), "100·(variant / F3CRec − 1)", "percent"))
@@ -192,9 +195,9 @@ def user_tables(records, profile: str, datasets: Sequence[str] = ("ML-100K", "La
                 a10 = float(np.mean(np.asarray(analysis["a10"])[idx]))
                 keys = {"dataset": d, "backbone": "FedMF", "method": m, "setting": setting}
                 note = f"{len(idx)} users grouped by F3CRec's mean Δ in D1 (run {reference.config_hash})"
-                rows4.append(derived_row({**keys, "metric": "N@20 degradation rate (a00-a10)/a00"},
+                rows4.append(_derived({**keys, "metric": "N@20 degradation rate (a00-a10)/a00"},
                                           (a00 - a10) / a00, [record], note, "fraction"))
-                rows5.append(derived_row({**keys, "metric": "N@20 on previous task (D0 test) after training on D1"},
+                rows5.append(_derived({**keys, "metric": "N@20 on previous task (D0 test) after training on D1"},
                                           a10, [record], note, "fraction"))
     out = {}
     for table_id, rows in (("table4", rows4), ("table5", rows5)):
@@ -212,9 +215,9 @@ def table7(records, profile: str, datasets: Sequence[str] = ("ML-100K", "Lastfm-
         items = record.extra["items"]
         keys = {"dataset": d, "backbone": "FedMF", "method": m, "metric": metric}
         note = "items grouped by φ_i (bottom/top 20%), mean item rank over old users, averaged over D0→D1→D2→D3"
-        rows.append(derived_row({**keys, "setting": "static items"}, items["static_items"], [record], note, "fraction"))
-        rows.append(derived_row({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
-        rows.append(derived_row({**keys, "setting": "diff (dynamic - static)"},
+        rows.append(_derived({**keys, "setting": "static items"}, items["static_items"], [record], note, "fraction"))
+        rows.append(_derived({**keys, "setting": "dynamic items"}, items["dynamic_items"], [record], note, "fraction"))
+        rows.append(_derived({**keys, "setting": "diff (dynamic - static)"},
                                  items["dynamic_items"] - items["static_items"], [record], note, "fraction"))
     return compare(SPEC, pd.DataFrame(rows), "table7", ["dataset", "backbone", "method", "setting", "metric"], profile)
 
@@ -270,7 +273,8 @@ def write_tables(profile: str, datasets: Sequence[str] = OFFLINE_DATASETS, cell_
     """Record Table 1's statistics if needed, build every table and write ``results/f3crec[/profile]/``."""
     offline = [d for d in datasets if d in OFFLINE_DATASETS]
     return grid.write_tables(PAPER, profile, lambda records: all_tables(records, profile, datasets, cell_kwargs),
-                             lambda records: data_statistics_records(profile, offline, records))
+                             lambda records: data_statistics_records(profile, offline, records),
+                             flag_rules=flag_rules())
 
 
 # ======================================================================================
