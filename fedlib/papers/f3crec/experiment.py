@@ -53,7 +53,7 @@ from fedlib.reporting.results import config_hash
 __all__ = [
     "PAPER", "SPEC", "PARTS", "DATASETS", "OFFLINE_DATASETS", "ANALYSIS_DATASETS", "BACKBONES", "METHODS",
     "SENSITIVITY_GRID", "SELECTED", "cell", "method_params", "grid_cells",
-    "audit_cells", "select_hyperparameters", "tuning_grids", "flag_rules", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
+    "audit_cells", "select_hyperparameters", "select_backbone_lr", "backbone_choices", "tuning_grids", "flag_rules", "reg_lambda", "make_backbone", "make_method", "load_stream", "base_block",
     "run_cell", "WithUploadNoise", "run_cells", "run_grid", "run_live", "forgetting_frame", "memory_consumed_share",
 ]
 
@@ -85,32 +85,48 @@ def eps_scale(dataset: str) -> float:
     return SPEC.choice("dataset", dataset)["eps_scale"]
 
 
-def method_params(method: str, dataset: str, tuned: bool = True) -> Dict[str, Any]:
+def backbone_choices(dataset: str, backbone: str) -> Dict[str, Any]:
+    """``[selected.<dataset>.backbones.<backbone>]``: that backbone's own ``lr`` and methods' values
+    on ``dataset`` (empty where the backbone reuses the FedMF choices and its spec's rate)."""
+    return dict(SELECTED.get(dataset, {}).get("backbones", {}).get(backbone, {}))
+
+
+def method_params(method: str, dataset: str, tuned: bool = True, backbone: Optional[str] = None) -> Dict[str, Any]:
     """Hyperparameters of ``method`` (a Table 2 method or an ablation label) on ``dataset``.
 
-    ``tuned=True`` applies :data:`SELECTED` (values chosen once on validation data from the
-    FedMF tuning sweep, :func:`select_hyperparameters`); ``tuned=False`` gives the untuned
-    defaults around which that sweep varies one parameter at a time. An ablation takes
-    F3CRec's parameters (tuned or not) plus its flags.
+    ``tuned=True`` applies :data:`SELECTED` (values chosen on validation data,
+    :func:`select_hyperparameters`): ``backbone``'s own choices where it has them, else the
+    FedMF tuning sweep's; ``tuned=False`` gives the untuned defaults around which the sweeps
+    vary one parameter at a time. An ablation takes F3CRec's parameters (tuned or not) plus its flags.
     """
     own = SPEC.choice("method", method)
     base = own.get("ablation_of", method)
-    selected = SELECTED.get(dataset, {}) if tuned else {}
+    selected = {}
+    if tuned:
+        selected = backbone_choices(dataset, backbone).get(base) if backbone is not None else None
+        selected = selected if selected is not None else SELECTED.get(dataset, {}).get(base, {})
     params = SPEC.resolve(SPEC.choice("method", base)["params"], {"dataset": dataset})
-    return {**params, **selected.get(base, {}), **own.get("flags", {})}
+    return {**params, **selected, **own.get("flags", {})}
 
 
 def cell(dataset: str, backbone: str, method: str, *, params: Optional[Mapping] = None, tuned: bool = True,
-         **settings) -> Dict[str, Any]:
+         backbone_lr: Optional[float] = None, **settings) -> Dict[str, Any]:
     """The configuration of one continual run (every setting that changes its numbers).
 
     ``settings`` override the spec's ``[cell]`` defaults (``rounds``, ``patience``, ``seed``,
     ``split``, ``upload_noise``, ``analysis``, ``batch_size``, ``num_negatives``, ``dim``,
     ``num_blocks``; ``None`` keeps the default); ``params`` override the method's
-    hyperparameters (:func:`method_params`, ``tuned`` or not).
+    hyperparameters (:func:`method_params`, ``tuned`` or not). The backbone's learning rate is
+    ``backbone_lr`` when given (the ``tuning_lr`` part), else the one chosen for it on
+    ``dataset`` (:func:`backbone_choices`, tuned or not: the methods' sweeps run at it), else its spec's.
     """
     config = SPEC.config({"dataset": dataset, "backbone": backbone, "method": method}, settings)
-    config["method_params"] = {**method_params(method, dataset, tuned=tuned), **dict(params or {})}
+    lr = backbone_lr if backbone_lr is not None else backbone_choices(dataset, backbone).get("lr")
+    if lr is not None:
+        if not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"backbone_lr must be a positive number, got {lr!r}")
+        config["backbone_params"] = {**config["backbone_params"], "lr": float(lr)}
+    config["method_params"] = {**method_params(method, dataset, tuned=tuned, backbone=backbone), **dict(params or {})}
     return config
 
 
@@ -131,49 +147,100 @@ def _mean_validation(record) -> float:
     return float(np.mean(values))
 
 
-def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Dict[str, float]]]:
+def _best(scored: Sequence[Optional[tuple]]) -> Any:
+    """The value of the best ``(score, -position, value)``; ``None`` while a point is unrecorded."""
+    return None if None in scored else max(scored)[2]
+
+
+def select_backbone_lr(records, datasets: Sequence[str] = OFFLINE_DATASETS) -> Dict[str, Dict[str, float]]:
+    """Each backbone's learning rate of the ``tuning_lr`` part with the best mean validation N@20
+    of FT over D1–D3: ``{dataset: {backbone: lr}}``; a backbone with an unrecorded rate is left out."""
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(records)
+    points: Dict[tuple, list] = {}
+    for keywords, config in SPEC.labelled_cells("tuning_lr", cell, {"datasets": list(datasets)}):
+        if keywords["dataset"] not in datasets:
+            continue
+        record = known.get(config_hash(config))
+        scored = points.setdefault((keywords["dataset"], keywords["backbone"]), [])
+        scored.append(None if record is None else (_mean_validation(record), -len(scored), keywords["backbone_lr"]))
+    out: Dict[str, Dict[str, float]] = {}
+    for (dataset, backbone), scored in points.items():
+        if _best(scored) is not None:
+            out.setdefault(dataset, {})[backbone] = float(_best(scored))
+    return out
+
+
+def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[str, Dict[str, Any]]:
     """Each swept value of the ``tuning`` part with the best mean validation N@20 over D1–D3, one at a time.
 
     Returns ``{dataset: {"F3CRec": {"eps", "lambda_kd", "beta"}, "KD": {"lambda_kd"}, "Reg": {"pull"},
-    "RLP2": {"alpha"}}}`` (FedMF runs; the values are then used for every backbone). A dataset
-    whose sweep is incomplete is left out. Ties keep the first value of the grid.
+    "RLP2": {"alpha"}, "backbones": {backbone: {"lr": ..., "F3CRec": {...}, ...}}}}``: the FedMF
+    sweeps' values (used for every backbone without its own), and per backbone of the headline
+    setting its learning rate (:func:`select_backbone_lr`) and its own sweeps' values. A dataset
+    whose FedMF sweep is incomplete is left out, as is a backbone's incomplete sweep. Ties keep
+    the first value of the grid.
     """
     from fedlib.reporting.results import latest_records
 
     known = latest_records(records)
-    points: Dict[tuple, list] = {}  # (dataset, method, param) -> [(score, -position, value) or None]
+    points: Dict[tuple, list] = {}  # (dataset, backbone, method, param) -> [(score, -position, value) or None]
     for keywords, config in SPEC.labelled_cells("tuning", cell, {"datasets": list(datasets)}, **kwargs):
         sweep, record = keywords["sweep"], known.get(config_hash(config))
-        scored = points.setdefault((keywords["dataset"], keywords["method"], sweep["param"]), [])
+        scored = points.setdefault((keywords["dataset"], keywords["backbone"], keywords["method"], sweep["param"]), [])
         scored.append(None if record is None else (_mean_validation(record), -len(scored), sweep["value"]))
-    out: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for (dataset, method, param), scored in points.items():
-        out.setdefault(dataset, {}).setdefault(method, {})[param] = None if None in scored else max(scored)[2]
-    return {d: choice for d, choice in out.items() if all(None not in c.values() for c in choice.values())}
+    chosen: Dict[tuple, Dict[str, Dict[str, Any]]] = {}  # (dataset, backbone) -> {method: {param: value}}
+    for (dataset, backbone, method, param), scored in points.items():
+        chosen.setdefault((dataset, backbone), {}).setdefault(method, {})[param] = _best(scored)
+    complete = lambda choice: all(None not in c.values() for c in choice.values())
+    out = {d: dict(c) for (d, b), c in chosen.items() if b == "FedMF" and complete(c)}
+    for dataset, rates in select_backbone_lr(records, datasets).items():
+        for backbone, lr in rates.items():
+            own = chosen.get((dataset, backbone), {}) if backbone != "FedMF" else {}
+            entry = {"lr": lr, **(own if own and complete(own) else {})}
+            if dataset in out:
+                out[dataset].setdefault("backbones", {})[backbone] = entry
+    return out
 
 
 @functools.lru_cache(maxsize=None)
-def _tuning_grids(dataset: str) -> Dict[str, Dict[str, tuple]]:
+def _tuning_grids(dataset: str, backbone: str) -> Dict[str, Dict[str, tuple]]:
     grids: Dict[str, Dict[str, list]] = {}
     for keywords, _ in SPEC.labelled_cells("tuning", cell, {"datasets": [dataset]}):
-        sweep = keywords["sweep"]
-        values = grids.setdefault(keywords["method"], {}).setdefault(f"method_params.{sweep['param']}", [])
-        values.append(float(sweep["value"]))
+        if keywords["dataset"] == dataset and keywords["backbone"] == backbone:
+            sweep = keywords["sweep"]
+            grids.setdefault(keywords["method"], {}).setdefault(f"method_params.{sweep['param']}", []).append(
+                float(sweep["value"]))
+    for keywords, _ in SPEC.labelled_cells("tuning_lr", cell, {"datasets": [dataset]}):
+        if keywords["dataset"] == dataset and keywords["backbone"] == backbone:
+            grids.setdefault("*", {}).setdefault("backbone_params.lr", []).append(float(keywords["backbone_lr"]))
     return {method: {path: tuple(v) for path, v in by_path.items()} for method, by_path in grids.items()}
 
 
 def tuning_grids(config: Mapping[str, Any]) -> Dict[str, tuple]:
-    """The values the ``tuning`` part tried for each hyperparameter of ``config``'s method on its
-    dataset (``{"method_params.beta": (...)}``; an ablation's are F3CRec's), for the ``grid_edge``
-    flag: one-at-a-time FedMF sweeps around the untuned defaults, whose winners are combined."""
-    dataset, method = config.get("dataset"), config.get("method")
+    """The values tried for each chosen hyperparameter of ``config`` on its dataset, for the
+    ``grid_edge`` flag: ``{"method_params.beta": (...), "backbone_params.lr": (...)}``.
+
+    Only a value :data:`SELECTED` chose counts (a sweep point away from it is at no grid's edge).
+    A method's values come from its backbone's own sweeps where it has them, else from the FedMF
+    sweeps (one at a time around the untuned defaults, whose winners are combined); an ablation's
+    are F3CRec's. The backbone's rate comes from the ``tuning_lr`` part, for every method run at it.
+    """
+    dataset, method, backbone = config.get("dataset"), config.get("method"), config.get("backbone")
     if dataset not in SPEC.choices("dataset") or method not in SPEC.choices("method"):
         return {}
     base = SPEC.choice("method", method).get("ablation_of", method)
-    chosen, params = SELECTED.get(dataset, {}).get(base, {}), config.get("method_params", {})
-    # only a value [selected] chose is "tuned": a sweep point away from it is not at any grid's edge
-    return {path: values for path, values in _tuning_grids(dataset).get(base, {}).items()
-            if path.split(".", 1)[1] in chosen and params.get(path.split(".", 1)[1]) == chosen[path.split(".", 1)[1]]}
+    own = backbone_choices(dataset, backbone)
+    sweeps_of = backbone if base in own else "FedMF"
+    chosen = own.get(base) if base in own else SELECTED.get(dataset, {}).get(base, {})
+    params = config.get("method_params", {})
+    out = {path: values for path, values in _tuning_grids(dataset, sweeps_of).get(base, {}).items()
+           if path.split(".", 1)[1] in chosen and params.get(path.split(".", 1)[1]) == chosen[path.split(".", 1)[1]]}
+    lr_grid = _tuning_grids(dataset, backbone).get("*", {}).get("backbone_params.lr")
+    if lr_grid and "lr" in own and config.get("backbone_params", {}).get("lr") == own["lr"]:
+        out["backbone_params.lr"] = lr_grid
+    return out
 
 
 def flag_rules():
