@@ -48,9 +48,21 @@ def test_cell_defaults_follow_the_paper_settings():
     assert X.config_hash(X.cell("ML-100K", "FedMF", "FT")) != X.config_hash(X.cell("ML-100K", "FedMF", "FT", seed=1))
 
 
+def test_a_backbone_runs_at_its_own_rate_where_one_was_chosen():
+    tuned = X.backbone_choices("ML-100K", "FedNCF")["lr"]
+    assert X.cell("ML-100K", "FedNCF", "F3CRec")["backbone_params"]["lr"] == tuned
+    assert X.cell("ML-100K", "FedNCF", "F3CRec", tuned=False)["backbone_params"]["lr"] == tuned  # sweeps run at it
+    assert X.cell("ML-100K", "FedNCF", "FT", backbone_lr=0.2)["backbone_params"]["lr"] == 0.2  # the lr sweep
+    spec_rate = X.SPEC.choice("backbone", "FedNCF")["params"]["lr"]
+    assert X.cell("Lastfm-2K", "FedNCF", "F3CRec")["backbone_params"]["lr"] == spec_rate  # none chosen there
+    with pytest.raises(ValueError, match="positive number"):
+        X.cell("ML-100K", "FedNCF", "FT", backbone_lr=-1.0)
+
+
 def test_reg_lambda_pulls_a_fixed_fraction_per_step():
     c = X.cell("ML-100K", "FedNCF", "Reg", tuned=False)
-    lr_item = 0.05 * 1152 * 170.0
+    assert c["backbone_params"]["lr"] == X.backbone_choices("ML-100K", "FedNCF")["lr"]  # its own rate on ML-100K
+    lr_item = c["backbone_params"]["lr"] * 1152 * 170.0
     assert X.reg_lambda(c, 1152) == pytest.approx(X.REG_PULL / (2 * lr_item))
     # one SGD step on λ‖q − q_old‖² moves q by 2 λ lr_item (q − q_old) = pull · (q − q_old)
     assert 2 * X.reg_lambda(c, 1152) * lr_item == pytest.approx(X.REG_PULL)

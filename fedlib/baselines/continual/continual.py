@@ -26,7 +26,13 @@ Protocol choices (the public code's ``fcrec/main.py``):
   ``0..t−1`` are exactly the first rows of block ``t``'s tables. A new block's state is a
   fresh initialisation of the larger model (the backbone's own initialiser: FedMF
   ``N(0, 0.01²)``, FedNCF/PFedRec items ``N(0, 1)``) whose leading rows are overwritten by
-  the previous block's **best-validation** state.
+  the previous block's **best-validation** state (``next_block_from="best"``, the default).
+  ``next_block_from="last"`` overwrites them with the previous block's *last-round* state
+  instead (the round at which early stopping fired, else the final round), as the public
+  code's FedMF engine does: its ``add_user_item`` appends rows to the engine's live tables,
+  not to the restored best model (its FedMLP and PFedRec engines restore the best model
+  first, i.e. ``"best"``). Testing block ``t−1``, the methods' memories (KD teacher, top-N
+  lists) and F3CRec's anchor ``Q^{t−1}`` use the best-validation state either way.
 * **Participation.** ``clients_per_round=None``: every user with training data in the block
   trains in every round.
 * **Negatives.** Uniform over the block's accumulated items, excluding only the user's
@@ -60,7 +66,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -81,7 +87,7 @@ __all__ = [
     "PreviousBlock", "BlockContext", "ContinualMethod", "FineTuning", "PlanAugmentingExecutor",
     "block_seed", "grow_state", "initial_block_state",
     "BLOCK_ARTIFACTS", "block_artifacts", "block_row", "ContinualResult", "BLOCK_FORMAT", "block_payload",
-    "block_from_payload", "run_continual", "count_higher_scores", "student_ranks",
+    "block_from_payload", "NEXT_BLOCK_FROM", "run_continual", "count_higher_scores", "student_ranks",
 ]
 
 #: SeedSequence stream tags, so block seeds and growth initialisers never share numbers.
@@ -142,6 +148,11 @@ class PreviousBlock:
         private_state: the best-validation private state of every user of block ``t−1``
             (in a real deployment each user keeps only their own row).
         memory: whatever the method's :meth:`ContinualMethod.after_block` returned.
+        start_global_state, start_private_state: the state block ``t`` grows its round-0
+            state from (:func:`initial_block_state`); ``None`` (the default) means the
+            best-validation state above. :func:`run_continual` with ``next_block_from="last"``
+            sets them to block ``t−1``'s last-round state. Methods read ``global_state`` /
+            ``private_state`` (the best state), never these.
     """
 
     index: int
@@ -150,6 +161,17 @@ class PreviousBlock:
     global_state: Dict[str, torch.Tensor]
     private_state: Dict[str, torch.Tensor]
     memory: Dict[str, object] = field(default_factory=dict)
+    start_global_state: Optional[Dict[str, torch.Tensor]] = None
+    start_private_state: Optional[Dict[str, torch.Tensor]] = None
+
+    @property
+    def starting_state(self) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+        """``(global_state, private_state)`` the next block's round-0 state is grown from."""
+        if (self.start_global_state is None) != (self.start_private_state is None):
+            raise ValueError("set both start_global_state and start_private_state, or neither (the best state)")
+        if self.start_global_state is None:
+            return self.global_state, self.private_state
+        return self.start_global_state, self.start_private_state
 
     @property
     def num_users(self) -> int:
@@ -274,8 +296,9 @@ def initial_block_state(ctx: BlockContext, seed: int, device=None) -> AveragingS
     """Round-0 state of block ``ctx.index``.
 
     Block 0: the backbone's initialisation (seeded by the block's config). Block ``t ≥ 1``: the
-    previous block's best-validation state, with new users' and new items' rows drawn from the
-    backbone's initialiser (a generator seeded by ``(seed, t)``).
+    previous block's starting state (:attr:`PreviousBlock.starting_state`: its best-validation
+    state unless :func:`run_continual` was asked for the last-round one), with new users' and
+    new items' rows drawn from the backbone's initialiser (a generator seeded by ``(seed, t)``).
     """
     device = torch.device(device) if device is not None else default_device()
     if ctx.previous is None:
@@ -284,8 +307,9 @@ def initial_block_state(ctx: BlockContext, seed: int, device=None) -> AveragingS
     generator = _growth_generator(seed, ctx.index)
     fresh_global = ctx.model.init_global(generator, dtype=dtype, device=device)
     fresh_private = ctx.model.init_private(generator, dtype=dtype, device=device)
-    return AveragingState(global_state=grow_state(ctx.previous.global_state, fresh_global),
-                          private_state=grow_state(ctx.previous.private_state, fresh_private))
+    start_global, start_private = ctx.previous.starting_state
+    return AveragingState(global_state=grow_state(start_global, fresh_global),
+                          private_state=grow_state(start_private, fresh_private))
 
 
 # ======================================================================================
@@ -336,8 +360,9 @@ class ContinualResult:
             ``best_round``, ``round_index`` (rounds run), ``stopped_early``, ``best_metrics``
             (validation metrics of the selected round), ``test_metrics`` (``A[t][t]``),
             ``history``, ``selected_state`` (the best-validation :class:`AveragingState`, what
-            the next block starts from), ``method`` (the continual method's name; ``"FT"`` for a
-            shared base block) and the block's own fields in ``artifacts``
+            the next block starts from by default), ``state`` (the last-round state, what it
+            starts from with ``next_block_from="last"``), ``method`` (the continual method's
+            name; ``"FT"`` for a shared base block) and the block's own fields in ``artifacts``
             (:data:`BLOCK_ARTIFACTS`, read with :func:`block_artifacts`).
         accuracy: ``metric -> (T, T)`` array, ``accuracy[m][t, s]`` = model after block ``t``
             on block ``s``'s test set (NaN for ``s > t``, and off the diagonal when the matrix
@@ -443,6 +468,12 @@ def _evaluator(split: InteractionSplit, ks) -> RankingEvaluator:
     return RankingEvaluator(split.train, split.valid, split.test, ks=ks)
 
 
+#: What block ``t+1`` grows its round-0 state from (:func:`run_continual`'s ``next_block_from``):
+#: block ``t``'s best-validation state (fedlib's default) or its last-round state (the public
+#: code's FedMF engine).
+NEXT_BLOCK_FROM = ("best", "last")
+
+
 def run_continual(
     stream: BlockStream,
     backbone: Backbone,
@@ -458,6 +489,7 @@ def run_continual(
     device=None,
     on_block_start: Optional[Callable[[BlockContext, AveragingState], None]] = None,
     on_round_end: Optional[Callable[[RunResult, dict], None]] = None,
+    next_block_from: str = "best",
 ) -> ContinualResult:
     """Train ``method`` on ``backbone`` block after block (see the module docstring).
 
@@ -479,11 +511,22 @@ def run_continual(
         device: where states live (default :func:`fedlib.default_device`).
         on_block_start: ``callback(ctx, initial_state)`` before a block is trained.
         on_round_end: passed to :func:`~fedlib.engine.run_federated` (progress bars).
+        next_block_from: ``"best"`` (default): block ``t+1`` grows its round-0 state from block
+            ``t``'s best-validation state. ``"last"``: from block ``t``'s last-round state
+            (``RunResult.state``: the round at which early stopping fired, else the final
+            round; for a shared ``base``, the last state it stored), as the public code's
+            FedMF engine does. Either way block ``t`` is tested on its best-validation
+            state, and ``method.after_block`` (KD teacher, top-N lists) and
+            ``PreviousBlock.global_state`` (F3CRec's anchor ``Q^{t}``, Reg's target) are
+            the best-validation state: only the next block's starting point moves.
 
     Returns:
         :class:`ContinualResult`: each block's trainer ``RunResult`` (``method`` set, the
         block's fields in ``artifacts``, :data:`BLOCK_ARTIFACTS`) and the accuracy matrix.
     """
+    if next_block_from not in NEXT_BLOCK_FROM:
+        raise ValueError(f"next_block_from must be one of {NEXT_BLOCK_FROM} (block t's best-validation or "
+                         f"last-round state), got {next_block_from!r}")
     device = torch.device(device) if device is not None else default_device()
     wrapped = PlanAugmentingExecutor(executor if executor is not None else BatchedExecutor())
     total = len(stream) if num_blocks is None else min(int(num_blocks), len(stream))
@@ -543,9 +586,16 @@ def run_continual(
         results.append(run)
 
         if t + 1 < total:
+            # The memory and the anchor always come from the selected (best) state; only the
+            # next block's starting tables may be the last round's.
             memory = method.after_block(ctx, selected.global_state, selected.private_state)
+            # RunResult.state is the state after the last round run (best_state is a copy of an
+            # earlier one), so "last" needs no extra copy: both are kept in results anyway.
+            start = run.state if next_block_from == "last" else selected
             previous = PreviousBlock(index=t, split=split, model=model, global_state=selected.global_state,
-                                     private_state=selected.private_state, memory=dict(memory or {}))
+                                     private_state=selected.private_state, memory=dict(memory or {}),
+                                     start_global_state=start.global_state,
+                                     start_private_state=start.private_state)
 
     return ContinualResult(method=label, backbone=backbone.name, blocks=results, accuracy=accuracy)
 

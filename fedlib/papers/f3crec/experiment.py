@@ -41,12 +41,14 @@ import pandas as pd
 import torch
 
 from fedlib.data.protocols import build_split
+from fedlib.data.protocols.f3crec import VALID_RULES
 from fedlib.device import default_device
 from fedlib.engine import FederatedConfig, RankingEvaluator, RunResult, UploadNoise
-from fedlib.baselines.continual.continual import (ContinualMethod, FineTuning, block_artifacts, block_from_payload,
-                                                  block_payload, fedmf_backbone, fedncf_backbone, pfedrec_backbone,
-                                                  run_continual)
+from fedlib.baselines.continual.continual import (NEXT_BLOCK_FROM, ContinualMethod, FineTuning, block_artifacts,
+                                                  block_from_payload, block_payload, fedmf_backbone, fedncf_backbone,
+                                                  pfedrec_backbone, run_continual)
 from fedlib.baselines import registry
+from fedlib.papers.f3crec.method import MEMORY_REFRESH
 from fedlib.experiments.spec import load_spec
 from fedlib.reporting.results import config_hash
 
@@ -115,10 +117,16 @@ def cell(dataset: str, backbone: str, method: str, *, params: Optional[Mapping] 
 
     ``settings`` override the spec's ``[cell]`` defaults (``rounds``, ``patience``, ``seed``,
     ``split``, ``upload_noise``, ``analysis``, ``batch_size``, ``num_negatives``, ``dim``,
-    ``num_blocks``; ``None`` keeps the default); ``params`` override the method's
+    ``num_blocks``, and the official code's options ``next_block_from``, ``valid_rule``,
+    ``memory_refresh``; ``None`` keeps the default); ``params`` override the method's
     hyperparameters (:func:`method_params`, ``tuned`` or not). The backbone's learning rate is
     ``backbone_lr`` when given (the ``tuning_lr`` part), else the one chosen for it on
     ``dataset`` (:func:`backbone_choices`, tuned or not: the methods' sweeps run at it), else its spec's.
+
+    The code options (``[lists] omitted_at_default``) are left out of the config at their
+    default, so configs recorded before they existed keep their hashes; ``memory_refresh``
+    other than ``"all"`` is refused for a method without a top-N memory (only F3CRec, its
+    ablations and KD keep one).
     """
     config = SPEC.config({"dataset": dataset, "backbone": backbone, "method": method}, settings)
     lr = backbone_lr if backbone_lr is not None else backbone_choices(dataset, backbone).get("lr")
@@ -127,7 +135,18 @@ def cell(dataset: str, backbone: str, method: str, *, params: Optional[Mapping] 
             raise ValueError(f"backbone_lr must be a positive number, got {lr!r}")
         config["backbone_params"] = {**config["backbone_params"], "lr": float(lr)}
     config["method_params"] = {**method_params(method, dataset, tuned=tuned, backbone=backbone), **dict(params or {})}
-    return config
+    for key, allowed in (("next_block_from", NEXT_BLOCK_FROM), ("valid_rule", VALID_RULES),
+                         ("memory_refresh", MEMORY_REFRESH)):
+        if config[key] not in allowed:
+            raise ValueError(f"{key} must be one of {allowed} (the first is fedlib's default, the second the "
+                             f"official code's behaviour), got {config[key]!r}")
+    keeps_top_n_memory = (SPEC.choice("method", method).get("ablation_of") or method) in ("F3CRec", "KD")
+    if config["memory_refresh"] != SPEC.data["cell"]["memory_refresh"] and not keeps_top_n_memory:
+        raise ValueError(f"memory_refresh={config['memory_refresh']!r} changes nothing for {method!r}: only F3CRec, "
+                         "its ablations and KD keep top-N lists; leave memory_refresh at its default for this method")
+    # Options added after the grid was recorded: absent at their default, so old hashes still match.
+    omitted = {k for k in SPEC.list("omitted_at_default") if config[k] == SPEC.data["cell"][k]}
+    return {k: v for k, v in config.items() if k not in omitted}
 
 
 def grid_cells(part: str, datasets: Sequence[str] = OFFLINE_DATASETS, **kwargs) -> List[Dict[str, Any]]:
@@ -254,12 +273,18 @@ def flag_rules():
 def load_stream(config: Mapping[str, Any]):
     """The cell's :class:`~fedlib.data.splits.BlockStream` (or a synthetic stream, see below).
 
-    ``dataset == "synthetic"`` (smoke profile only) uses :func:`fedlib.data.synthetic.drifting_stream`.
+    ``split`` and ``valid_rule`` (absent = ``"tenth"``, the configs recorded before it existed)
+    go to :mod:`fedlib.data.protocols.f3crec`. ``dataset == "synthetic"`` (smoke profile only)
+    uses :func:`fedlib.data.synthetic.drifting_stream`, which has the default valid rule only.
     """
+    valid_rule = config.get("valid_rule", "tenth")
     if config["dataset"] == "synthetic":
+        if valid_rule != "tenth":
+            raise ValueError(f"the synthetic stream is split with valid_rule 'tenth' only, got {valid_rule!r}: "
+                             "run valid_rule 'code' on a real dataset (e.g. ML-100K)")
         from fedlib.data.synthetic import drifting_stream
         return drifting_stream(seed=0, split=config["split"])
-    return build_split("f3crec", DATASETS[config["dataset"]], split=config["split"])
+    return build_split("f3crec", DATASETS[config["dataset"]], split=config["split"], valid_rule=valid_rule)
 
 
 def make_backbone(config: Mapping[str, Any]):
@@ -309,13 +334,16 @@ class WithUploadNoise(ContinualMethod):
 def make_method(config: Mapping[str, Any], num_items: int) -> ContinualMethod:
     """The :class:`ContinualMethod` of a cell, from the registry (``num_items`` of block 1, for Reg's λ).
 
-    An ablation is F3CRec with its flags (already in ``method_params``) under the ablation's name."""
+    An ablation is F3CRec with its flags (already in ``method_params``) under the ablation's name.
+    F3CRec, its ablations and KD get the cell's ``memory_refresh`` (absent = ``"all"``)."""
     name, params = config["method"], dict(config["method_params"])
     registered = SPEC.choice("method", name).get("ablation_of") or name
     if registered == "Reg":  # the spec's pull, as the λ of the item step it pulls back
         params = {"lambda_reg": reg_lambda(config, num_items)}
     elif registered == "F3CRec":
         params.update(record_shifts=bool(config.get("analysis", False)), name=name)
+    if registered in ("F3CRec", "KD"):
+        params["memory_refresh"] = config.get("memory_refresh", "all")
     method = registry.get(registered, "continual").build(**params)
     if config.get("upload_noise", 0.0):
         method = WithUploadNoise(method, config["upload_noise"])
@@ -367,8 +395,14 @@ def base_block(config: Mapping[str, Any], stream, cache_dir: Optional[Path], dev
     "run": block_payload(run)}`` as plain values and tensors, read with ``weights_only=True``;
     a file this version cannot read (an older layout, another key) is replaced by training
     block 0 again, which gives the same numbers (block 0 is a pure function of the key).
+
+    The key holds ``valid_rule`` when the cell sets it (``"code"`` also changes block 0's
+    validation set, hence its selected round); ``next_block_from`` is not in it: the stored
+    run keeps both the best and the last-round state.
     """
     key = base_config(config)
+    if "valid_rule" in config:  # absent at its default: the recorded base files keep their names
+        key["valid_rule"] = config["valid_rule"]
     path = None if cache_dir is None else Path(cache_dir) / "base" / f"{config_hash(key)}.pt"
     if path is not None and path.exists():
         cached = _cached_block(path, key, device)
@@ -478,7 +512,8 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
     base = base_block(config, stream, cache_dir, device)
     try:
         run = run_continual(stream, backbone, method, federated_config(config), base=base, num_blocks=num_blocks,
-                            device=device, on_round_end=on_round_end)
+                            device=device, on_round_end=on_round_end,
+                            next_block_from=config.get("next_block_from", "best"))
     except ValueError as error:
         if "NaN" not in str(error):
             raise

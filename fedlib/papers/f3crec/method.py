@@ -74,7 +74,7 @@ __all__ = [
     "pre_aggregation", "item_knowledge_shift", "temporal_mean_weights", "temporal_mean", "item_temporal_mean_mix",
     # plumbing and methods
     "augment_plan_with_replay", "ReplayDistillationLoss", "ParameterRegularisationLoss",
-    "F3CRec", "kd_baseline", "ParameterRegularisation",
+    "MEMORY_REFRESH", "F3CRec", "kd_baseline", "ParameterRegularisation",
 ]
 
 #: ``round_generator`` stream of the replay-memory draws (0 = round plan, 1 = upload noise).
@@ -84,6 +84,8 @@ REPLAY_STREAM = 0x5EED
 CONTEXT_LABEL = -0.5
 #: Largest exact integer of float32 (plan labels are float32): bounds the replay label codes.
 _FLOAT32_EXACT = 1 << 24
+#: :class:`F3CRec`'s ``memory_refresh``: every user's top-N list (default) or the trained users' (public code).
+MEMORY_REFRESH = ("all", "trained")
 
 
 # ======================================================================================
@@ -661,10 +663,11 @@ class F3CRec(ContinualMethod):
     Attributes:
         lambda_kd, eps, top_n, beta: ``λ_KD`` (Eq. 6), ``ε`` (Eq. 3), ``N`` (Eq. 1), ``β`` (Eq. 9).
         client_cl, adaptive_replay, server_cl, itemwise: the ablation flags.
-        memory_refresh: which users' top-N lists are rebuilt after a block. ``"all"``: every
-            user's list and teacher logits from the newest best model. ``"trained"``: the
-            public code's behaviour: only users who trained in the block get a new list; the
-            others keep their older list, with teacher logits recomputed from the newest model.
+        memory_refresh: which users' top-N lists are rebuilt after a block (:data:`MEMORY_REFRESH`).
+            ``"all"``: every user's list and teacher logits from the newest best model.
+            ``"trained"``: the public code's behaviour: only users who trained in the block get
+            a new list; the others keep their older list, with teacher logits recomputed from
+            the newest model (users new in a block always train in it, so they get a list).
         kd_reduction: ``"mean"`` (code) or ``"sum"`` (paper's Eq. 5).
         rank_strategy: see :func:`~fedlib.baselines.continual.continual.count_higher_scores`.
         record_shifts: keep Δ/δ/|M| per call (``self.losses[block].records``).
@@ -686,8 +689,9 @@ class F3CRec(ContinualMethod):
     name: str = "F3CRec"
 
     def __post_init__(self):
-        if self.memory_refresh not in ("all", "trained"):
-            raise ValueError(f"memory_refresh must be 'all' or 'trained', got {self.memory_refresh!r}")
+        if self.memory_refresh not in MEMORY_REFRESH:
+            raise ValueError(f"memory_refresh must be one of {MEMORY_REFRESH} (rebuild every user's top-N list, or "
+                             f"only those of users who trained in the block), got {self.memory_refresh!r}")
         if not 0.0 <= self.beta < 1.0:
             raise ValueError("beta must lie in [0, 1)")
         self.losses: Dict[int, ReplayDistillationLoss] = {}
