@@ -175,3 +175,24 @@ def test_command_line_keeps_backboneless_baselines_and_chooses_where_to_train(mo
         X.main(["table1", "--local-cluster", "2", "--scheduler", "tcp://127.0.0.1:8786"])  # one of the two
     with pytest.raises(SystemExit):
         X.main(["table1", "--backbones", "MF"])                     # not a backbone of the paper
+
+
+def test_a_rate_chosen_once_per_family_is_judged_against_that_familys_grid():
+    # one choice per family (on NeuMF) serves every backbone: each cell at it gets the tuning grid
+    ptf = X.cell("ML-100K", "PTF-FedRec", backbone="LightGCN")
+    assert ptf["lr"] == X.SELECTED["PTF-FedRec"] and X.tuning_grids(ptf) == {"lr": X.LEARNING_RATES}
+    central = X.cell("ML-100K", "Centralized", backbone="LightGCN")
+    assert X.tuning_grids(central) == {"lr": X.LEARNING_RATES}
+    # another rate, or another budget (the headline's 400 rounds), is judged by its recorded neighbours
+    assert X.tuning_grids(X.cell("ML-100K", "FedPerGNN", lr=0.02)) == {}
+    assert X.tuning_grids(X.cell("ML-100K", "FedPerGNN", rounds=400)) == {}
+    headline = X.grid_cells("headline_tuning")
+    assert {(c["method"], c["rounds"]) for c in headline} == {("FedPerGNN", 400), ("Centralized", 300), ("FedKDRec", 400)}
+    for c in headline:  # each grid holds the family's rate and reaches past the end it was chosen at
+        rates = sorted(h["lr"] for h in headline if X.family(h) == X.family(c) and h.get("backbone") == c.get("backbone"))
+        chosen = X.SELECTED[X.family(c)]
+        assert len(rates) >= 3 and chosen in rates
+        if chosen == max(X.LEARNING_RATES):
+            assert rates[-1] > chosen
+        if chosen == min(X.LEARNING_RATES):
+            assert rates[0] < chosen

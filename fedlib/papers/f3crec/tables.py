@@ -29,7 +29,7 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "recorded_table",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
@@ -341,6 +341,17 @@ def lesson_claims(table2_frame: pd.DataFrame) -> pd.DataFrame:
          "paper": f"{min(paper_gains):+.1f} % to {max(paper_gains):+.1f} %",
          "ours": f"{min(gains):+.1f} % to {max(gains):+.1f} %" if gains else "—"},
     ])
+
+
+def headline_verdicts(table2_frame: pd.DataFrame, datasets: Sequence[str] = ("ML-100K",)) -> pd.DataFrame:
+    """The lesson's headline comparison: per backbone of the headline setting, F3CRec against FT
+    and the two strongest other methods on N@20 averaged over D1–D3, Welch over seeds
+    (:func:`fedlib.reporting.stats.seed_verdicts`)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    avg = table2_frame[(table2_frame["metric"] == "N@20") & (table2_frame["block"] == "Avg")
+                       & table2_frame["dataset"].isin(list(datasets))]
+    return seed_verdicts(avg, by=["dataset", "backbone"], label="method", ours="F3CRec", also=["FT"])
 
 
 def significance_frame(records, table2_frame: pd.DataFrame, cell_kwargs: Mapping) -> pd.DataFrame:

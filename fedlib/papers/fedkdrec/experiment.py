@@ -53,7 +53,7 @@ from fedlib.papers.fedkdrec.method import train_fedkdrec
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "SELECTED", "LEARNING_RATES",
+    "PAPER", "SPEC", "VERSION", "PARTS", "tuning_grids", "flag_rules", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "SELECTED", "LEARNING_RATES",
     "ALPHAS", "BETA_RANGES", "cell", "family", "method_label", "load_split", "DualProtocolRecorder", "run_cell",
     "grid_cells", "tuning_cells", "selected_from_records", "run_grid", "run_cells",
 ]
@@ -395,6 +395,25 @@ def selected_from_records(records) -> Dict[str, float]:
                                                              or value > best[family(config)][0]):
             best[family(config)] = (value, config["lr"])
     return {fam: lr for fam, (_, lr) in best.items()}
+
+
+def tuning_grids(config: Mapping[str, Any]) -> Dict[str, tuple]:
+    """The rates the ``tuning`` part tried for ``config``'s family, when the cell runs at the rate
+    chosen there (:data:`SELECTED`; one choice per family, on NeuMF, serves every backbone), for
+    the ``grid_edge`` flag; ``{}`` for a cell at another rate, whose neighbours decide."""
+    if config.get("method") not in SPEC.choices("method") or family(config) not in SELECTED:
+        return {}
+    # the tuning part ran each family at its method's default budget (200 rounds, 100 epochs)
+    default_rounds = SPEC.choice("method", config["method"]).get("cell", {}).get("rounds", SPEC.data["cell"]["rounds"])
+    at_choice = config.get("lr") == SELECTED[family(config)] and config.get("rounds") == default_rounds
+    return {"lr": LEARNING_RATES} if at_choice else {}
+
+
+def flag_rules():
+    """The spec's ``[report.flags]`` with :func:`tuning_grids` as the grids the chosen rates came from."""
+    import dataclasses
+
+    return dataclasses.replace(SPEC.flag_rules(), grids=tuning_grids)
 
 
 def run_grid(cells: Iterable[Mapping[str, Any]], profile: str = "paper", *, cache_dir=".cache/fedkdrec",

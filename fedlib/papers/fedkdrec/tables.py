@@ -30,7 +30,7 @@ import pandas as pd
 
 from fedlib.experiments import grid
 from fedlib.experiments.spec import TableContext, build_table, derived_row, metric_units
-from fedlib.papers.fedkdrec.experiment import BACKBONES, OFFLINE_DATASETS, PAPER, SPEC, cell, load_split
+from fedlib.papers.fedkdrec.experiment import BACKBONES, OFFLINE_DATASETS, PAPER, SPEC, cell, flag_rules, load_split
 from fedlib.reporting import load_paper_table  # noqa: F401  (tests compare with the paper's tables)
 from fedlib.reporting.stats import describe_p, welch_p
 
@@ -183,7 +183,8 @@ def write_tables(profile: str, cell_kwargs: Mapping = {}, *, datasets: Sequence[
     """Record the data statistics if needed, build every table and write ``results/fedkdrec[/profile]/``."""
     measured = [d for d in datasets if d in OFFLINE_DATASETS or d == "synthetic"]
     return grid.write_tables(PAPER, profile, lambda records: all_tables(records, profile, cell_kwargs, datasets=datasets),
-                             lambda records: data_statistics_records(profile, measured, records))
+                             lambda records: data_statistics_records(profile, measured, records),
+                             flag_rules=flag_rules())
 
 
 # ======================================================================================

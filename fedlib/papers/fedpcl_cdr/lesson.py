@@ -28,7 +28,7 @@ from fedlib.engine.trainer import RunResult
 from fedlib.papers.fedpcl_cdr import experiment as X
 from fedlib.papers.fedpcl_cdr import method as P
 
-__all__ = ["train_live", "prototype_signal", "resampled_signal", "server_view", "prototype_alignment", "live_table", "live_curves",
+__all__ = ["headline_verdicts", "train_live", "prototype_signal", "resampled_signal", "server_view", "prototype_alignment", "live_table", "live_curves",
            "figure_live"]
 
 
@@ -266,6 +266,16 @@ def recorded_table(number: int) -> pd.DataFrame:
         if column not in frame.columns:
             frame[column] = ""
     return frame
+
+
+def headline_verdicts(table2: pd.DataFrame, task: str = "Task 1", metric: str = "HR@10") -> pd.DataFrame:
+    """The lesson's headline comparison: FedPCL-CDR against the two strongest other methods of
+    ``task`` (the Phone-Sport substitute), per domain, Welch over seeds
+    (:func:`fedlib.reporting.stats.seed_verdicts`; values are fractions, ``gap %`` relative)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    rows = table2[(table2["task"] == task) & (table2["metric"] == metric) & (table2["stat"] == "score")]
+    return seed_verdicts(rows, by=["task", "domain"], label="method", ours="FedPCL-CDR")
 
 
 def deviation_summary(frames: Mapping[int, pd.DataFrame], max_named: Optional[int] = 6) -> pd.DataFrame:
