@@ -212,6 +212,13 @@ def test_selected_hyperparameters_are_what_the_recorded_sweep_selects():
     records = read_runs("f3crec", "paper")
     assert X.select_hyperparameters(records, X.OFFLINE_DATASETS) == X.SELECTED
     for dataset, choice in X.SELECTED.items():
-        # the selection reaches the cells: a tuned F3CRec cell carries the selected ε, λ_KD, β
-        params = X.cell(dataset, "FedNCF", "F3CRec")["method_params"]
-        assert {k: params[k] for k in choice["F3CRec"]} == choice["F3CRec"]
+        # the selection reaches the cells: a tuned F3CRec cell carries the selected ε, λ_KD, β,
+        # its backbone's own where it has them (and its backbone's own learning rate)
+        for backbone in X.BACKBONES:
+            own = choice.get("backbones", {}).get(backbone, {})
+            expected = own.get("F3CRec", choice["F3CRec"])
+            config = X.cell(dataset, backbone, "F3CRec")
+            assert {k: config["method_params"][k] for k in expected} == expected
+            if "lr" in own:
+                assert config["backbone_params"]["lr"] == own["lr"]
+    assert X.SELECTED["ML-100K"]["backbones"]["FedNCF"]["F3CRec"] != X.SELECTED["ML-100K"]["F3CRec"]  # tuned apart
