@@ -29,7 +29,7 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "recorded_table",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
@@ -341,6 +341,23 @@ def lesson_claims(table2_frame: pd.DataFrame) -> pd.DataFrame:
          "paper": f"{min(paper_gains):+.1f} % to {max(paper_gains):+.1f} %",
          "ours": f"{min(gains):+.1f} % to {max(gains):+.1f} %" if gains else "—"},
     ])
+
+
+def selected_frame() -> pd.DataFrame:
+    """The values chosen on validation (:data:`~fedlib.papers.f3crec.experiment.SELECTED`), one row
+    per dataset, backbone and method: ``backbone`` is ``"(FedMF sweeps)"`` for the values every
+    backbone without its own choices reuses; a backbone's own learning rate is a row of method ``"(lr)"``."""
+    from fedlib.papers.f3crec.experiment import SELECTED
+
+    rows = []
+    for dataset, by_method in SELECTED.items():
+        for method, values in by_method.items():
+            if method != "backbones":
+                rows.append({"dataset": dataset, "backbone": "(FedMF sweeps)", "method": method, **values})
+        for backbone, own in by_method.get("backbones", {}).items():
+            rows.append({"dataset": dataset, "backbone": backbone, "method": "(lr)", "lr": own["lr"]})
+            rows += [{"dataset": dataset, "backbone": backbone, "method": m, **v} for m, v in own.items() if m != "lr"]
+    return pd.DataFrame(rows)
 
 
 def headline_verdicts(table2_frame: pd.DataFrame, datasets: Sequence[str] = ("ML-100K",)) -> pd.DataFrame:
