@@ -10,6 +10,7 @@ from fedlib.papers.f3crec import experiment as f3crec_experiments
 from fedlib.papers.f3crec import tables as f3crec_tables
 from fedlib.notebook.records import read_records, record_frame as frame
 from fedlib.paths import project_root
+from fedlib.reporting import read_runs
 
 STEM = "02_f3crec"
 ROOT = project_root()
@@ -140,6 +141,38 @@ def test_summary_paragraph_claims_hold():
         for method in f3crec_experiments.METHODS:
             ratio = _avg(table2, "Lastfm-2K", backbone, method) / _avg(table2, "Lastfm-2K", backbone, method, "value_paper")
             assert 0.2 <= ratio <= 0.8, (backbone, method, ratio)
+
+
+def test_headline_paragraph_claims_hold():
+    # "on ML-100K, with every backbone tuned on its own and three seeds, F3CRec is within seed
+    # noise of FT and of the two strongest baselines on every backbone (gaps from −3.6 % to +1.3 %,
+    # every Welch p ≥ 0.17)"
+    headline = f3crec_tables.headline_verdicts(f3crec_tables.recorded_table("table2"))
+    assert set(headline["backbone"]) == set(f3crec_experiments.BACKBONES)
+    assert (headline.groupby("backbone")["rival"].apply(list).str[0] == "FT").all()
+    assert (headline["seeds"] == "3 vs 3").all() and (headline["verdict"] == "within seed noise").all()
+    assert f"{headline['gap %'].min():.1f}" == "-3.6" and f"{headline['gap %'].max():.1f}" == "1.3"
+    assert f"{headline['p'].min():.2f}" == "0.17"
+    # the headline cells carry none of the flags a fair budget removes
+    table2 = f3crec_tables.recorded_table("table2")
+    avg = table2[(table2.dataset == "ML-100K") & (table2.metric == "N@20") & (table2.block == "Avg")]
+    headline_rows = avg[avg.method.isin(["F3CRec", *headline["rival"]])]
+    for flag in ("one_seed", "grid_edge", "at_cap", "dirty"):
+        assert not headline_rows["flags"].str.contains(flag).any(), flag
+
+
+def test_code_readings_paragraph_claims_hold():
+    readings = f3crec_tables.code_options_frame(read_runs("f3crec", "paper"))
+    # "three seeds per cell"
+    assert len(readings) == 15 and (readings[["FT seeds", "F3CRec seeds"]] == 3).all().all()
+    # "F3CRec stays within 5 % of FT on every backbone (−5.0 % to +2.7 %)"
+    gains = readings["F3CRec over FT (%)"]
+    assert f"{gains.min():.1f}" == "-5.0" and f"{gains.max():.1f}" == "2.7" and (gains.abs() < 5.0).all()
+    # "(ML-100K: +20.9 % with FedMF, +13.8 % FedNCF, +5.5 % PFedRec)"
+    table2 = f3crec_tables.recorded_table("table2")
+    paper = {b: 100 * (_avg(table2, "ML-100K", b, "F3CRec", "value_paper") / _avg(table2, "ML-100K", b, "FT", "value_paper") - 1)
+             for b in f3crec_experiments.BACKBONES}
+    assert {b: f"{g:.1f}" for b, g in paper.items()} == {"FedMF": "20.9", "FedNCF": "13.8", "PFedRec": "5.5"}
 
 
 def test_summary_paragraph_ablation_claims_hold():

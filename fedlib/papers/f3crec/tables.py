@@ -12,6 +12,7 @@ id of the run they are computed from, an empty ``run_metric`` and a note saying 
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
@@ -29,7 +30,7 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "recorded_table",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
@@ -255,6 +256,34 @@ def sensitivity_frame(records, datasets: Sequence[str] = OFFLINE_DATASETS, cell_
                 rows.append({"dataset": d, "parameter": parameter, "value": value,
                              "N@20": record.metrics["N@20/Avg"], "valid N@20 (D1)": record.metrics.get("valid N@20/D1"),
                              "run_id": record.config_hash})
+    return pd.DataFrame(rows)
+
+
+#: The official code's readings of the ``code_options`` part, in the order the lesson shows them.
+CODE_OPTIONS = {"fedlib (defaults)": {}, "next block from the last round": {"next_block_from": "last"},
+                "code's validation size": {"valid_rule": "code"}, "memory of trained users only": {"memory_refresh": "trained"},
+                "all three (the code)": {"next_block_from": "last", "valid_rule": "code", "memory_refresh": "trained"}}
+
+
+def code_options_frame(records, dataset: str = "ML-100K", cell_kwargs: Mapping = {}) -> pd.DataFrame:
+    """FT's and F3CRec's N@20 (Avg over D1–D3) under each of the official code's readings
+    (:data:`CODE_OPTIONS`), per backbone: the seed mean, the seeds and F3CRec over FT in percent.
+    FT keeps no top-N memory, so under "memory of trained users only" it is the defaults' FT."""
+    from fedlib.papers.f3crec.experiment import BACKBONES
+
+    known, rows = latest_records(records), []
+    for backbone in BACKBONES:
+        for reading, options in CODE_OPTIONS.items():
+            row = {"backbone": backbone, "reading": reading}
+            for method in ("FT", "F3CRec"):
+                own = options if method == "F3CRec" else {k: v for k, v in options.items() if k != "memory_refresh"}
+                config = cell(dataset, backbone, method, **own, **cell_kwargs)
+                values = [known[h].metrics["N@20/Avg"] for h in (config_hash({**config, "seed": s})
+                                                                  for s in recorded_seeds(records)) if h in known]
+                row[f"{method} N@20"] = float(np.mean(values)) if values else math.nan
+                row[f"{method} seeds"] = len(values)
+            row["F3CRec over FT (%)"] = 100 * (row["F3CRec N@20"] / row["FT N@20"] - 1)
+            rows.append(row)
     return pd.DataFrame(rows)
 
 
