@@ -345,8 +345,10 @@ fnb.record("forgetting", forgetting)
 #
 # The tables below come from the recorded `paper`-profile grid (ML-100K, ML-Latest-Small and
 # Lastfm-2K; FedMF, FedNCF and PFedRec; 100 or 150 rounds per block, patience 30; one seed as in
-# the paper), not from the live run above. Hyperparameters were chosen once on validation N@20
-# with FedMF (the appendix shows that sweep). Each cell reads "ours (paper)".
+# the paper, three on ML-100K), not from the live run above. Hyperparameters were chosen on
+# validation N@20: with FedMF's sweeps on every dataset, and on ML-100K, the headline setting,
+# for each backbone on its own, its learning rate included (the appendix shows the sweeps and
+# the values chosen). Each cell reads "ours (paper)".
 #
 # ### Table 2: N@20 averaged over the incremental blocks D1–D3
 
@@ -402,9 +404,26 @@ fnb.show(claims, "The paper's headline claims against the recorded tables")
 fnb.record("deviation_summary", summary)
 
 # %% [markdown]
+# ### The headline setting, at a fair budget
+#
+# A verdict is only as good as the weakest budget behind it. On ML-100K every backbone has its
+# own learning rate and its methods' own hyperparameters, chosen on validation from grids in
+# which the chosen value is interior (the appendix lists them), and F3CRec, FT and the
+# strongest baselines have three seeds. Each row compares F3CRec with one rival by a Welch test
+# across seeds; "within seed noise" means the gap could be the seed's doing.
+
+# %%
+headline = f3crec_tables.headline_verdicts(shown["table2"])
+fnb.show(headline, "ML-100K, N@20 averaged over D1–D3: F3CRec against FT and the two strongest others", decimals=4)
+fnb.record("headline_verdicts", headline[["backbone", "rival", "verdict"]].to_dict("records"))
+
+# %% [markdown]
 # **Summary.** The claims table counts every setting: F3CRec has the best average N@20 in fewer
-# settings than the paper's nine of nine, and on ML-100K its margin over the second-best method
-# is below 2 % for every backbone (paper: 2.1 % to 8.5 %). Every Table 2 cell of ML-100K lies
+# settings than the paper's nine of nine (one seed each outside ML-100K), and on ML-100K its
+# margin over the second-best method is below 2 % for every backbone (paper: 2.1 % to 8.5 %).
+# The headline setting settles it: on ML-100K, with every backbone tuned on its own and three
+# seeds, F3CRec is within seed noise of FT and of the two strongest baselines on every backbone
+# (gaps from −3.6 % to +1.3 %, every Welch p ≥ 0.17). Every Table 2 cell of ML-100K lies
 # within 30 % of the paper. Lastfm-2K is at roughly half the paper's level for every method, FT
 # included: a data difference, not a method one. In the ablations, removing the server side
 # hurts on ML-100K as the paper says and removing the client side hurts much less; on Lastfm-2K
@@ -442,6 +461,27 @@ fnb.record("split_audit", audit)
 # table of section 4 therefore uses. The split also changes the comparison: the relative gain of
 # F3CRec over FT is not the same under the two splits.
 #
+# ### Three smaller departures from the code
+#
+# Reading the official code closely finds three more places where it does what the paper's text
+# does not say, each now an option of a cell (`spec.toml`, `[cell]`): the next block grows from
+# the **last** round's tables rather than the best-validation ones (its FedMF engine), the
+# validation set holds ⌈(n − ⌈n/10⌉)/9⌉ items per user rather than ⌈n/10⌉, and after a block
+# only the users who trained in it get a new top-N list. Do they explain the paper's margin of
+# F3CRec over FT (ML-100K: +20.9 % with FedMF, +13.8 % FedNCF, +5.5 % PFedRec)? The recorded
+# `code_options` part, three seeds per cell:
+
+# %%
+readings = f3crec_tables.code_options_frame(reporting.read_runs("f3crec", "paper"))
+fnb.show(readings, "ML-100K, N@20 averaged over D1–D3, under each of the code's readings", decimals=4)
+fnb.record("code_options", readings[["backbone", "reading", "F3CRec over FT (%)"]].to_dict("records"))
+
+# %% [markdown]
+# Under every reading, alone or all three together, F3CRec stays within 5 % of FT on every
+# backbone (−5.0 % to +2.7 %), and the readings move the two methods by about as much as the
+# seeds do. These departures do not explain the paper's margin; its numbers need something the
+# paper and its code do not show (the values it chose for its hyperparameters are not reported).
+#
 # ### The top-N memory is mostly items the user already consumed
 #
 # Eq. 1 takes the teacher's top-N over **all** items. The code does not mask the user's own
@@ -467,7 +507,9 @@ fnb.record("memory_consumed_share", consumed)
 # 4. The paper's numbers come from its code's chronological test split, not the random split its
 #    text describes; the random split roughly doubles every score.
 # 5. Our recorded grid reproduces the levels on ML-100K but not F3CRec's consistent margin over
-#    the baselines; every deviation above 20 % is listed with its reason.
+#    the baselines: at a fair budget (each backbone tuned on its own, three seeds) F3CRec is
+#    within seed noise of fine-tuning and of the strongest baselines. Every deviation above 20 %
+#    is listed with its reason.
 #
 # ### Review questions
 #

@@ -109,3 +109,21 @@ def test_exercise_4_concatenated_layers_double_the_mechanism_budget():
     assert summed["paper_epsilon"] == concatenated["paper_epsilon"] == pytest.approx(4.0)
     assert concatenated["mechanism_epsilon"] == pytest.approx(2 * summed["mechanism_epsilon"])
     assert math.isclose(summed["mechanism_epsilon"], 32.0)
+
+
+def test_headline_paragraph_claims_hold():
+    table2 = lesson.recorded_table(2)
+    found = lesson.headline_verdicts(table2).set_index(["domain", "rival"])
+    assert (found["seeds"] == "3 vs 3").all()
+    words = {key: (f"{row['gap %']:.1f}", row["p"], row["verdict"]) for key, row in found.iterrows()}
+    # "behind NeuMF in both domains beyond seed noise (−6.6 % on Phone and −7.7 % on Sport, p = 0.016 and 0.012)"
+    assert words[("Phone", "NeuMF")][0] == "-6.6" and f"{words[('Phone', 'NeuMF')][1]:.3f}" == "0.016"
+    assert words[("Sport", "NeuMF")][0] == "-7.7" and f"{words[('Sport', 'NeuMF')][1]:.3f}" == "0.012"
+    # "behind PriCDR on Sport (−7.9 %, p < 0.001), and within seed noise of PriCDR on Phone (−3.3 %, p = 0.058)"
+    assert words[("Sport", "PriCDR")][0] == "-7.9" and words[("Sport", "PriCDR")][1] < 0.001
+    assert words[("Phone", "PriCDR")][:2] == ("-3.3", pytest.approx(0.058, abs=5e-4))
+    assert [words[k][2] for k in [("Phone", "NeuMF"), ("Sport", "NeuMF"), ("Sport", "PriCDR"), ("Phone", "PriCDR")]] == [
+        "behind", "behind", "behind", "within seed noise"]
+    # "The paper puts FedPCL-CDR 2.2 and 3.3 points of HR@10 ahead of its best baseline on its Task 1"
+    imp = table2[(table2["task"] == "Task 1") & (table2["metric"] == "HR@10") & (table2["stat"] != "score")]
+    assert sorted(f"{v:.1f}" for v in imp["value_paper"]) == ["2.2", "3.3"]

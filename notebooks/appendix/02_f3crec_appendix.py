@@ -179,9 +179,8 @@ spread = sweep.groupby(["dataset", "parameter"], sort=False)["N@20"].agg(lambda 
 print("max − min of N@20 across each sweep:\n" + spread.round(4).unstack("parameter").to_string())
 
 # %%
-tuned = pd.DataFrame([{"dataset": d, "method": m, **v} for d, by_method in f3crec_experiments.SELECTED.items()
-                      for m, v in by_method.items()])
-print("Values chosen on validation (fedlib.papers.f3crec.experiment.SELECTED):")
+tuned = f3crec_tables.selected_frame()
+print("Values chosen on validation (fedlib.papers.f3crec.experiment.SELECTED; on ML-100K each backbone has its own):")
 print(tuned.to_string(index=False, na_rep=""))
 
 # %% [markdown]
