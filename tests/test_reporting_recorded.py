@@ -73,6 +73,9 @@ def test_grid_edge_flags_a_tuned_value_at_the_end_of_the_values_tried(root):
     # a written table's flags are kept when it is read again without the rules
     written = with_flags(frame, records, rules=rules)
     assert list(with_flags(written, records)["flags"]) == list(written["flags"])
+    # an empty flags cell read from a CSV is NaN: it adds nothing
+    empty = written.assign(flags=[math.nan, "grid_edge", math.nan, math.nan, math.nan])
+    assert list(with_flags(empty, records)["flags"]) == ["one_seed", "grid_edge", "one_seed", "one_seed", "one_seed"]
 
 
 def test_a_written_table_carries_its_flags_in_the_csv(root):

@@ -161,7 +161,8 @@ def merge_flags(*lists: Iterable[str]) -> str:
     """The union of flag lists (or ``;``-joined strings), in :data:`FLAG_ORDER` (unknown flags last)."""
     found: List[str] = []
     for flags in lists:
-        items = _text(flags).split(";") if isinstance(flags, str) or flags is None else list(flags)
+        # a list of flags, or a ";"-joined string (a CSV cell read as NaN when empty)
+        items = list(flags) if isinstance(flags, (list, tuple, set)) else _text(flags).split(";")
         found.extend(f for f in items if f and f not in found)
     known = [f for f in FLAG_ORDER if f in found]
     return ";".join(known + [f for f in found if f not in FLAG_ORDER])
