@@ -431,7 +431,10 @@ paper_grid(hr, rows="method", columns=["task", "domain"], decimals=3, row_order=
 
 # %%
 headline = lesson.headline_verdicts(table2)
-fnb.show(headline, "Phone-Sport substitute, HR@10: FedPCL-CDR against the two strongest others", decimals=3)
+result = [f"{gap:+.1f} %, p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}: {verdict}"
+          for gap, p, verdict in headline[["gap %", "p", "verdict"]].values]
+fnb.show(headline.assign(result=result).pivot(index="domain", columns="rival", values="result").reset_index(),
+         "Phone-Sport, HR@10: FedPCL-CDR against each rival")
 fnb.record("headline_verdicts", headline[["domain", "rival", "verdict"]].to_dict("records"))
 
 # %% [markdown]

@@ -64,9 +64,9 @@ def test_pending_cost_scales_with_the_dataset(project):
     report = grid.pending_report(PAPER, "paper", cells, label=lambda c: c["method"]).set_index("label")
     # "large" ran 9x dearer than "small" for A, the one label run on both: B's 20 s on "small" x 9
     assert report.loc["B", "pending_h"] == pytest.approx(20.0 * 9.0 / 3600)
-    # C on "small": no run of that very cell (other params), but C's own runs on "small": 50 s;
-    # C on a task nobody has run yet: C's median unscaled
-    assert report.loc["C", "pending_h"] == pytest.approx((50.0 + 50.0) / 3600)
+    # C on "small": no run of that very cell, but C's own run on "small" (50 s over a cap of 7
+    # rounds) scaled to the cell's cap of 3 rounds; C on a task nobody has run yet: C's median unscaled
+    assert report.loc["C", "pending_h"] == pytest.approx((50.0 * 3 / 7 + 50.0) / 3600)
 
 
 def test_pending_cost_follows_the_nearest_configs_of_the_label(project):

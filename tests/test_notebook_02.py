@@ -233,8 +233,8 @@ def test_audit_paragraph_claims_hold(quick_records):
     chrono, random = audit[("chronological (code)", "FT")], audit[("random (paper text)", "FT")]
     # "the chronological split gives FT about the paper's value and the random split about twice it"
     assert abs(chrono / paper_ft - 1) < 0.1 and 1.7 < random / chrono < 2.5
-    # "the top-N memory is mostly items the user already consumed"
-    assert quick_records["memory_consumed_share"] > 0.5
+    # "much of the top-N memory is items the user already consumed (about 40 % of the list ...)"
+    assert 0.35 < quick_records["memory_consumed_share"] < 0.5
 
 
 def test_exercise_3_expectation_holds_in_the_recorded_sweep():

@@ -64,7 +64,7 @@ from fedlib.papers.fedcsr.training import FedCSRTrainConfig, train_fedcsr
 from fedlib.reporting.results import config_hash
 
 __all__ = [
-    "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "METHODS", "BASELINES", "VARIANTS", "ALPHAS", "SMALL_DIM",
+    "PAPER", "SPEC", "VERSION", "PARTS", "HEADLINE_PARTS", "DATASETS", "METHODS", "BASELINES", "VARIANTS", "ALPHAS", "SMALL_DIM",
     "TIES_AGAINST_PREFIX", "CHECKPOINT_EVERY_S", "cell", "method_cell", "method_label", "load_split",
     "largest_platforms", "random_ranking_mrr", "constant_score_audit", "fedcsr_configs", "run_cell", "grid_cells",
     "unique_cells", "run_grid", "run_cells", "main", "config_hash",
@@ -75,6 +75,9 @@ PAPER = "fedcsr"
 SPEC = load_spec(PAPER)  # spec.toml, next to this module
 VERSION = SPEC.version
 PARTS = SPEC.parts
+#: The fair-budget parts (the headline comparison at the paper's 100 rounds, three seeds, and its
+#: learning-rate check), recorded after the tables' grid; the tables' grid is every other part.
+HEADLINE_PARTS = ("headline", "headline_lr")
 #: Paper scenario -> protocol dataset name (the synthetic smoke task has none).
 DATASETS: Dict[str, str] = {name: c["registry"] for name, c in SPEC.choices("dataset").items() if "registry" in c}
 BASELINES = tuple(SPEC.list("baselines"))
