@@ -115,8 +115,8 @@ def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) 
         if record is None:
             raise ValueError(f"headline_tuning has no record of {method_label(config)} at lr {config['params']['lr']} "
                              f"on {config['dataset']} ({config['sampler']}): run python -m fedlib grid fedrkg headline_tuning")
-        score = record.metrics.get("valid/" + SELECTION_METRIC, float("nan"))
-        score = -math.inf if not math.isfinite(score) else score
+        score = record.metrics.get("valid/" + SELECTION_METRIC)
+        score = -math.inf if score is None or not math.isfinite(score) else score   # a run that diverged at once
         key = (config["dataset"], config["sampler"], config["method"])
         code_rate = DEFAULT_PARAMS[config["method"]]["lr"]
         lr = config["params"]["lr"]
