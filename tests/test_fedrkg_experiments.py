@@ -288,7 +288,7 @@ def _tuning_records(scores):
 
     return [SimpleNamespace(config_hash=X.config_hash(c), seed=0,
                             metrics={"valid/Recall@10": scores(c["sampler"], c["method"], c["params"]["lr"])})
-            for c in X.grid_cells("headline_tuning", datasets=["FilmTrust"])]
+            for c in X.grid_cells("headline_tuning") if c["dataset"] == "FilmTrust"]
 
 
 def test_learning_rate_selection_takes_the_validation_best_and_breaks_ties_towards_the_codes_rate():

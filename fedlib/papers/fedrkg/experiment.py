@@ -110,7 +110,9 @@ def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) 
     known = latest_records(records)
     chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
     tried: Dict[tuple, List[tuple]] = {}
-    for config in grid_cells("headline_tuning", datasets=datasets):
+    for config in grid_cells("headline_tuning"):
+        if config["dataset"] not in datasets:
+            continue
         record = known.get(config_hash(config))
         if record is None:
             raise ValueError(f"headline_tuning has no record of {method_label(config)} at lr {config['params']['lr']} "
