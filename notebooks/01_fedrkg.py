@@ -392,13 +392,34 @@ fnb.record("deviations_r10", found)
 #   (paper 35.07), the share of hittable test items (§1).
 # * **The baselines are not all reproduced, under either sampler.** Under the leaky sampler
 #   FedMF on FilmTrust is above the paper (43.31 vs 31.05), GPFedRec (28.04 vs 40.96), CoFedRec
-#   (32.14 vs 41.52) and FedRAP (9.28 vs 97.39) below it, and PFedRec on Amazon-Video too (4.23 vs
+#   (32.14 vs 41.52) and FedRAP (9.28 vs 97.39) below it, and PFedRec on Amazon-Video too (4.52 vs
 #   6.58); the table above lists every such cell with its reason.
-# * **The headline does not survive the correct sampler.** There FedRKG falls to 0.60 on
-#   FilmTrust and 0.26 on Amazon-Video (five seeds each), below FedMF (30.38 and 5.52).
+# * **The headline does not survive the correct sampler.** There FedRKG falls to 0.50 on
+#   FilmTrust and 0.15 on Amazon-Video (five seeds each), below FedMF (30.38 and 5.52).
 # * **Adaptive Guidance adds nothing measurable.** w/o AG matches FedRKG wherever both are
 #   recorded, because the gate stays at 0.5 (appendix: the probe of Tables 4, D.3, D.4).
 # * **The LDP claim is vacuous**: ε is in the millions (above), so "w/ DP" protects nothing.
+#
+# **The headline across seeds.** A verdict is only as good as the weakest budget behind it. On
+# FilmTrust and Amazon-Video under the correct sampler, every method of the comparison runs at
+# the learning rate validation chose for it on that dataset (seed 0, from a grid that holds the
+# choice inside it: the appendix lists every rate tried), with five seeds. Each row compares
+# FedRKG with one rival by a Welch test across seeds.
+
+# %%
+headline = tables.headline_verdicts(flagged["table1"])
+fnb.show(headline[["dataset", "rival", "ours", "theirs", "gap %", "seeds", "p", "verdict"]]
+         .assign(p=headline["p"].map("{:.0e}".format)).round({"ours": 2, "theirs": 2, "gap %": 1}),
+         "R@10 (%), correct sampler: FedRKG against FedMF, PFedRec and the two strongest others")
+fnb.record("headline_verdicts", headline[["dataset", "rival", "verdict"]].to_dict("records"))
+
+# %% [markdown]
+# FedRKG is **behind** every rival beyond seed noise on both datasets: 95.1 % to 98.4 % below
+# FedMF, PFedRec, MF and FedNCF, with every Welch p below 1e-4. The rows carry no flag: every
+# method runs at the rate validation chose, inside the rates tried, with five seeds at committed
+# code. Tuning does not rescue FedRKG: under the correct sampler its validation R@10 stays below
+# 1 % at every rate from 0.01 to 0.3 (appendix A1), and at the chosen 0.03 its test R@10 is a
+# little under what the code's 0.1 gave (0.60 and 0.26). The paper's headline is the leak's.
 #
 # ## 5. The audit
 #

@@ -278,3 +278,51 @@ def test_gpfedrec_cells_record_the_graph_round_by_round():
         if entry["complete"]:  # every user has every participant as a neighbour
             assert entry["min_neighbours"] == entry["mean_neighbours"]
     assert "graph_log" not in X.run_cell(X.cell("synthetic", "FedMF", rounds=2, eval_every=1), device="cpu")["extra"]
+
+
+# --- the headline's learning rates, chosen on validation ------------------------------------------
+
+def _tuning_records(scores):
+    """Hand-made records of headline_tuning on FilmTrust: ``scores(sampler, method, lr) -> valid R@10``."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(config_hash=X.config_hash(c), seed=0,
+                            metrics={"valid/Recall@10": scores(c["sampler"], c["method"], c["params"]["lr"])})
+            for c in X.grid_cells("headline_tuning") if c["dataset"] == "FilmTrust"]
+
+
+def test_learning_rate_selection_takes_the_validation_best_and_breaks_ties_towards_the_codes_rate():
+    code = {m: X.DEFAULT_PARAMS[m]["lr"] for m in ("FedRKG", "FedMF", "PFedRec", "FedNCF", "MF")}
+    # FedMF: the largest rate wins outright; PFedRec: a three-way tie goes to the code's rate;
+    # FedNCF: a tie between the two rates other than the code's goes to the smaller; MF: NaN never wins
+    def scores(sampler, method, lr):
+        if method == "FedMF":
+            return lr / 10
+        if method == "PFedRec":
+            return 0.5
+        if method == "FedNCF":
+            return 0.1 if lr == code["FedNCF"] else 0.3
+        if method == "MF":
+            return float("nan") if lr == 30.0 else lr / 100
+        return 0.2 if lr == code["FedRKG"] else 0.1
+    chosen = X.select_learning_rates(_tuning_records(scores), datasets=["FilmTrust"])
+    assert set(chosen) == {"FilmTrust"} and set(chosen["FilmTrust"]) == {"correct", "leaky"}
+    assert chosen["FilmTrust"]["correct"] == {"FedRKG": code["FedRKG"], "FedMF": 3.0, "PFedRec": code["PFedRec"],
+                                              "FedNCF": 0.02, "MF": 10.0}
+    with pytest.raises(ValueError, match="run python -m fedlib grid fedrkg headline_tuning"):
+        X.select_learning_rates(_tuning_records(scores)[1:], datasets=["FilmTrust"])
+
+
+def test_selected_rates_are_what_the_recorded_tuning_selects_and_reach_the_tuned_cells():
+    """SELECTED is not hand-picked: it is what the committed headline_tuning runs select."""
+    from fedlib.reporting.results import read_runs
+
+    assert X.select_learning_rates(read_runs("fedrkg", "paper")) == X.SELECTED
+    for dataset, samplers in X.SELECTED.items():
+        for sampler, rates in samplers.items():
+            for method, rate in rates.items():
+                assert X.cell(dataset, method, sampler=sampler, tuned=True)["params"]["lr"] == rate
+                assert X.cell(dataset, method, sampler=sampler, tuned=True, params={"lr": 7.0})["params"]["lr"] == 7.0
+    # without a choice (LastFM-2K, or FedDAE) a tuned cell is the untuned one
+    assert X.cell("LastFM-2K", "FedMF", tuned=True) == X.cell("LastFM-2K", "FedMF")
+    assert X.cell("FilmTrust", "FedDAE", tuned=True) == X.cell("FilmTrust", "FedDAE")

@@ -176,3 +176,33 @@ def test_rerun_trains_recorded_cells_again_and_the_new_record_wins(project):
     # the cache now holds the rerun's result, so a plain grid (or a fresh clone) skips A again
     frame = grid.run_recorded_grid(PAPER, cells, train, "paper", cache_dir=project / "cache", progress=False)
     assert trained == ["A", "B", "A"] and sorted(frame["metrics.x"]) == [20.0, 30.0]
+
+
+def test_rerun_dirty_trains_the_cells_whose_latest_record_is_dirty_and_the_pending_ones(project, capsys):
+    """``--rerun-dirty``: B's only record is dirty and D has none; A is clean and C was re-recorded
+    cleanly after a dirty record, so neither trains."""
+    append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 1.0}, 60.0, commit="aaaa111")
+    append_run(PAPER, "paper", _cell("B", 0), 0, {"x": 1.0}, 60.0, commit="aaaa111+dirty")
+    append_run(PAPER, "paper", _cell("C", 0), 0, {"x": 1.0}, 60.0, commit="aaaa111+dirty")
+    append_run(PAPER, "paper", _cell("C", 0), 0, {"x": 2.0}, 60.0, commit="bbbb222")
+    calls = []
+
+    def grid_cells(part):
+        return [_cell(method, 0) for method in "ABCD"]
+
+    def run(*args, **kwargs):
+        calls.append((args, kwargs))
+    common = dict(paper=PAPER, title="T", parts=("main",), grid_cells=grid_cells, run_grid=run,
+                  label=lambda c: c["method"])
+    out = grid.grid_main(["main", "--rerun-dirty"], **common)
+    (cells, profile), kwargs = calls[0]
+    assert [c["method"] for c in cells] == ["B", "D"] == [c["method"] for c in out]
+    assert profile == "paper" and kwargs["rerun"] is True
+    assert "2 selected cells have a dirty latest record or none" in capsys.readouterr().out
+    # a dirty record written after a clean one makes the cell dirty again
+    append_run(PAPER, "paper", _cell("A", 0), 0, {"x": 3.0}, 60.0, commit="cccc333+dirty")
+    assert [c["method"] for c in grid.dirty_or_pending_cells(PAPER, "paper", grid_cells("main"))] == ["A", "B", "D"]
+    for other in ("--rerun", "--pending"):
+        with pytest.raises(SystemExit):
+            grid.grid_main(["main", "--rerun-dirty", other], **common)
+    assert len(calls) == 1

@@ -263,3 +263,38 @@ def test_appendix_ldp_bullet_quotes_fedmf_seed_0():
     assert (f"FedMF (seed 0: {100 * plain.metrics['Recall@10']:.1f} → "
             f"{100 * private.metrics['Recall@10']:.1f})") in prose
     assert private.metrics["ldp_epsilon"] > 1e6 and "ε is in the millions" in prose
+
+
+def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
+    import fedlib.papers.fedrkg.experiment as X
+    import fedlib.papers.fedrkg.tables as T
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    prose = " ".join(_paragraph(STEM, "is **behind** every rival").split())
+    table1 = _table("table1")
+    headline = T.headline_verdicts(table1)
+    assert set(headline["dataset"]) == {"FilmTrust", "Amazon-Video"}
+    assert set(headline["rival"]) == {"FedMF", "PFedRec", "MF", "FedNCF"}
+    assert (headline["verdict"] == "behind").all() and (headline["seeds"] == "5 vs 5").all()
+    assert f"{-headline['gap %'].max():.1f} % to {-headline['gap %'].min():.1f} % below" in prose
+    assert (headline["p"] < 1e-4).all() and "every Welch p below 1e-4" in prose
+    # "The rows carry no flag"
+    r10 = table1[(table1.metric == "R@10") & (table1.stat == "score") & (table1.sampler == "correct")
+                 & table1.dataset.isin(["FilmTrust", "Amazon-Video"])
+                 & table1.method.isin(["FedRKG", "FedMF", "PFedRec", "MF", "FedNCF"])]
+    assert len(r10) == 10 and r10["flags"].isna().all() and (r10["n_seeds"] == 5).all()
+    # "its validation R@10 stays below 1 % at every rate from 0.01 to 0.3"
+    tuning = T.headline_tuning_frame(read_runs("fedrkg", "paper"))
+    fedrkg = tuning[(tuning.method == "FedRKG") & (tuning.sampler == "correct")]
+    for text in fedrkg["validation R@10 (%) per rate"]:
+        rates = dict(part.split(": ") for part in text.split(", "))
+        assert set(rates) == {"0.01", "0.03", "0.1", "0.3"} and all(float(v) < 1.0 for v in rates.values())
+    assert (fedrkg["chosen"] == 0.03).all()
+    # "(0.60 and 0.26)": the code's rate 0.1, five seeds
+    known = latest_records(read_runs("fedrkg", "paper"))
+    for dataset, quoted in (("FilmTrust", "0.60"), ("Amazon-Video", "0.26")):
+        values = [known[X.config_hash(X.cell(dataset, "FedRKG", sampler="correct", seed=s))].metrics["Recall@10"]
+                  for s in range(5)]
+        assert f"{100 * np.mean(values):.2f}" == quoted
+    assert "(0.60 and 0.26)" in prose

@@ -228,3 +228,28 @@ def test_tables_paragraph_follows_the_recorded_seed_tests():
         assert effects.loc[(variant, backbone), "gain"] < 0 and effects.loc[(variant, backbone), "p_welch"] < 0.05
     singles = effects.drop(index="-m-c~s", level="variant")
     assert "single components often do not matter" in prose and (singles["p_welch"] >= 0.05).sum() >= len(singles) / 2
+
+
+def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
+    prose = " ".join(_cell_text(STEM, "is **ahead** of PTF-FedRec").split())
+    table1 = lesson.recorded_table("table1")
+    headline = lesson.headline_verdicts(table1).set_index(["backbone", "rival"])
+    assert set(headline.index.get_level_values("backbone")) == {"NeuMF", "NeuNCF", "LightGCN"}
+    assert (headline["seeds"] == "5 vs 5").all()
+    ptf = headline.xs("PTF-FedRec", level="rival")
+    assert (ptf["verdict"] == "ahead").all()
+    for backbone in ("NeuMF", "NeuNCF", "LightGCN"):
+        assert f"+{ptf.loc[backbone, 'gap %']:.1f} % on {backbone}" in prose, backbone
+    central = headline.xs("Centralized", level="rival")
+    assert (central["verdict"] == "behind").all()
+    assert f"{central['gap %'].max():.1f} % to {central['gap %'].min():.1f} %".replace("-", "−") in prose
+    gnn = headline.xs("FedPerGNN", level="rival")
+    assert gnn.loc["NeuMF", "verdict"] == gnn.loc["LightGCN", "verdict"] == "behind"
+    assert f"({gnn.loc['NeuMF', 'gap %']:.1f} %, {gnn.loc['LightGCN', 'gap %']:.1f} %)".replace("-", "−") in prose
+    assert gnn.loc["NeuNCF", "verdict"] == "within seed noise"
+    assert f"({gnn.loc['NeuNCF', 'gap %']:.1f} %, p = {gnn.loc['NeuNCF', 'p']:.2f})".replace("-", "−") in prose
+    # the flags the paragraph names are on the rows
+    n10 = table1[(table1.dataset == "MovieLens-100K") & (table1.metric == "N@10")]
+    assert {"at_cap", "grid_edge"} <= set(n10[n10.method == "FedPerGNN"]["flags"].iloc[0].split(";"))
+    assert all("grid_edge" in f for f in n10[n10.method == "Centralized"]["flags"])
+    assert all("grid_edge" in f for f in n10[n10.method == "PTF-FedRec"]["flags"])

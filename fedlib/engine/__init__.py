@@ -31,6 +31,10 @@ Gaussian noise) and its ε under user-level adjacency (Opacus' RDP accountant)::
     noise = GradientNoise(clip_norm=0.1, noise_multiplier=1.0, params=("personal_item_emb",))
     method = personal_table_method(model, gradient_noise=noise)
     dp_epsilon(noise, steps_per_round=1, rounds=1000, sample_rate=1.0, delta=1e-5)
+
+Adam on the server (FedAdam; FedDAE's code), its moments kept in the run's state and checkpoints::
+
+    method = dataclasses.replace(method, server_optimizer=ServerAdam(lr=1e-3))
 """
 from fedlib.engine.algorithm import Algorithm, RoundContext, RoundReport
 from fedlib.engine.aggregation import Aggregation, client_weights, fedavg, interpolate_with_previous
@@ -48,6 +52,7 @@ from fedlib.engine.method import (
 )
 from fedlib.engine.privacy import dp_epsilon
 from fedlib.engine.selection import Selection
+from fedlib.engine.server_optim import ServerAdam
 from fedlib.engine.trainer import RunResult, Schedule, train
 from fedlib.engine.plan import (
     RoundPlan, client_noise_generator, make_round_plan, round_generator, round_noise_key, select_clients,
@@ -63,7 +68,7 @@ __all__ = [
     "train_centralised", "Checkpointer", "checkpoint_progress", "CommunicationLedger", "RankingEvaluator", "union_pairs",
     "BatchedExecutor", "SequentialExecutor", "LocalUpdateResult", "make_executor",
     "FederatedConfig", "run_federated",
-    "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "dp_epsilon", "bce_client_loss",
+    "FederatedMethod", "LocalBatch", "UploadNoise", "GradientNoise", "ServerAdam", "dp_epsilon", "bce_client_loss",
     "fedmf_method", "fedncf_method", "pfedrec_method", "personal_table_method", "chain_hooks",
     "RoundPlan", "make_round_plan", "round_generator", "round_noise_key", "client_noise_generator", "select_clients",
     "ClientRowUpdates", "client_upload_noise", "client_gradient_noise", "gradient_noise_shapes",

@@ -8,6 +8,7 @@
         each client c: local SGD on its own copy → upload Δ_c + ε_c  (executor; ε_c = optional noise)
                                                                      (ledger: upload)
         θ      ← θ + Σ_c w_c (Δ_c + ε_c)                            (aggregation)
+        θ      ← server_optimizer(θ_previous, θ)                     (optional: Adam on −Δ̄)
         θ      ← server_mix(θ_previous, θ)                           (optional hook)
         every k rounds: evaluate on validation, keep the best, stop after `patience`
 
@@ -44,7 +45,10 @@ from fedlib.engine.trainer import RunResult, Schedule, start_run
 from fedlib.engine.trainer import train as train_rounds
 from fedlib.engine.uploads import record_round_communication
 
-__all__ = ["FederatedConfig", "AveragingState", "ParameterAveraging", "run_federated"]
+__all__ = ["FederatedConfig", "AveragingState", "ParameterAveraging", "run_federated", "SERVER_OPTIMIZER_KEY"]
+
+# Where AveragingState.extra keeps the server optimiser's moments (saved with every checkpoint).
+SERVER_OPTIMIZER_KEY = "server_optimizer"
 
 
 
@@ -178,11 +182,17 @@ class ParameterAveraging:
         result = self.executor.local_updates(                                                # local updates
             method, state.global_state, state.private_state, plan, weights, **noise)
         new_global = method.aggregation.apply(state.global_state, result.update)            # aggregate
+        extra = state.extra
+        if method.server_optimizer is not None:                                               # server Adam on −Δ̄
+            rates = {name: method.lr(name, context.index) for name in new_global}
+            new_global, moments = method.server_optimizer.step(
+                state.global_state, new_global, state.extra.get(SERVER_OPTIMIZER_KEY), rates)
+            extra = {**state.extra, SERVER_OPTIMIZER_KEY: moments}       # a new dict: copies keep their own
         if method.server_mix is not None:
             new_global = method.server_mix(state.global_state, new_global, context.index)    # mix with earlier θ
         losses = result.client_losses
         loss = float(losses.mean()) if losses.numel() else float("nan")
-        return AveragingState(new_global, state.private_state, state.extra), RoundReport(train_loss=loss)
+        return AveragingState(new_global, state.private_state, extra), RoundReport(train_loss=loss)
 
     def evaluate(self, state: AveragingState, split: str) -> Dict[str, float]:
         return self.evaluator(self.method.model, state.global_state, state.private_state, split)

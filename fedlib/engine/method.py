@@ -43,6 +43,7 @@ from torch.autograd.graph import increment_version
 
 from fedlib.engine.adam_kernel import adam_moments, adam_params
 from fedlib.engine.aggregation import Aggregation, ServerMixFn
+from fedlib.engine.server_optim import ServerAdam
 from fedlib.models.base import FederatedModel
 from fedlib.models.mf import FedMF
 from fedlib.models.ncf import FedNCF
@@ -506,6 +507,10 @@ class FederatedMethod:
             ``LocalOptimizer(name)``. Adam composes with every other option (clipping and
             gradient noise act on the gradient before Adam; each ``update_steps`` group steps
             its own parameters); see :class:`LocalOptimizer` for its per-round semantics.
+        server_optimizer: ``None`` (default: θ ← θ + Δ̄, plain FedAvg) or a
+            :class:`~fedlib.engine.server_optim.ServerAdam` that steps the public parameters
+            with the negated mean change as its gradient, its moments kept by the trainer
+            (FedDAE's code; FedAdam). Applied after aggregation and before ``server_mix``.
     """
 
     model: FederatedModel
@@ -522,9 +527,18 @@ class FederatedMethod:
     upload_mode: str = "full"
     gradient_noise: Optional[GradientNoise] = None
     optimizer: Union[str, LocalOptimizer] = "sgd"
+    server_optimizer: Optional[ServerAdam] = None
 
     def __post_init__(self):
         object.__setattr__(self, "optimizer", LocalOptimizer.of(self.optimizer))
+        if self.server_optimizer is not None:
+            if not isinstance(self.server_optimizer, ServerAdam):
+                raise TypeError(f"server_optimizer must be a ServerAdam or None, "
+                                f"got {type(self.server_optimizer).__name__}")
+            if self.server_optimizer.pseudo_gradient == "mean_gradient" and self.optimizer.is_adam:
+                raise ValueError("ServerAdam(pseudo_gradient='mean_gradient') recovers the clients' gradients from "
+                                 "SGD changes (Δ = −lr · Σ g); with a local Adam the change is not a multiple of "
+                                 "the gradient: use optimizer='sgd' or pseudo_gradient='change'")
         if self.upload_mode not in UPLOAD_MODES:
             raise ValueError(f"upload_mode must be one of {UPLOAD_MODES}, got {self.upload_mode!r}")
         if self.upload_noise is not None and not isinstance(self.upload_noise, UploadNoise):

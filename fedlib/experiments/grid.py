@@ -202,6 +202,18 @@ def pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) 
     return [c for c in unique_cells(cells) if config_hash(c) not in known]
 
 
+def dirty_or_pending_cells(paper: str, profile: str, cells: Iterable[Mapping[str, Any]]) -> List[Dict[str, Any]]:
+    """The distinct ``cells`` whose latest record at ``profile`` was written from a tree with
+    uncommitted changes (commit ``...+dirty``: the code behind it cannot be recovered), and those
+    without a record, in first-seen order: what ``--rerun-dirty`` trains."""
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(read_runs(paper, profile))
+    return [c for c in unique_cells(cells)
+            if config_hash(c) not in known or str(known[config_hash(c)].commit).endswith("+dirty")]
+
+
 def pending_report(paper: str, profile: str, cells: Sequence[Mapping[str, Any]],
                    label: Optional[Callable[[Mapping[str, Any]], str]] = None,
                    cache_dir: Optional[Path] = None) -> pd.DataFrame:
@@ -338,12 +350,19 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
     parser.add_argument("--rerun", action="store_true",
                         help="train the selected cells again even when recorded, appending a new record that the "
                              "tables then read (e.g. to record metrics added since the cell ran)")
+    parser.add_argument("--rerun-dirty", action="store_true",
+                        help="train the selected cells whose latest record was written from uncommitted code "
+                             "(commit '+dirty') again, appending records the tables then read, and those not yet "
+                             "recorded; run it from a clean checkout")
     parser.add_argument("--pending", action="store_true",
                         help="print what is left of the selected cells per row label (recorded, pending, a "
                              "wall-time guess from the recorded runs) and exit without training")
     args = parser.parse_args(argv)
     if args.rerun and args.pending:
         parser.error("--rerun trains cells and --pending trains none: give one of them")
+    if args.rerun_dirty and (args.rerun or args.pending):
+        parser.error("--rerun-dirty trains the dirty and pending cells; it goes with neither --rerun (every "
+                     "selected cell) nor --pending (none): give one of them")
     if args.local_cluster is not None and args.local_cluster < 1:
         parser.error(f"--local-cluster needs at least one worker, got {args.local_cluster}")
     if args.threads < 1:
@@ -387,6 +406,10 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
                 print(f"on a cluster (longest cell first, one-thread workers; the {len(priced)} priced cells): {spans}; "
                       f"the longest cell {max(priced) / 3600.0:.1f} h")
         return pending
+    rerun = args.rerun
+    if args.rerun_dirty:
+        cells, rerun = dirty_or_pending_cells(paper, args.profile, cells), True
+        print(f"{len(cells)} selected cells have a dirty latest record or none: training them")
     if args.reverse:
         cells = cells[::-1]
     cluster = None
@@ -399,9 +422,9 @@ def grid_main(argv: Optional[Sequence[str]], *, paper: str, title: str, parts: S
             parser.error(INSTALL_HINT)
         cluster = Cluster(local_workers=args.local_cluster, scheduler=args.scheduler, threads=args.threads)
         try:  # absolute: a cluster's workers may start in another folder
-            run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=args.rerun, cluster=cluster)
+            run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=rerun, cluster=cluster)
         except CellsFailed as failed:
             raise SystemExit(str(failed)) from None
         return cells
-    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=args.rerun, cluster=None)
+    run_grid(cells, args.profile, cache_dir=Path(args.cache_dir).resolve(), rerun=rerun, cluster=None)
     return cells

@@ -72,10 +72,15 @@ How it maps onto the engine (no engine change):
 
 Assumptions:
 
-* **Local optimiser**: SGD (FedRKG: "SGD for all parameter updates"); the code uses Adam on
-  the clients *and* an Adam step on the server with the averaged accumulated gradients.
-  Server-side Adam would need an optimiser state the engine's aggregation does not keep (a
-  ``server_mix`` hook could hold one); it is not implemented.
+* **Optimisers**: local SGD (FedRKG: "SGD for all parameter updates"), and by default FedAvg of
+  the global part. The code instead sums each client's gradients into the server model's
+  ``.grad``, divides by the number of clients and takes an **Adam step on the server** (rate
+  1e-3, ``l2_reg`` weight decay); ``server_lr`` selects that
+  (:class:`~fedlib.engine.server_optim.ServerAdam` on the mean gradient, whose moments the
+  trainer keeps and checkpoints). For one local epoch the code's server gradient is each
+  client's gradient at the global parameters, which local SGD recovers exactly as change ÷ rate;
+  its clients' own Adam step then only moves the private parts (and, under its ``_set_client``,
+  nothing persists of those either: see "Parameter roles").
 * **KL weight** ``β_t`` (``kl_schedule``): ``"tanh"`` (default): ``β · tanh(t/10)``, the
   schedule the code evidently intends (``self.beta = tanh(iteration/10) · self.beta``, as
   in FedRAP by the same authors); ``"constant"``: ``β``; ``"code"``: what that line actually
@@ -115,6 +120,7 @@ import torch.nn.functional as F
 from fedlib.data.splits import Pairs
 from fedlib.engine.method import FederatedMethod, LocalBatch
 from fedlib.engine.plan import RoundPlan, client_noise_generator
+from fedlib.engine.server_optim import ServerAdam
 from fedlib.baselines.single_domain.fedrap import curriculum_weight
 from fedlib.models.base import FederatedModel, torch_linear_init
 
@@ -633,8 +639,9 @@ def _num_items_of(global_state, private_state) -> int:
 
 
 def feddae_method(model: FedDAEModel, lr: float = 0.1, beta: float = 1.0, kl_schedule: str = "tanh",
-                  dropout: float = 0.5, gate_dropout: Optional[float] = None, **kwargs) -> FederatedMethod:
-    """FedDAE as an engine method: local SGD on every parameter, FedAvg of the global encoder and decoder.
+                  dropout: float = 0.5, gate_dropout: Optional[float] = None, server_lr: Optional[float] = None,
+                  server_weight_decay: float = 0.0, **kwargs) -> FederatedMethod:
+    """FedDAE as an engine method: local SGD on every parameter, FedAvg (or server Adam) of the global part.
 
     Run it with ``PlanAugmentingExecutor(BatchedExecutor(chunk_size=...))``; the plan's
     ``local_epochs`` is the number of full-vector steps per round, ``batch_size`` and
@@ -644,6 +651,14 @@ def feddae_method(model: FedDAEModel, lr: float = 0.1, beta: float = 1.0, kl_sch
         model: a :class:`FedDAEModel` (with ``train`` set, to be evaluated).
         lr: SGD learning rate of every trained parameter (with ``roles="code"`` the gate's is 0).
         beta, kl_schedule, dropout, gate_dropout: see :class:`FedDAELoss`.
+        server_lr: ``None`` (default): the global encoder and decoder take the clients' mean
+            change (FedAvg, FedRKG's "SGD for all parameter updates"). A step size: the server
+            steps them with Adam on the clients' mean *gradient* (the change divided by the
+            round's SGD rate, the paper's Eqs. A4–A5), as the public code does
+            (:class:`~fedlib.engine.server_optim.ServerAdam`, ``pseudo_gradient="mean_gradient"``;
+            the code's rate is 1e-3).
+        server_weight_decay: that Adam's L2 coefficient (the code's ``l2_reg``: 1e-8 by default,
+            1e-5 in its README's command).
         **kwargs: other :class:`~fedlib.engine.FederatedMethod` fields.
     """
     if not isinstance(model, FedDAEModel):
@@ -658,4 +673,11 @@ def feddae_method(model: FedDAEModel, lr: float = 0.1, beta: float = 1.0, kl_sch
     if frozen:
         steps = (tuple(name for name in model.param_kinds if not name.startswith("gate")),)
     kwargs.setdefault("name", "FedDAE")
+    if server_lr is not None:
+        if "server_optimizer" in kwargs:
+            raise ValueError("give FedDAE's server Adam either as server_lr or as server_optimizer, not both")
+        kwargs["server_optimizer"] = ServerAdam(float(server_lr), weight_decay=float(server_weight_decay),
+                                                pseudo_gradient="mean_gradient")
+    elif server_weight_decay:
+        raise ValueError(f"server_weight_decay={server_weight_decay} needs a server Adam: set server_lr as well")
     return FederatedMethod(model, rates, update_steps=steps, client_loss=loss, **kwargs)

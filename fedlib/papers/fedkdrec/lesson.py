@@ -274,3 +274,25 @@ DEVIATION_REASONS = [
     ({}, "every prediction-transfer variant stays well below the centralised model after 200 rounds with 10 % of the "
          "clients, while the paper's match or beat it; without the authors' code the gap is unexplained"),
 ]
+
+
+#: the federated baselines without a backbone of their own: every backbone's setting compares with them
+BACKBONE_FREE = ("FedMF", "FedNCF", "FedPerGNN")
+
+
+def headline_verdicts(table1: pd.DataFrame, metric: str = "N@10", dataset: str = "MovieLens-100K") -> pd.DataFrame:
+    """The lesson's headline comparison on ``dataset``: FedKDRec on each backbone against PTF-FedRec
+    on it (its ancestor) and the two strongest other methods of that backbone's setting (the same
+    backbone trained centrally, and the backbone-free federated baselines FedMF, FedNCF, FedPerGNN),
+    Welch over seeds (:func:`fedlib.reporting.stats.seed_verdicts`; values in %, ``gap %`` relative).
+    Give the sampled-protocol scores of Table 1 (:func:`recorded_table`)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    rows = table1[(table1["dataset"] == dataset) & (table1["metric"] == metric)]
+    if "stat" in rows:
+        rows = rows[rows["stat"] == "score"]
+    with_backbone = rows[rows["backbone"].notna() & (rows["backbone"] != "")]
+    free = rows[rows["method"].isin(BACKBONE_FREE)]
+    settings = [with_backbone] + [free.assign(backbone=backbone) for backbone in with_backbone["backbone"].unique()]
+    return seed_verdicts(pd.concat(settings, ignore_index=True), by=["backbone"], label="method", ours="FedKDRec",
+                         also=("PTF-FedRec",))

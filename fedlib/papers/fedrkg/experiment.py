@@ -53,7 +53,7 @@ from fedlib.experiments.spec import load_spec
 from fedlib.papers.fedrkg.measures import (SELECTION_METRIC, SelectionRecorder, guidance_probe, ldp_epsilon, ldp_params,
                                            run_centralised)
 from fedlib.papers.fedrkg.method import LOG_KEY, KnowledgeGuidance
-from fedlib.reporting.results import config_hash
+from fedlib.reporting.results import config_hash, latest_records
 
 __all__ = [
     "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "OFFLINE_DATASETS", "METHODS", "GUIDANCE_MODES", "LDP",
@@ -88,11 +88,49 @@ def _method_defaults(method: str) -> Dict[str, Any]:
 
 #: every method's hyperparameters of the paper profile (the dataset's β and lr_decay aside)
 DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {method: _method_defaults(method) for method in METHODS}
+#: the learning rates chosen on validation by the ``headline_tuning`` part (spec ``[selected]``):
+#: ``{dataset: {sampler: {method: lr}}}``; :func:`cell` applies them with ``tuned=True``
+SELECTED: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data.get("selected", {})
+HEADLINE_DATASETS = tuple(SPEC.list("headline_datasets"))
+
+
+def selected_lr(dataset: str, sampler: str, method: str) -> Optional[float]:
+    """The rate :data:`SELECTED` holds for ``method`` on ``dataset`` under ``sampler``, else ``None``."""
+    return SELECTED.get(dataset, {}).get(sampler, {}).get(method)
+
+
+def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """The rates behind :data:`SELECTED`, re-derived from the recorded ``headline_tuning`` runs.
+
+    For every (dataset, sampler, method) of the part: the rate whose seed-0 run has the highest
+    validation Recall@10 at its selected evaluation (the selection metric); ties go to the public
+    code's rate (the spec's default), then to the smaller rate. Raises when a cell of the part is
+    not recorded, naming it (run ``python -m fedlib grid fedrkg headline_tuning``).
+    """
+    known = latest_records(records)
+    chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
+    tried: Dict[tuple, List[tuple]] = {}
+    for config in grid_cells("headline_tuning"):
+        if config["dataset"] not in datasets:
+            continue
+        record = known.get(config_hash(config))
+        if record is None:
+            raise ValueError(f"headline_tuning has no record of {method_label(config)} at lr {config['params']['lr']} "
+                             f"on {config['dataset']} ({config['sampler']}): run python -m fedlib grid fedrkg headline_tuning")
+        score = record.metrics.get("valid/" + SELECTION_METRIC)
+        score = -math.inf if score is None or not math.isfinite(score) else score   # a run that diverged at once
+        key = (config["dataset"], config["sampler"], config["method"])
+        code_rate = DEFAULT_PARAMS[config["method"]]["lr"]
+        lr = config["params"]["lr"]
+        tried.setdefault(key, []).append((score, lr == code_rate, -lr, lr))
+    for (dataset, sampler, method), options in tried.items():
+        chosen.setdefault(dataset, {}).setdefault(sampler, {})[method] = max(options)[3]
+    return chosen
 
 
 def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interval: Optional[int] = None,
          ldp: Optional[Mapping[str, float]] = None, probe_round: Optional[int | str] = None,
-         fedrap_code: Optional[str] = None, **settings) -> Dict[str, Any]:
+         fedrap_code: Optional[str] = None, tuned: bool = False, **settings) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
@@ -110,11 +148,17 @@ def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interva
             batch 2048, rates × 0.97 per round) or ``"optimizer"`` (also the code's
             ``SGD(weight_decay=1e-4)``, ``ExponentialLR(0.95)`` per batch, local epochs stopped at a
             relative loss change below 1e-4, and the constant ``λ``, ``μ`` its loss really reads).
+        tuned: take the learning rate chosen on validation (:data:`SELECTED`) where it holds one
+            for this dataset, sampler and method (``params`` still override it).
         settings: the spec's ``[cell]`` keys (``guidance``, ``backbone``, ``sampler``, ``rounds``,
             ``eval_every``, ``seed``, ``trace_every``, ``dim``, ...); ``None`` keeps the default.
     """
     if method != "FedRKG":
         settings.pop("backbone", None)  # FedRKG's (Table 3); ignored by other methods
+    if tuned:
+        rate = selected_lr(dataset, settings.get("sampler") or SPEC.data["cell"]["sampler"], method)
+        if rate is not None:
+            params = {"lr": rate, **dict(params or {})}
     if fedrap_code is not None:
         params, settings["batch_size"] = _fedrap_code(method, fedrap_code, params)
     centralised = SPEC.choice("method", method).get("epochs") if method in SPEC.choices("method") else None
@@ -143,6 +187,8 @@ def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interva
     if method == "FedRAP":  # the public code's optimiser (fedrap_code); absent from the default cells' hash
         from fedlib.baselines.single_domain.fedrap import FEDRAP_CODE_OPTIMIZER
         optional |= {*FEDRAP_CODE_OPTIMIZER, "curriculum"}
+    if method == "FedDAE":  # the public code's server Adam; absent from the default cells' hash
+        optional |= {"server_lr", "server_weight_decay"}
     unknown = set(params or {}) - set(merged) - optional
     if unknown:
         raise ValueError(f"unknown parameters {sorted(unknown)} for {method}; known: {sorted(merged)}")

@@ -29,8 +29,8 @@ import pandas as pd
 
 from fedlib.experiments import grid
 from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
-from fedlib.papers.fedrkg.experiment import (METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell, grid_cells, load_split,
-                                             method_label, part_cells)
+from fedlib.papers.fedrkg.experiment import (HEADLINE_DATASETS, METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell,
+                                             grid_cells, load_split, method_label, part_cells)
 from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
 from fedlib.reporting import recorded
 from fedlib.reporting.figures import curve_frame as long_curves
@@ -618,6 +618,62 @@ def fedrap_local_training(records) -> pd.DataFrame:
                              "diverged at round": "" if record is None else
                              str((record.extra or {}).get("diverged_at_round", "—")),
                              "wall time (s)": None if record is None else round(record.metrics["seconds"])})
+    return pd.DataFrame(rows)
+
+
+def headline_verdicts(table1: pd.DataFrame, metric: str = "R@10") -> pd.DataFrame:
+    """The lesson's headline comparison: FedRKG against FedMF, PFedRec and the two strongest other
+    methods of Table 1 on FilmTrust and Amazon-Video under the correct sampler, Welch over seeds
+    (:func:`fedlib.reporting.stats.seed_verdicts`; values in %, ``gap %`` relative)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    rows = table1[(table1["metric"] == metric) & (table1["stat"] == "score") & (table1["sampler"] == "correct")
+                  & table1["dataset"].isin(HEADLINE_DATASETS)]
+    return seed_verdicts(rows, by=["dataset"], label="method", ours="FedRKG", also=("FedMF", "PFedRec"))
+
+
+def headline_tuning_frame(records) -> pd.DataFrame:
+    """The learning rates of the headline's methods as validation chose them (``headline_tuning``,
+    seed 0): one row per (dataset, sampler, method) with every rate tried and its validation
+    R@10 (%) as ``"rate: value"``, the public code's rate and the chosen one (:data:`SELECTED`)."""
+    from fedlib.papers.fedrkg.experiment import DEFAULT_PARAMS, selected_lr
+
+    known = latest_records(records)
+    tried: Dict[tuple, list] = {}
+    for config in grid_cells("headline_tuning"):
+        record = known.get(config_hash(config))
+        score = None if record is None else record.metrics.get("valid/Recall@10")
+        tried.setdefault((config["dataset"], config["sampler"], config["method"]), []).append((config["params"]["lr"], score))
+    rows = []
+    for (dataset, sampler, method), values in tried.items():
+        text = ", ".join(f"{lr:g}: " + ("—" if score is None else f"{100 * score:.2f}") for lr, score in sorted(values))
+        rows.append({"dataset": dataset, "sampler": sampler, "method": method, "validation R@10 (%) per rate": text,
+                     "code's rate": DEFAULT_PARAMS[method]["lr"], "chosen": selected_lr(dataset, sampler, method)})
+    return pd.DataFrame(rows)
+
+
+def feddae_server_step(records) -> pd.DataFrame:
+    """FedDAE under FedRKG's protocol with FedAvg on the server (Table 1's cells) and with the public
+    code's server Adam on the mean client gradient (``feddae_server``, three server rates), seed 0:
+    one row per (dataset, sampler, server step) with test R@10 (%) at the selected round, the
+    validation R@10 (%) that selected it, the selected round, the rounds run and where the run
+    diverged ("—": it did not; empty: not recorded)."""
+    known = latest_records(records)
+    rows = []
+    for dataset in HEADLINE_DATASETS:
+        for sampler in ("leaky", "correct"):
+            runs = [("FedAvg (SGD), Table 1", cell(dataset, "FedDAE", sampler=sampler))]
+            runs += [(f"Adam, server lr {c['params']['server_lr']:g}", c) for c in grid_cells("feddae_server")
+                     if (c["dataset"], c["sampler"]) == (dataset, sampler)]
+            for label, config in runs:
+                record = known.get(config_hash(config))
+                metric = (lambda name: None) if record is None else (lambda name: record.metrics.get(name))
+                rows.append({"dataset": dataset, "sampler": sampler, "server step": label,
+                             "R@10": None if record is None else 100 * metric("Recall@10"),
+                             "valid R@10": None if record is None else 100 * metric("valid/Recall@10"),
+                             "best round": metric("best_round"), "rounds run": metric("rounds_run"),
+                             "diverged at round": "" if record is None else
+                             str((record.extra or {}).get("diverged_at_round", "—"))})
     return pd.DataFrame(rows)
 
 
