@@ -253,3 +253,21 @@ def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
     assert {"at_cap", "grid_edge"} <= set(n10[n10.method == "FedPerGNN"]["flags"].iloc[0].split(";"))
     assert all("grid_edge" in f for f in n10[n10.method == "Centralized"]["flags"])
     assert all("grid_edge" in f for f in n10[n10.method == "PTF-FedRec"]["flags"])
+
+
+def test_headline_paragraph_quotes_the_first_fair_budget_cells():
+    from fedlib.papers.fedkdrec import experiment as X
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    prose = " ".join(_cell_text(STEM, "is **ahead** of PTF-FedRec").split())
+    known = latest_records(read_runs("fedkdrec", "paper"))
+    tuning = [(c, known.get(X.config_hash(c))) for c in X.grid_cells("headline_tuning")]
+    gnn = [100 * r.metrics["sampled/NDCG@10"] for c, r in tuning if c["method"] == "FedPerGNN" and r is not None]
+    assert len(gnn) == 3 and f"FedPerGNN reaches test N@10 {min(gnn):.1f} % to {max(gnn):.1f} %" in prose
+    table1 = lesson.recorded_table("table1")
+    row = table1[(table1.dataset == "MovieLens-100K") & (table1.metric == "N@10") & (table1.method == "FedPerGNN")]
+    assert f"against {row['value_ours'].iloc[0]:.1f} % at 200 rounds" in prose and min(gnn) > row["value_ours"].iloc[0]
+    central = [(r.metrics["valid/sampled/NDCG@10"], 100 * r.metrics["sampled/NDCG@10"]) for c, r in tuning
+               if c["method"] == "Centralized" and r is not None]
+    assert f"at 300 epochs reaches {max(central)[1]:.1f} % at its best rate" in prose
