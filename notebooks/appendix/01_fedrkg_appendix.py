@@ -120,8 +120,7 @@ for method, params in experiments.DEFAULT_PARAMS.items():  # experiments.DEFAULT
 
 # %%
 tuning = tables.headline_tuning_frame(paper_runs)
-fnb.show(tuning, "headline_tuning: validation R@10 (%) per learning rate, the code's rate and the chosen one",
-         max_rows=40)
+print(tuning.rename(columns={"validation R@10 (%) per rate": "rate: validation R@10 (%)"}).to_string(index=False))
 
 # %% [markdown]
 # ## A2. How the grid was recorded, and what it cost
@@ -367,7 +366,9 @@ fnb.record("fedrap_local_training", fedrap)
 
 # %%
 feddae = tables.feddae_server_step(paper_runs)
-print(feddae.round(2).to_string(index=False))
+recorded_rows = feddae[feddae["R@10"].notna()]
+print(recorded_rows.round(2).to_string(index=False))
+print(f"({len(feddae) - len(recorded_rows)} of the {len(feddae)} rows not recorded yet)")
 fnb.record("feddae_server_step", feddae)
 
 # %% [markdown]
