@@ -298,3 +298,25 @@ def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
                   for s in range(5)]
         assert f"{100 * np.mean(values):.2f}" == quoted
     assert "(0.60 and 0.26)" in prose
+
+
+def test_appendix_feddae_and_tuning_paragraphs_quote_the_records():
+    import fedlib.papers.fedrkg.tables as T
+    from fedlib.reporting import read_runs
+
+    runs = read_runs("fedrkg", "paper")
+    prose = " ".join(_paragraph("appendix/01_fedrkg_appendix", "the server Adam lifts FedDAE").split())
+    step = T.feddae_server_step(runs)
+    amazon = step[(step.dataset == "Amazon-Video") & (step.sampler == "correct")].set_index("server step")["R@10"]
+    assert f"from {amazon['FedAvg (SGD), Table 1']:.2f} (FedAvg)" in prose
+    assert f"to {amazon['Adam, server lr 0.001']:.2f} at the code's rate 1e-3" in prose
+    assert f"and to {amazon['Adam, server lr 0.01']:.2f} at 1e-2" in prose
+    assert amazon["Adam, server lr 0.01"] == amazon.max()                     # the largest rate tried wins
+    paper = _table("table1")
+    paper = paper[(paper.dataset == "Amazon-Video") & (paper.method == "FedDAE") & (paper.metric == "R@10")]
+    assert f"the paper's {paper['value_paper'].iloc[0]:.2f}" in prose
+    # "Under the leak FedRKG's validation R@10 is 100 % at every rate on FilmTrust, so the tie goes to the code's rate"
+    tuning = T.headline_tuning_frame(runs).set_index(["dataset", "sampler", "method"])
+    leak = tuning.loc[("FilmTrust", "leaky", "FedRKG")]
+    assert all(part.endswith(": 100.00") for part in leak["validation R@10 (%) per rate"].split(", "))
+    assert leak["chosen"] == leak["code's rate"]

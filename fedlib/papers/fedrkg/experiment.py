@@ -99,32 +99,41 @@ def selected_lr(dataset: str, sampler: str, method: str) -> Optional[float]:
     return SELECTED.get(dataset, {}).get(sampler, {}).get(method)
 
 
-def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """The rates behind :data:`SELECTED`, re-derived from the recorded ``headline_tuning`` runs.
-
-    For every (dataset, sampler, method) of the part: the rate whose seed-0 run has the highest
-    validation Recall@10 at its selected evaluation (the selection metric); ties go to the public
-    code's rate (the spec's default), then to the smaller rate. Raises when a cell of the part is
-    not recorded, naming it (run ``python -m fedlib grid fedrkg headline_tuning``).
-    """
+def tuning_scores(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Dict[tuple, List[tuple]]:
+    """``{(dataset, sampler, method): [(lr, validation score or None), ...]}`` of the recorded
+    ``headline_tuning`` runs (seed 0; the score is the selection metric at the selected evaluation,
+    ``None`` when the cell is not recorded or diverged before its first evaluation)."""
     known = latest_records(records)
-    chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
     tried: Dict[tuple, List[tuple]] = {}
     for config in grid_cells("headline_tuning"):
         if config["dataset"] not in datasets:
             continue
         record = known.get(config_hash(config))
-        if record is None:
-            raise ValueError(f"headline_tuning has no record of {method_label(config)} at lr {config['params']['lr']} "
-                             f"on {config['dataset']} ({config['sampler']}): run python -m fedlib grid fedrkg headline_tuning")
-        score = record.metrics.get("valid/" + SELECTION_METRIC)
-        score = -math.inf if score is None or not math.isfinite(score) else score   # a run that diverged at once
-        key = (config["dataset"], config["sampler"], config["method"])
-        code_rate = DEFAULT_PARAMS[config["method"]]["lr"]
-        lr = config["params"]["lr"]
-        tried.setdefault(key, []).append((score, lr == code_rate, -lr, lr))
-    for (dataset, sampler, method), options in tried.items():
-        chosen.setdefault(dataset, {}).setdefault(sampler, {})[method] = max(options)[3]
+        score = None if record is None else record.metrics.get("valid/" + SELECTION_METRIC)
+        tried.setdefault((config["dataset"], config["sampler"], config["method"]), []).append(
+            (config["params"]["lr"], score, record is not None))
+    return tried
+
+
+def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """The rates behind :data:`SELECTED`, re-derived from the recorded ``headline_tuning`` runs.
+
+    For every (dataset, sampler, method) of the part: the rate whose seed-0 run has the highest
+    validation Recall@10 at its selected evaluation (the selection metric); ties go to the public
+    code's rate (the spec's default), then to the smaller rate; a run that diverged before its first
+    evaluation never wins. Raises when a cell of the part is not recorded, naming it (run
+    ``python -m fedlib grid fedrkg headline_tuning``).
+    """
+    chosen: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for (dataset, sampler, method), options in tuning_scores(records, datasets).items():
+        missing = [lr for lr, _, recorded in options if not recorded]
+        if missing:
+            raise ValueError(f"headline_tuning has no record of {method} at lr {missing[0]} on {dataset} ({sampler}): "
+                             "run python -m fedlib grid fedrkg headline_tuning")
+        code_rate = DEFAULT_PARAMS[method]["lr"]
+        ranked = [(-math.inf if score is None or not math.isfinite(score) else score, lr == code_rate, -lr, lr)
+                  for lr, score, _ in options]
+        chosen.setdefault(dataset, {}).setdefault(sampler, {})[method] = max(ranked)[3]
     return chosen
 
 

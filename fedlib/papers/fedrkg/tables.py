@@ -635,18 +635,13 @@ def headline_verdicts(table1: pd.DataFrame, metric: str = "R@10") -> pd.DataFram
 def headline_tuning_frame(records) -> pd.DataFrame:
     """The learning rates of the headline's methods as validation chose them (``headline_tuning``,
     seed 0): one row per (dataset, sampler, method) with every rate tried and its validation
-    R@10 (%) as ``"rate: value"``, the public code's rate and the chosen one (:data:`SELECTED`)."""
-    from fedlib.papers.fedrkg.experiment import DEFAULT_PARAMS, selected_lr
+    R@10 (%) as ``"rate: value"`` ("—": not recorded or diverged at once), the public code's rate
+    and the chosen one (:data:`SELECTED`)."""
+    from fedlib.papers.fedrkg.experiment import DEFAULT_PARAMS, selected_lr, tuning_scores
 
-    known = latest_records(records)
-    tried: Dict[tuple, list] = {}
-    for config in grid_cells("headline_tuning"):
-        record = known.get(config_hash(config))
-        score = None if record is None else record.metrics.get("valid/Recall@10")
-        tried.setdefault((config["dataset"], config["sampler"], config["method"]), []).append((config["params"]["lr"], score))
     rows = []
-    for (dataset, sampler, method), values in tried.items():
-        text = ", ".join(f"{lr:g}: " + ("—" if score is None else f"{100 * score:.2f}") for lr, score in sorted(values))
+    for (dataset, sampler, method), values in tuning_scores(records).items():
+        text = ", ".join(f"{lr:g}: " + ("—" if score is None else f"{100 * score:.2f}") for lr, score, _ in sorted(values))
         rows.append({"dataset": dataset, "sampler": sampler, "method": method, "validation R@10 (%) per rate": text,
                      "code's rate": DEFAULT_PARAMS[method]["lr"], "chosen": selected_lr(dataset, sampler, method)})
     return pd.DataFrame(rows)
@@ -667,11 +662,11 @@ def feddae_server_step(records) -> pd.DataFrame:
                      if (c["dataset"], c["sampler"]) == (dataset, sampler)]
             for label, config in runs:
                 record = known.get(config_hash(config))
-                metric = (lambda name: None) if record is None else (lambda name: record.metrics.get(name))
+                metrics = {} if record is None else record.metrics
+                percent = lambda name: None if metrics.get(name) is None else 100 * metrics[name]  # noqa: E731
                 rows.append({"dataset": dataset, "sampler": sampler, "server step": label,
-                             "R@10": None if record is None else 100 * metric("Recall@10"),
-                             "valid R@10": None if record is None else 100 * metric("valid/Recall@10"),
-                             "best round": metric("best_round"), "rounds run": metric("rounds_run"),
+                             "R@10": percent("Recall@10"), "valid R@10": percent("valid/Recall@10"),
+                             "best round": metrics.get("best_round"), "rounds run": metrics.get("rounds_run"),
                              "diverged at round": "" if record is None else
                              str((record.extra or {}).get("diverged_at_round", "—"))})
     return pd.DataFrame(rows)
