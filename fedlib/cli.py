@@ -12,6 +12,7 @@ Examples::
     python -m fedlib status --write-readme         # rebuild the README status table
     python -m fedlib course build                  # build/course/student and build/course/instructor
     python -m fedlib course budget                 # each lesson's cells, output size and time
+    python -m fedlib site [--instructor]           # the course website in build/site/
     python -m fedlib grid fedcsr table2 --pending  # what is left of a paper-profile grid
     python -m fedlib grid fedrkg table1 --seeds 0 1 2 3 4   # run it (resumable)
 """
@@ -99,6 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p_budget = course_sub.add_parser("budget", help="code cells, longest cell, text output and recorded time per notebook")
     p_budget.set_defaults(func=_cmd_course_budget)
 
+    p_site = sub.add_parser("site", help="the course website (Jupyter Book) from the executed notebooks: build/site/")
+    p_site.add_argument("--instructor", action="store_true",
+                        help="the instructor edition, with the solution cells (default output build/site-instructor)")
+    p_site.add_argument("--output", type=Path, default=None, help="folder to write (default build/site)")
+    p_site.set_defaults(func=_cmd_site)
+
     p_grid = sub.add_parser(
         "grid", help="run (or list what is left of) parts of a paper's paper-profile grid",
         description="Run parts of a paper's recorded grid, resumably: every finished cell is appended to "
@@ -141,6 +148,24 @@ def _cmd_course_build(args) -> int:
         notebooks = sorted(folder.rglob("*.ipynb"))
         solutions = sum(is_solution(c) for path in notebooks for c in nbformat.read(str(path), as_version=4).cells)
         print(f"{kind:<10} {folder}  ({len(notebooks)} notebooks, {solutions} solution cells)")
+    return 0
+
+
+def _cmd_site(args) -> int:
+    import time
+
+    from fedlib.notebook.site import build_site
+
+    variant = "instructor" if args.instructor else "student"
+    start = time.perf_counter()
+    try:
+        output = build_site(variant, args.output)
+    except (FileNotFoundError, RuntimeError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    pages = len(list(output.rglob("*.html")))
+    print(f"{variant} site: {pages} pages in {output} ({time.perf_counter() - start:.0f} s); "
+          f"open {output / 'index.html'} or serve it: python -m http.server -d {output}")
     return 0
 
 

@@ -328,9 +328,12 @@ def paper_grid(
         table.columns = pd.MultiIndex.from_tuples(column_labels, names=columns)
     else:
         table.columns.name = columns[0]
+    # fill by position: label lookups on an unsorted MultiIndex are slow and warn
+    row_at = {label: i for i, label in enumerate(row_labels)}
+    column_at = {label: j for j, label in enumerate(column_labels)}
     for (r, c), text in texts.items():
-        if r in row_labels and c in column_labels:
-            table.loc[r, c] = text
+        if r in row_at and c in column_at:
+            table.iat[row_at[r], column_at[c]] = text
 
     legend = ("Each cell: ours (paper). Shading: |Δ| ≤ 5 % of the paper's value green, ≤ 20 % amber, "
               "more red; grey = not produced (see the note in results/).")
@@ -345,8 +348,8 @@ def paper_grid(
     def css(data: pd.DataFrame) -> pd.DataFrame:
         styles = pd.DataFrame("", index=data.index, columns=data.columns)
         for (r, c), shade in shades.items():
-            if shade and r in row_labels and c in column_labels:
-                styles.loc[r, c] = _SHADES[shade]
+            if shade and r in row_at and c in column_at:
+                styles.iat[row_at[r], column_at[c]] = _SHADES[shade]
         return styles
 
     return table.style.apply(css, axis=None).set_caption(full_caption)
