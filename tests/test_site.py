@@ -186,6 +186,7 @@ def test_home_page_and_a_lesson_as_a_reader_sees_them(built, browser):
             assert entry.title in text
             assert tab.locator(f'main a[href="{entry.page}.html"]').count() >= 1
         assert "Course map" in text and "Objectives." in text and "Prerequisites." in text
+        assert tab.locator("main ol").count() >= len(site.course_map())  # each lesson's objectives, as a list
         tab.screenshot(path=str(SCREENSHOTS / "site-home.png"), full_page=True)  # the whole course map
         tab.goto(url + "00_fedrec_from_scratch.html", wait_until="networkidle")
         tab.evaluate("() => MathJax.startup.promise.then(() => true)")

@@ -229,8 +229,10 @@ def home_page(entries: list[LessonEntry], *, variant: str, intro: str) -> str:
         lines.append(f"| [{entry.title}]({entry.page}.ipynb) | {appendix} |")
     lines.append("")
     for entry in entries:
+        # a list that starts right after the label would run into the label's paragraph
+        starts_list = re.match(r"\s*(\d+\.|[*-])\s", entry.objectives) is not None
         lines += [f"### [{entry.title}]({entry.page}.ipynb)", "",
-                  f"**Objectives.** {entry.objectives}", "",
+                  f"**Objectives.**{chr(10) * 2 if starts_list else ' '}{entry.objectives}", "",
                   f"**Prerequisites.** {entry.prerequisites}", "",
                   f"**Time.** {entry.time}", ""]
         if entry.appendix:
@@ -453,7 +455,7 @@ def _config_yml(variant: str) -> str:
             "html_context": {"default_mode": "light"},
             "html_theme_options": {"search_bar_text": "Search the course...",
                                    "use_download_button": True, "use_fullscreen_button": True,
-                                   "use_repository_button": False, "home_page_in_navbar": True},
+                                   "use_repository_button": False},
             "mathjax_path": MATHJAX_SCRIPT,
             "html_favicon": f"{VENDOR_STATIC}/{FAVICON}",
             "html_css_files": [SITE_CSS],
