@@ -67,6 +67,8 @@ def test_site_notebook_drops_solutions_widgets_and_records_only():
     assert not any(is_solution(c) for c in student.cells)
     assert [c.source for c in student.cells] == [c.source for c in original.cells if not is_solution(c)]
     assert [c.source for c in instructor.cells] == [c.source for c in original.cells]
+    assert all("hide-input" in c.metadata["tags"] for c in instructor.cells if is_solution(c))
+    assert not any("hide-input" in c.metadata.get("tags", []) for c in original.cells)  # the original is untouched
     for page in (student, instructor):
         assert "widgets" not in page.metadata
         mimes = {m for c in page.cells for o in c.get("outputs", []) for m in o.get("data", {})}

@@ -171,7 +171,8 @@ def widget_text(model_id: str, state: dict) -> Optional[str]:
 def site_notebook(notebook, *, solutions: bool):
     """A copy of an executed notebook fit for a static page.
 
-    * ``solutions=False`` (student site) drops the cells tagged ``solution``;
+    * ``solutions=False`` (student site) drops the cells tagged ``solution``; with ``True``
+      (instructor site) their code is folded behind a toggle (Jupyter Book's ``hide-input``);
     * progress-bar widgets become the text line they showed last (from the saved widget
       state), and the notebook's widget state is dropped, so no page loads a widget renderer
       from a CDN;
@@ -186,6 +187,11 @@ def site_notebook(notebook, *, solutions: bool):
     state = page.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
     if not solutions:
         page.cells = [cell for cell in page.cells if not is_solution(cell)]
+    for cell in page.cells:
+        if is_solution(cell):  # instructor edition: the solution's code folds behind a "show" toggle
+            tags = cell.metadata.setdefault("tags", [])
+            if "hide-input" not in tags:
+                tags.append("hide-input")
     for cell in page.cells:
         if cell.cell_type != "code":
             continue
