@@ -462,3 +462,29 @@ def test_synthetic_smoke_cells_are_kept_in_percent_and_written_consistently(root
     assert (rows(t1, dataset="MovieLens-100K")["note"] == "not run at this profile").all()
     stats = rows(tables["table5_dataset_stats"], dataset="synthetic").set_index("metric")
     assert stats.loc["# Users", "value_ours"] == X.synthetic_split().num_users
+
+
+def test_headline_tuning_frame_chooses_on_validation_and_flags_an_edge():
+    """One row per recorded rate; the chosen rate of each method and backbone is its best
+    validation N@10 (not its best test score), and a choice at the smallest or largest rate is an edge."""
+    from types import SimpleNamespace
+
+    from fedlib.papers.fedkdrec import lesson
+
+    cells = [c for c in X.grid_cells("headline_tuning")
+             if X.method_label(c) in ("FedPerGNN", "PTF-FedRec") and c.get("backbone") in (None, "NeuMF")]
+    rates = {label: sorted(c["lr"] for c in cells if X.method_label(c) == label) for label in ("FedPerGNN", "PTF-FedRec")}
+    valid = {("FedPerGNN", rates["FedPerGNN"][1]): 0.40, ("PTF-FedRec", rates["PTF-FedRec"][-1]): 0.35}
+    records = []
+    for c in cells:
+        key = (X.method_label(c), c["lr"])
+        records.append(SimpleNamespace(config_hash=X.config_hash(c), metrics={
+            "best_round": 120, X.SELECTION: valid.get(key, 0.30), "sampled/NDCG@10": 0.5 - valid.get(key, 0.30)}))
+    frame = lesson.headline_tuning_frame(records)
+    assert len(frame) == len(cells) and set(frame["cap"]) == {400}
+    chosen = frame[frame["chosen"]].set_index("method")
+    assert chosen.loc["FedPerGNN", "lr"] == rates["FedPerGNN"][1] and not chosen.loc["FedPerGNN", "edge"]
+    assert chosen.loc["PTF-FedRec", "lr"] == rates["PTF-FedRec"][-1] and chosen.loc["PTF-FedRec", "edge"]
+    assert chosen.loc["PTF-FedRec", "valid N@10"] == pytest.approx(35.0)
+    assert frame["edge"].sum() == 1 and frame["chosen"].sum() == 2
+    assert lesson.headline_tuning_frame([]).empty

@@ -296,3 +296,34 @@ def headline_verdicts(table1: pd.DataFrame, metric: str = "N@10", dataset: str =
     settings = [with_backbone] + [free.assign(backbone=backbone) for backbone in with_backbone["backbone"].unique()]
     return seed_verdicts(pd.concat(settings, ignore_index=True), by=["backbone"], label="method", ours="FedKDRec",
                          also=("PTF-FedRec",))
+
+
+def headline_tuning_frame(records=None, dataset: str = "ML-100K") -> pd.DataFrame:
+    """The fair-budget part ``headline_tuning`` as recorded: one row per learning rate tried (seed 0).
+
+    Columns: ``method`` (the paper's label), ``backbone`` ("" for FedPerGNN), ``lr``, ``best`` (the
+    round, or epoch for the centralised model, that validation selected), ``cap`` (the run's last
+    round or epoch), ``valid N@10`` and ``test N@10`` (sampled 1 + 99, in %), ``chosen`` (the rate
+    with the best validation N@10 of its method and backbone) and ``edge`` (the chosen rate is the
+    smallest or largest tried: the grid should widen). Cells not yet recorded are left out;
+    ``records`` defaults to ``results/fedkdrec/runs.jsonl``.
+    """
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(read_runs(X.PAPER, "paper") if records is None else records)
+    rows = []
+    for config in X.grid_cells("headline_tuning", dataset):
+        record = known.get(X.config_hash(config))
+        if record is None:
+            continue
+        rows.append({"method": X.method_label(config), "backbone": config.get("backbone") or "", "lr": config["lr"],
+                     "best": int(record.metrics["best_round"]), "cap": int(config["rounds"]),  # epochs: Centralized
+                     "valid N@10": 100 * record.metrics[X.SELECTION],
+                     "test N@10": 100 * record.metrics["sampled/NDCG@10"]})
+    frame = pd.DataFrame(rows, columns=["method", "backbone", "lr", "best", "cap", "valid N@10", "test N@10"])
+    groups = frame.groupby(["method", "backbone"], sort=False)
+    frame["chosen"] = frame.index.isin(groups["valid N@10"].idxmax()) if len(frame) else []
+    tried = groups["lr"].transform(lambda rates: rates.min()), groups["lr"].transform(lambda rates: rates.max())
+    frame["edge"] = frame["chosen"] & ((frame["lr"] == tried[0]) | (frame["lr"] == tried[1]))
+    return frame
