@@ -141,11 +141,18 @@ def test_results_table_in_a_paper_like_layout():
         "delta": 0.0, "delta_rel": float("nan"), "confidence": "high", "profile": "paper", "n_seeds": 1,
         "commit": "abc1234", "device": "cpu", "unit": "percent", "flags": ["one_seed", "", "", "at_cap"],
         "note": ""})
+    two_metrics = pd.concat([table, table.assign(metric="N@10")], ignore_index=True)
+    [(_, grouped)] = site.results_table_html(two_metrics)
+    header = grouped[grouped.index("<thead"):grouped.index("</thead>")]
+    assert header.index("R@10") < header.index("N@10")  # every metric of dataset A, then of B
+    assert header.count(">A<") == 1 and header.count(">B<") == 1 and 'colspan="2"' in header
     [(heading, html)] = site.results_table_html(table)
     assert heading == ""  # one sampler, one metric: nothing to split or to show as a column level
     assert "1.00¹ (2.00)" in html and "— (6.00)" in html and "8.00ᶜ (8.00)" in html
     assert html.index(">X<") < html.index(">Y<") and html.index(">A<") < html.index(">B<")
     assert 'overflow-x: auto' in html
+    legend = html[:html.index("<div")]  # the legend precedes the table, which has no caption of its own
+    assert "Shading" in legend and "one seed" in legend and "<caption" not in html
 
 
 # --------------------------------------------------------------------------------------------

@@ -298,9 +298,16 @@ def results_table_html(table) -> list[tuple[str, str]]:
         heading = ", ".join(f"{k} {v}" for k, v in zip(facets, values))
         if part.duplicated(rows + columns).any():  # keys this layout cannot separate: keep the first reading
             part = part.drop_duplicates(rows + columns)
-        styled = paper_grid(part, rows=rows, columns=columns, decimals=decimals)
-        # a wide table scrolls inside the page instead of running past it
-        out.append((heading, f'<div class="fedlib-wide-table" style="overflow-x: auto">{styled.to_html()}</div>'))
+        # columns grouped key by key (every metric of a dataset together), each key in its order of appearance
+        rank = {k: {v: i for i, v in enumerate(dict.fromkeys(part[k]))} for k in columns}
+        labels = sorted(dict.fromkeys(zip(*(part[k] for k in columns))), key=lambda t: [rank[k][v] for k, v in zip(columns, t)])
+        order = [t if len(columns) > 1 else t[0] for t in labels]
+        styled = paper_grid(part, rows=rows, columns=columns, decimals=decimals, column_order=order)
+        # the legend as a paragraph above the table (a caption is as wide as a wide table, and
+        # clipped with it); the table scrolls sideways inside the page instead of running past it
+        legend, styled.caption = html.escape(styled.caption or ""), None
+        out.append((heading, f'<p class="fedlib-legend">{legend}</p>'
+                             f'<div class="fedlib-wide-table" style="overflow-x: auto">{styled.to_html()}</div>'))
     return out
 
 
