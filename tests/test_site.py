@@ -212,6 +212,14 @@ def test_home_page_and_a_lesson_as_a_reader_sees_them(built, browser):
         assert (SCREENSHOTS / name).stat().st_size > 20_000, name
 
 
+def test_the_instructor_editions_lessons_load_clean(built, browser):
+    root = built["instructor"]
+    pages = ["index.html"] + [f"{nb.stem}.html" for nb in list_notebooks(appendices=False)]
+    with serve(root) as url:
+        problems = check_pages(browser, root, pages, url)
+    assert problems == [], "\n".join(problems)
+
+
 def test_the_instructor_edition_alone_shows_the_solutions(built):
     solution = next(c for c in _lesson("00").cells if is_solution(c))
     line = next(l for l in solution.source.splitlines() if len(l.strip()) > 20 and not l.startswith("#"))
