@@ -8,6 +8,7 @@ Chromium (tests/site_browser.py); a deliberately broken copy shows that the chec
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import tarfile
@@ -130,6 +131,18 @@ def test_mathjax_is_checked_against_its_published_checksum(tmp_path, monkeypatch
     monkeypatch.setattr(site.shutil, "which", lambda name: None)
     with pytest.raises(RuntimeError, match="npm was not found.*FEDLIB_MATHJAX_TGZ"):
         site.vendor_mathjax(tmp_path / "empty-cache")
+
+
+def test_a_downloaded_mathjax_tarball_is_used_as_is(tmp_path, monkeypatch):
+    """``FEDLIB_MATHJAX_TGZ`` (a machine without npm): the real tarball unpacks to the es5 folder the site loads."""
+    es5 = site.vendor_mathjax()  # the project's cache (fetched with npm once)
+    tarball = Path(os.environ.get("FEDLIB_MATHJAX_TGZ") or es5.parent.parent / f"mathjax-{site.MATHJAX_VERSION}.tgz")
+    monkeypatch.setenv("FEDLIB_MATHJAX_TGZ", str(tarball))
+    monkeypatch.setattr(site.shutil, "which", lambda name: None)  # npm is not asked
+    unpacked = site.vendor_mathjax(tmp_path / "cache")
+    assert (unpacked / Path(site.MATHJAX_SCRIPT).name).stat().st_size > 1_000_000
+    assert (unpacked / "output" / "chtml" / "fonts" / "woff-v2").is_dir()  # the web fonts travel with it
+    assert not list((tmp_path / "cache").glob(".mathjax-*"))  # no half-unpacked folder left
 
 
 def test_results_table_in_a_paper_like_layout():
