@@ -255,19 +255,33 @@ def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
     assert all("grid_edge" in f for f in n10[n10.method == "PTF-FedRec"]["flags"])
 
 
-def test_headline_paragraph_quotes_the_first_fair_budget_cells():
-    from fedlib.papers.fedkdrec import experiment as X
-    from fedlib.reporting import read_runs
-    from fedlib.reporting.results import latest_records
-
+def test_headline_paragraph_quotes_the_fair_budget_part():
+    """Every number the paragraph quotes from part headline_tuning (seed 0), and the direction of each claim."""
     prose = " ".join(_cell_text(STEM, "is **ahead** of PTF-FedRec").split())
-    known = latest_records(read_runs("fedkdrec", "paper"))
-    tuning = [(c, known.get(X.config_hash(c))) for c in X.grid_cells("headline_tuning")]
-    gnn = [100 * r.metrics["sampled/NDCG@10"] for c, r in tuning if c["method"] == "FedPerGNN" and r is not None]
-    assert len(gnn) == 3 and f"FedPerGNN reaches test N@10 {min(gnn):.1f} % to {max(gnn):.1f} %" in prose
-    table1 = lesson.recorded_table("table1")
-    row = table1[(table1.dataset == "MovieLens-100K") & (table1.metric == "N@10") & (table1.method == "FedPerGNN")]
-    assert f"against {row['value_ours'].iloc[0]:.1f} % at 200 rounds" in prose and min(gnn) > row["value_ours"].iloc[0]
-    central = [(r.metrics["valid/sampled/NDCG@10"], 100 * r.metrics["sampled/NDCG@10"]) for c, r in tuning
-               if c["method"] == "Centralized" and r is not None]
-    assert f"at 300 epochs reaches {max(central)[1]:.1f} % at its best rate" in prose
+    frame = lesson.headline_tuning_frame()
+    assert len(frame) == 26  # the part's every cell is recorded
+    chosen = frame[frame["chosen"]].set_index(["method", "backbone"])
+
+    def test_score(method, backbone=""):
+        return chosen.loc[(method, backbone), "test N@10"]
+
+    kd, ptf = test_score("FedKDRec", "NeuNCF"), test_score("PTF-FedRec", "NeuNCF")
+    assert ptf > kd and f"PTF-FedRec on NeuNCF reaches test N@10 {ptf:.1f} %, above FedKDRec's {kd:.1f} %" in prose
+    assert chosen.loc[("PTF-FedRec", "NeuNCF"), "best"] == chosen.loc[("PTF-FedRec", "NeuNCF"), "cap"] == 400
+    kd, ptf = test_score("FedKDRec", "NeuMF"), test_score("PTF-FedRec", "NeuMF")
+    assert kd > ptf and f"on NeuMF FedKDRec keeps a lead ({kd:.1f} % against {ptf:.1f} %)" in prose
+    kd, ptf = test_score("FedKDRec", "LightGCN"), test_score("PTF-FedRec", "LightGCN")
+    assert kd > ptf and f"on LightGCN it shrinks to {kd:.1f} % against {ptf:.1f} %" in prose
+    table1 = lesson.headline_verdicts(lesson.recorded_table("table1")).set_index(["backbone", "rival"])
+    assert 100 * (kd / ptf - 1) < table1.loc[("LightGCN", "PTF-FedRec"), "gap %"]  # the lead shrinks
+    ptf_rows = frame[frame["method"] == "PTF-FedRec"]
+    smallest = ptf_rows.groupby("backbone")["lr"].transform("min")
+    assert (ptf_rows[ptf_rows["chosen"]]["lr"] == smallest[ptf_rows["chosen"]]).all()
+    assert "PTF-FedRec chose the smallest rate tried on every backbone" in prose
+    gnn = frame[frame["method"] == "FedPerGNN"]["test N@10"]
+    assert f"FedPerGNN reaches {gnn.min():.1f} % to {gnn.max():.1f} % at every rate tried" in prose
+    row = lesson.recorded_table("table1")
+    row = row[(row.dataset == "MovieLens-100K") & (row.metric == "N@10") & (row.method == "FedPerGNN")]
+    assert f"(against {row['value_ours'].iloc[0]:.1f} % at 200 rounds)" in prose and gnn.min() > row["value_ours"].iloc[0]
+    central = test_score("Centralized", "LightGCN")
+    assert f"centralised LightGCN {central:.1f} % at its chosen rate" in prose
