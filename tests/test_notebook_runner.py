@@ -88,3 +88,34 @@ def test_pairing_reports_missing_ipynb(project):
 def test_unknown_notebook_lists_known_ones(project):
     with pytest.raises(FileNotFoundError, match="no notebook '42'.*99_demo"):
         runner.find_notebook("42")
+
+
+def test_a_lesson_runs_the_same_twice_on_two_threads():
+    """``fnb.start`` turns on PyTorch's deterministic algorithms, so a lesson's live training repeats
+    bit for bit with two threads (it did not: a multi-threaded kernel summed in a varying order)."""
+    import subprocess
+    import sys
+
+    script = """
+import torch
+import fedlib.notebook as fnb
+torch.set_num_threads(2)
+fnb.start("00_fedrec_from_scratch")
+assert torch.are_deterministic_algorithms_enabled()
+
+def train(seed):
+    torch.manual_seed(seed)
+    users, items = torch.nn.Embedding(300, 16), torch.nn.Embedding(2000, 16)
+    opt = torch.optim.Adam([*users.parameters(), *items.parameters()], lr=0.01)
+    for step in range(30):
+        u = torch.randint(0, 300, (4096,)); i = torch.randint(0, 2000, (4096,))
+        loss = torch.nn.functional.softplus(-(users(u) * items(i)).sum(-1)).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+    return torch.cat([users.weight.flatten(), items.weight.flatten()])
+
+first, second = train(0), train(0)
+print("identical" if torch.equal(first, second) else f"differ by {(first - second).abs().max().item():.3g}")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "identical", done.stdout[-500:]
