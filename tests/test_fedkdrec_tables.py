@@ -471,8 +471,8 @@ def test_headline_tuning_frame_chooses_on_validation_and_flags_an_edge():
 
     from fedlib.papers.fedkdrec import lesson
 
-    cells = [c for c in X.grid_cells("headline_tuning")
-             if X.method_label(c) in ("FedPerGNN", "PTF-FedRec") and c.get("backbone") in (None, "NeuMF")]
+    cells = [c for c in X.grid_cells("headline_tuning") if c["rounds"] == 400
+             and X.method_label(c) in ("FedPerGNN", "PTF-FedRec") and c.get("backbone") in (None, "NeuMF")]
     rates = {label: sorted(c["lr"] for c in cells if X.method_label(c) == label) for label in ("FedPerGNN", "PTF-FedRec")}
     valid = {("FedPerGNN", rates["FedPerGNN"][1]): 0.40, ("PTF-FedRec", rates["PTF-FedRec"][-1]): 0.35}
     records = []
@@ -488,3 +488,9 @@ def test_headline_tuning_frame_chooses_on_validation_and_flags_an_edge():
     assert chosen.loc["PTF-FedRec", "valid N@10"] == pytest.approx(35.0)
     assert frame["edge"].sum() == 1 and frame["chosen"].sum() == 2
     assert lesson.headline_tuning_frame([]).empty
+    # a longer budget is a grid of its own: FedPerGNN at 800 rounds gets its own choice
+    longer = [c for c in X.grid_cells("headline_tuning") if c["rounds"] == 800]
+    assert longer and all(X.method_label(c) == "FedPerGNN" for c in longer)
+    both = lesson.headline_tuning_frame(records + [SimpleNamespace(config_hash=X.config_hash(c), metrics={
+        "best_round": 600, X.SELECTION: 0.2, "sampled/NDCG@10": 0.2}) for c in longer])
+    assert both[both["method"] == "FedPerGNN"].groupby("cap")["chosen"].sum().to_dict() == {400: 1, 800: 1}

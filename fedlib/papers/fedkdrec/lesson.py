@@ -304,7 +304,7 @@ def headline_tuning_frame(records=None, dataset: str = "ML-100K") -> pd.DataFram
     Columns: ``method`` (the paper's label), ``backbone`` ("" for FedPerGNN), ``lr``, ``best`` (the
     round, or epoch for the centralised model, that validation selected), ``cap`` (the run's last
     round or epoch), ``valid N@10`` and ``test N@10`` (sampled 1 + 99, in %), ``chosen`` (the rate
-    with the best validation N@10 of its method and backbone) and ``edge`` (the chosen rate is the
+    with the best validation N@10 of its method, backbone and budget) and ``edge`` (the chosen rate is the
     smallest or largest tried: the grid should widen). Cells not yet recorded are left out;
     ``records`` defaults to ``results/fedkdrec/runs.jsonl``.
     """
@@ -322,7 +322,7 @@ def headline_tuning_frame(records=None, dataset: str = "ML-100K") -> pd.DataFram
                      "valid N@10": 100 * record.metrics[X.SELECTION],
                      "test N@10": 100 * record.metrics["sampled/NDCG@10"]})
     frame = pd.DataFrame(rows, columns=["method", "backbone", "lr", "best", "cap", "valid N@10", "test N@10"])
-    groups = frame.groupby(["method", "backbone"], sort=False)
+    groups = frame.groupby(["method", "backbone", "cap"], sort=False)  # a longer budget is a grid of its own
     frame["chosen"] = frame.index.isin(groups["valid N@10"].idxmax()) if len(frame) else []
     tried = groups["lr"].transform(lambda rates: rates.min()), groups["lr"].transform(lambda rates: rates.max())
     frame["edge"] = frame["chosen"] & ((frame["lr"] == tried[0]) | (frame["lr"] == tried[1]))
