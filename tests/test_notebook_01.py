@@ -312,6 +312,26 @@ def test_appendix_feddae_and_tuning_paragraphs_quote_the_records():
     assert f"to {amazon['Adam, server lr 0.001']:.2f} at the code's rate 1e-3" in prose
     assert f"and to {amazon['Adam, server lr 0.01']:.2f} at 1e-2" in prose
     assert amazon["Adam, server lr 0.01"] == amazon.max()                     # the largest rate tried wins
+    leaky = step[(step.dataset == "Amazon-Video") & (step.sampler == "leaky")].set_index("server step")["R@10"]
+    assert f"under the leak from {leaky['FedAvg (SGD), Table 1']:.2f} to {leaky['Adam, server lr 0.01']:.2f} at 1e-2" in prose
+    assert leaky["Adam, server lr 0.01"] == leaky.max()
+    film = step[step.dataset == "FilmTrust"].set_index(["sampler", "server step"])
+    fedavg = film.xs("FedAvg (SGD), Table 1", level="server step")["diverged at round"]
+    assert f"(at rounds {fedavg['leaky']} and {fedavg['correct']} under the two" in prose
+    for sampler in ("leaky", "correct"):  # FedAvg and Adam at 1e-3 and 1e-2 diverge; 1e-4 does not
+        assert all(film.loc[(sampler, f"Adam, server lr {lr}"), "diverged at round"] != "—" for lr in (0.001, 0.01))
+        assert film.loc[(sampler, "Adam, server lr 0.0001"), "diverged at round"] == "—"
+    correct = film.loc["correct"]
+    assert f"lifts R@10 from {correct.loc['FedAvg (SGD), Table 1', 'R@10']:.2f} (FedAvg) to " \
+           f"{correct.loc['Adam, server lr 0.01', 'R@10']:.2f} at 1e-2 " \
+           f"({correct.loc['Adam, server lr 0.001', 'R@10']:.2f} at 1e-3, the rate validation prefers)" in prose
+    adam = correct[correct.index.str.startswith("Adam")]
+    assert adam["valid R@10"].idxmax() == "Adam, server lr 0.001"
+    film_paper = _table("table1")
+    film_paper = film_paper[(film_paper.dataset == "FilmTrust") & (film_paper.method == "FedDAE") & (film_paper.metric == "R@10")]
+    assert f"still below the paper's {film_paper['value_paper'].iloc[0]:.2f}" in prose
+    assert correct["R@10"].max() < film_paper["value_paper"].iloc[0]
+    assert step["R@10"].isna().sum() == 1  # "the one row left empty"
     paper = _table("table1")
     paper = paper[(paper.dataset == "Amazon-Video") & (paper.method == "FedDAE") & (paper.metric == "R@10")]
     assert f"the paper's {paper['value_paper'].iloc[0]:.2f}" in prose
