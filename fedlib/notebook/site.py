@@ -296,8 +296,6 @@ def results_table_html(table) -> list[tuple[str, str]]:
     for values, part in groups:
         values = values if isinstance(values, tuple) else (values,)
         heading = ", ".join(f"{k} {v}" for k, v in zip(facets, values))
-        if part.duplicated(rows + columns).any():  # keys this layout cannot separate: keep the first reading
-            part = part.drop_duplicates(rows + columns)
         # columns grouped key by key (every metric of a dataset together), each key in its order of appearance
         rank = {k: {v: i for i, v in enumerate(dict.fromkeys(part[k]))} for k in columns}
         labels = sorted(dict.fromkeys(zip(*(part[k] for k in columns))), key=lambda t: [rank[k][v] for k, v in zip(columns, t)])
