@@ -494,3 +494,90 @@ def test_headline_tuning_frame_chooses_on_validation_and_flags_an_edge():
     both = lesson.headline_tuning_frame(records + [SimpleNamespace(config_hash=X.config_hash(c), metrics={
         "best_round": 600, X.SELECTION: 0.2, "sampled/NDCG@10": 0.2}) for c in longer])
     assert both[both["method"] == "FedPerGNN"].groupby("cap")["chosen"].sum().to_dict() == {400: 1, 800: 1}
+
+
+def _headline_record(config, valid, test, best=100, commit="abc1234"):
+    from types import SimpleNamespace
+    return SimpleNamespace(config=config, config_hash=X.config_hash(config), seed=config["seed"], commit=commit,
+                           timestamp="2026-01-01T00:00:00", extra={},
+                           metrics={"best_round": best, X.SELECTION: valid, "sampled/NDCG@10": test})
+
+
+def test_fair_budget_choice_is_the_best_validation_over_rates_and_budgets():
+    """[selected.fair] is re-derived from headline_tuning: the best validation N@10 of a method and
+    backbone over every rate and budget (not the best test score); a tie goes to the shorter budget;
+    NaN never wins."""
+    cells = [c for c in X.grid_cells("headline_tuning") if X.method_label(c) == "FedPerGNN"]
+    longer = sorted({c["rounds"] for c in cells})[-1]
+    shorter = sorted({c["rounds"] for c in cells})[0]
+    best_long = [c for c in cells if c["rounds"] == longer][0]
+    records = [_headline_record(c, 0.30, 0.40) for c in cells]
+    records[cells.index(best_long)] = _headline_record(best_long, 0.35, 0.10)
+    chosen = X.fair_budget_from_records(records)
+    assert chosen == {"FedPerGNN": {"lr": best_long["lr"], "rounds": longer}}
+    tied = [_headline_record(c, 0.30 if c["lr"] == best_long["lr"] else 0.2, 0.3) for c in cells]
+    assert X.fair_budget_from_records(tied)["FedPerGNN"] == {"lr": best_long["lr"], "rounds": shorter}
+    nan = [_headline_record(c, float("nan") if c is best_long else 0.1, 0.3) for c in cells]
+    assert X.fair_budget_from_records(nan)["FedPerGNN"] != {"lr": best_long["lr"], "rounds": longer}
+
+
+def test_fair_budget_table_matches_the_recorded_headline_tuning():
+    records = read_runs(X.PAPER, "paper")
+    derived = X.fair_budget_from_records(records)
+    assert set(X.FAIR) == {"ML-100K"}
+    assert set(derived) == set(X.FAIR["ML-100K"]), "every method and backbone of headline_tuning needs an entry"
+    for key, choice in X.FAIR["ML-100K"].items():
+        assert choice == derived[key], f"[selected.fair] {key!r} disagrees with the recorded headline_tuning runs"
+
+
+def test_fair_cells_take_the_chosen_rate_and_budget():
+    fair = X.FAIR["ML-100K"]
+    kd = X.cell("ML-100K", "FedKDRec", backbone="NeuMF", fair=True)
+    assert (kd["lr"], kd["rounds"]) == (fair["FedKDRec/NeuMF"]["lr"], fair["FedKDRec/NeuMF"]["rounds"])
+    central = X.cell("ML-100K", "Centralized", backbone="LightGCN", fair=True)
+    assert central["rounds"] == fair["Centralized/LightGCN"]["rounds"]
+    ptf = X.cell("ML-100K", "PTF-FedRec", backbone="NeuNCF", fair=True)
+    assert ptf["variant"] == "-m-c~s" and ptf["lr"] == fair["PTF-FedRec/NeuNCF"]["lr"]
+    with pytest.raises(ValueError, match="on 'ML-1M'"):
+        X.cell("ML-1M", "FedKDRec", backbone="NeuMF", fair=True)
+    assert X.grid_cells("headline", "ML-1M") == []
+    with pytest.raises(ValueError, match="leave out lr"):
+        X.cell("ML-100K", "FedKDRec", backbone="NeuMF", fair=True, lr=1e-3)
+    with pytest.raises(ValueError, match="no fair-budget choice for 'FedMF'"):
+        X.cell("ML-100K", "FedMF", fair=True)
+    # seed 0 of the headline is the headline_tuning run of the same cell
+    tuning = {X.config_hash(c) for c in X.grid_cells("headline_tuning")}
+    assert all(X.config_hash(c) in tuning for c in X.grid_cells("headline"))
+
+
+def test_fair_headline_averages_seeds_flags_and_judges():
+    """Seed means and spreads in %, flags from the runs (one seed, a run at its cap), and Welch
+    verdicts: FedKDRec on each backbone against PTF-FedRec on it and the two shared rivals."""
+    from fedlib.papers.fedkdrec import lesson
+
+    cells = X.grid_cells("headline")
+    level = {"FedKDRec": 0.30, "PTF-FedRec": 0.25, "FedPerGNN": 0.35, "Centralized": 0.30}
+    records = []
+    for c in cells:
+        label = X.method_label(c)
+        seeds = (0,) if label == "Centralized" else (0, 1, 2)
+        for s in seeds:
+            run = {**c, "seed": s}
+            best = c["rounds"] if label == "FedPerGNN" and s == 1 else 50
+            records.append(_headline_record(run, 0.3, level[label] + 0.001 * s, best=best))
+    frame = lesson.fair_headline(records).set_index(["method", "backbone"])
+    kd = frame.loc[("FedKDRec", "NeuMF")]
+    assert kd["n_seeds"] == 3 and kd["value_ours"] == pytest.approx(30.1) and kd["std_ours"] == pytest.approx(0.1)
+    assert kd["best"] == "50/50/50" and "one_seed" not in kd["flags"] and "at_cap" not in kd["flags"]
+    assert "at_cap" in frame.loc[("FedPerGNN", ""), "flags"]
+    central = frame.loc[("Centralized LightGCN", "")]
+    assert central["n_seeds"] == 1 and "one_seed" in central["flags"] and math.isnan(central["std_ours"])
+    verdicts = lesson.fair_headline_verdicts(lesson.fair_headline(records))
+    assert set(verdicts["backbone"]) == set(X.BACKBONES)
+    assert (verdicts.groupby("backbone")["rival"].apply(set) == {"PTF-FedRec", "FedPerGNN", "Centralized LightGCN"}).all()
+    by = verdicts.set_index(["backbone", "rival"])["verdict"]
+    assert by[("NeuMF", "PTF-FedRec")] == "ahead" and by[("LightGCN", "FedPerGNN")] == "behind"
+    assert by[("NeuNCF", "Centralized LightGCN")].startswith("untested")
+    # nothing recorded: the rows stay, without values or flags
+    empty = lesson.fair_headline([])
+    assert len(empty) == len(cells) and empty["value_ours"].isna().all() and (empty["flags"] == "").all()

@@ -56,6 +56,7 @@ __all__ = [
     "PAPER", "SPEC", "VERSION", "PARTS", "tuning_grids", "flag_rules", "DATASETS", "OFFLINE_DATASETS", "BACKBONES", "SELECTED", "LEARNING_RATES",
     "ALPHAS", "BETA_RANGES", "cell", "family", "method_label", "load_split", "DualProtocolRecorder", "run_cell",
     "grid_cells", "tuning_cells", "selected_from_records", "run_grid", "run_cells",
+    "FAIR", "fair_key", "fair_budget_from_records",
 ]
 
 PAPER = "fedkdrec"
@@ -70,6 +71,9 @@ OFFLINE_DATASETS = tuple(SPEC.list("offline_datasets"))
 BACKBONES = {name: choice["kind"] for name, choice in SPEC.choices("backbone").items()}
 #: Learning rate per method family, chosen on validation by the ``tuning`` part (``[selected.lr]``).
 SELECTED: Dict[str, float] = SPEC.data["selected"]["lr"]
+#: The fair-budget headline's ``{dataset: {fair_key: {"lr", "rounds"}}}`` (``[selected.fair]``): chosen
+#: in ``headline_tuning``; :func:`cell` applies them with ``fair=True``.
+FAIR: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data["selected"]["fair"]
 LEARNING_RATES = tuple(SPEC.list("learning_rates"))
 WEIGHT_DECAY = SPEC.data["cell"]["weight_decay"]
 TABLE4_VARIANTS = tuple(SPEC.list("table4_variants"))
@@ -87,9 +91,14 @@ def family(config: Mapping[str, Any]) -> str:
     return "PTF-FedRec" if config["method"] == "FedKDRec" and config.get("variant") == "-m-c~s" else config["method"]
 
 
+def fair_key(method: str, backbone: Optional[str]) -> str:
+    """The :data:`FAIR` key of a method's row label and backbone: ``"FedKDRec/NeuMF"``, ``"FedPerGNN"``."""
+    return f"{method}/{backbone}" if backbone else method
+
+
 def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: str = "FedKDRec",
          lr: Optional[float] = None, rounds: Optional[int] = None, central_epochs: Optional[int] = None,
-         **settings) -> Dict[str, Any]:
+         fair: bool = False, **settings) -> Dict[str, Any]:
     """One run of the grid, as a plain dict.
 
     Args:
@@ -102,9 +111,24 @@ def cell(dataset: str, method: str, *, backbone: Optional[str] = None, variant: 
         rounds: communication rounds of the federated methods; central_epochs: epochs of the
             centralised baselines (``None``: the spec's); each method ignores the other's, so one
             set of keyword arguments serves a grid.
+        fair: take the learning rate and the budget that validation chose for the fair-budget
+            headline (:data:`FAIR`, ``[selected.fair]``); ``lr``, ``rounds`` and ``central_epochs``
+            must then be left out.
         settings: the spec's other ``[cell]`` keys (``init``, ``seed``, ``eval_every``, ``dim``,
             ``client_fraction``, ``alpha``, ``beta_range`` (FedKDRec), ...).
     """
+    if fair:
+        if lr is not None or rounds is not None or central_epochs is not None:
+            raise ValueError("fair=True takes the rate and budget of [selected.fair]; leave out lr, rounds and "
+                             f"central_epochs (got lr={lr}, rounds={rounds}, central_epochs={central_epochs})")
+        key = fair_key("PTF-FedRec" if method == "FedKDRec" and variant == "-m-c~s" else method, backbone)
+        choices = FAIR.get(dataset, {})
+        if key not in choices:
+            raise ValueError(f"no fair-budget choice for {key!r} on {dataset!r} in [selected.fair] (it has "
+                             f"{ {d: sorted(c) for d, c in FAIR.items()} }); run part headline_tuning for it and add "
+                             "its choice (experiment.fair_budget_from_records)")
+        lr = choices[key]["lr"]
+        rounds = central_epochs = int(choices[key]["rounds"])
     if method == "PTF-FedRec":
         method, variant = "FedKDRec", "-m-c~s"
     settings["rounds"] = central_epochs if method == "Centralized" else rounds
@@ -397,10 +421,31 @@ def selected_from_records(records) -> Dict[str, float]:
     return {fam: lr for fam, (_, lr) in best.items()}
 
 
+def fair_budget_from_records(records, dataset: str = "ML-100K") -> Dict[str, Dict[str, float]]:
+    """Re-derive :data:`FAIR` ``[dataset]`` from the recorded ``headline_tuning`` runs: per :func:`fair_key`, the
+    ``{"lr", "rounds"}`` of the best validation N@10 over every rate and budget tried (finite values
+    only; a tie goes to the shorter budget, then to the smaller rate)."""
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(records)
+    best: Dict[str, tuple] = {}
+    for config in grid_cells("headline_tuning", dataset):
+        record = known.get(config_hash(config))
+        value = record.metrics.get(SELECTION, float("nan")) if record is not None else float("nan")
+        if not math.isfinite(value):
+            continue
+        key = fair_key(method_label(config), config.get("backbone"))
+        rank = (-value, config["rounds"], config["lr"])
+        if key not in best or rank < best[key][0]:
+            best[key] = (rank, {"lr": config["lr"], "rounds": config["rounds"]})
+    return {key: choice for key, (_, choice) in best.items()}
+
+
 def tuning_grids(config: Mapping[str, Any]) -> Dict[str, tuple]:
     """The rates the ``tuning`` part tried for ``config``'s family, when the cell runs at the rate
     chosen there (:data:`SELECTED`; one choice per family, on NeuMF, serves every backbone), for
-    the ``grid_edge`` flag; ``{}`` for a cell at another rate, whose neighbours decide."""
+    the ``grid_edge`` flag; ``{}`` for a cell at another rate or budget, whose recorded neighbours
+    decide (a ``headline`` cell: the ``headline_tuning`` rates recorded at its budget)."""
     if config.get("method") not in SPEC.choices("method") or family(config) not in SELECTED:
         return {}
     # the tuning part ran each family at its method's default budget (200 rounds, 100 epochs)

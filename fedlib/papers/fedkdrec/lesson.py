@@ -29,7 +29,8 @@ from fedlib.metrics.ranking import candidate_set_metrics
 from fedlib.papers.fedkdrec import experiment as X
 from fedlib.papers.fedkdrec.method import FedKDRecSession, ServerScorer, server_scorer
 
-__all__ = ["LiveRun", "upload_rows", "teacher_table", "selection_table", "sampled_metrics", "random_scorer"]
+__all__ = ["LiveRun", "upload_rows", "teacher_table", "selection_table", "sampled_metrics", "random_scorer",
+           "headline_verdicts", "headline_tuning_frame", "fair_headline", "fair_headline_verdicts"]
 
 
 class LiveRun:
@@ -327,3 +328,57 @@ def headline_tuning_frame(records=None, dataset: str = "ML-100K") -> pd.DataFram
     tried = groups["lr"].transform(lambda rates: rates.min()), groups["lr"].transform(lambda rates: rates.max())
     frame["edge"] = frame["chosen"] & ((frame["lr"] == tried[0]) | (frame["lr"] == tried[1]))
     return frame
+
+
+#: The rivals of the fair-budget headline that every backbone's setting compares with (no backbone of
+#: their own in the comparison): FedPerGNN and the centralised LightGCN, the strongest model recorded.
+FAIR_SHARED_RIVALS = ("FedPerGNN", "Centralized LightGCN")
+
+
+def fair_headline(records=None, dataset: str = "ML-100K", seeds=(0, 1, 2)) -> pd.DataFrame:
+    """The fair-budget headline as recorded: one row per method and backbone of part ``headline``.
+
+    Each method runs at the rate and budget validation chose in ``headline_tuning``
+    (:data:`~fedlib.papers.fedkdrec.experiment.FAIR`), at ``seeds``. Columns: ``method`` (the
+    paper's label; the centralised model is ``"Centralized LightGCN"``), ``backbone`` ("" for the
+    shared rivals), ``lr``, ``cap`` (rounds, or epochs of the centralised model), ``best`` (the
+    selected round or epoch of each recorded seed, ``/``-joined), ``value_ours``, ``std_ours``
+    (test N@10, sampled 1 + 99, in %: seed mean and sample std), ``n_seeds``, ``run_ids``,
+    ``commit`` and ``flags`` (:mod:`fedlib.reporting.flags` under the paper's rules). A method
+    without a recorded seed keeps its row with NaN values.
+    """
+    import statistics
+
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.flags import add_flags
+    from fedlib.reporting.results import RUN_ID_SEPARATOR, latest_records
+
+    records = list(read_runs(X.PAPER, "paper") if records is None else records)
+    known = latest_records(records)
+    rows = []
+    for config in X.grid_cells("headline", dataset):
+        label = X.method_label(config)
+        runs = [known[h] for h in (X.config_hash({**config, "seed": s}) for s in seeds) if h in known]
+        values = [100 * r.metrics["sampled/NDCG@10"] for r in runs]
+        rows.append({"method": "Centralized LightGCN" if label == "Centralized" else label,
+                     "backbone": "" if label in ("Centralized", "FedPerGNN") else config["backbone"],
+                     "lr": config["lr"], "cap": int(config["rounds"]),
+                     "best": "/".join(str(int(r.metrics["best_round"])) for r in runs),
+                     "value_ours": statistics.fmean(values) if values else math.nan,
+                     "std_ours": statistics.stdev(values) if len(values) > 1 else math.nan,
+                     "n_seeds": len(values), "run_ids": RUN_ID_SEPARATOR.join(r.config_hash for r in runs),
+                     "commit": RUN_ID_SEPARATOR.join(str(r.commit) for r in runs)})
+    return add_flags(pd.DataFrame(rows), records, X.flag_rules())
+
+
+def fair_headline_verdicts(frame: pd.DataFrame) -> pd.DataFrame:
+    """FedKDRec on each backbone against PTF-FedRec on it and the shared rivals
+    (:data:`FAIR_SHARED_RIVALS`), Welch over seeds (:func:`fedlib.reporting.stats.seed_verdicts`).
+    ``frame``: :func:`fair_headline` (values in %, ``gap %`` relative)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    own = frame[frame["backbone"] != ""]
+    shared = frame[frame["method"].isin(FAIR_SHARED_RIVALS)]
+    settings = [own] + [shared.assign(backbone=backbone) for backbone in own["backbone"].unique()]
+    return seed_verdicts(pd.concat(settings, ignore_index=True), by=["backbone"], label="method", ours="FedKDRec",
+                         also=("PTF-FedRec",), rivals=len(FAIR_SHARED_RIVALS))
