@@ -59,7 +59,7 @@ __all__ = [
     "PAPER", "SPEC", "VERSION", "PARTS", "DATASETS", "OFFLINE_DATASETS", "METHODS", "GUIDANCE_MODES", "LDP",
     "DEFAULT_PARAMS", "SELECTION_METRIC", "cell", "method_label", "grid_cells", "part_cells", "fedrap_code_cells",
     "load_split", "make_sampler", "SelectionRecorder", "run_cell", "checkpointable", "guidance_rounds", "ldp_epsilon",
-    "config_hash",
+    "config_hash", "SELECTED", "SELECTED_SERVER_LR", "select_learning_rates", "select_server_lr",
 ]
 
 PAPER = "fedrkg"
@@ -92,6 +92,22 @@ DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {method: _method_defaults(method) fo
 #: ``{dataset: {sampler: {method: lr}}}``; :func:`cell` applies them with ``tuned=True``
 SELECTED: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data.get("selected", {})
 HEADLINE_DATASETS = tuple(SPEC.list("headline_datasets"))
+
+
+#: FedDAE's server Adam rate chosen on validation by the ``feddae_server`` part (spec
+#: ``[selected_server_lr]``): ``{dataset: {sampler: rate}}``; :func:`cell` applies it with ``tuned=True``
+SELECTED_SERVER_LR: Dict[str, Dict[str, float]] = SPEC.data.get("selected_server_lr", {})
+#: the server Adam rate of FedDAE's public code (the tie-break of :func:`select_server_lr`)
+FEDDAE_CODE_SERVER_LR = 1e-3
+
+
+def _best_rate(options: Sequence[tuple], code_rate: float) -> float:
+    """The rate of ``[(rate, validation score or None), ...]`` with the highest score; ties go to
+    ``code_rate``, then to the smaller rate; a score of None or NaN (diverged before its first
+    evaluation) never wins."""
+    ranked = [(-math.inf if score is None or not math.isfinite(score) else score, rate == code_rate, -rate, rate)
+              for rate, score in options]
+    return max(ranked)[3]
 
 
 def selected_lr(dataset: str, sampler: str, method: str) -> Optional[float]:
@@ -130,10 +146,34 @@ def select_learning_rates(records, datasets: Sequence[str] = HEADLINE_DATASETS) 
         if missing:
             raise ValueError(f"headline_tuning has no record of {method} at lr {missing[0]} on {dataset} ({sampler}): "
                              "run python -m fedlib grid fedrkg headline_tuning")
-        code_rate = DEFAULT_PARAMS[method]["lr"]
-        ranked = [(-math.inf if score is None or not math.isfinite(score) else score, lr == code_rate, -lr, lr)
-                  for lr, score, _ in options]
-        chosen.setdefault(dataset, {}).setdefault(sampler, {})[method] = max(ranked)[3]
+        chosen.setdefault(dataset, {}).setdefault(sampler, {})[method] = _best_rate(
+            [(lr, score) for lr, score, _ in options], DEFAULT_PARAMS[method]["lr"])
+    return chosen
+
+
+def select_server_lr(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Dict[str, Dict[str, float]]:
+    """The rates behind :data:`SELECTED_SERVER_LR`, re-derived from the recorded ``feddae_server`` runs.
+
+    For every (dataset, sampler) of the part: FedDAE's server Adam rate whose seed-0 run has the
+    highest validation Recall@10 at its selected evaluation; ties go to the public code's rate
+    (:data:`FEDDAE_CODE_SERVER_LR`), then to the smaller rate. Raises when a cell of the part is
+    not recorded, naming it (run ``python -m fedlib grid fedrkg feddae_server``).
+    """
+    known = latest_records(records)
+    options: Dict[tuple, List[tuple]] = {}
+    for config in grid_cells("feddae_server"):
+        if config["dataset"] not in datasets:
+            continue
+        record = known.get(config_hash(config))
+        rate = config["params"]["server_lr"]
+        if record is None:
+            raise ValueError(f"feddae_server has no record of FedDAE at server lr {rate} on {config['dataset']} "
+                             f"({config['sampler']}): run python -m fedlib grid fedrkg feddae_server")
+        options.setdefault((config["dataset"], config["sampler"]), []).append(
+            (rate, record.metrics.get("valid/" + SELECTION_METRIC)))
+    chosen: Dict[str, Dict[str, float]] = {}
+    for (dataset, sampler), tried in options.items():
+        chosen.setdefault(dataset, {})[sampler] = _best_rate(tried, FEDDAE_CODE_SERVER_LR)
     return chosen
 
 
@@ -158,16 +198,21 @@ def cell(dataset: str, method: str, *, params: Optional[Mapping] = None, interva
             ``SGD(weight_decay=1e-4)``, ``ExponentialLR(0.95)`` per batch, local epochs stopped at a
             relative loss change below 1e-4, and the constant ``λ``, ``μ`` its loss really reads).
         tuned: take the learning rate chosen on validation (:data:`SELECTED`) where it holds one
-            for this dataset, sampler and method (``params`` still override it).
+            for this dataset, sampler and method, and FedDAE's server Adam rate
+            (:data:`SELECTED_SERVER_LR`) where it holds one (``params`` still override them).
         settings: the spec's ``[cell]`` keys (``guidance``, ``backbone``, ``sampler``, ``rounds``,
             ``eval_every``, ``seed``, ``trace_every``, ``dim``, ...); ``None`` keeps the default.
     """
     if method != "FedRKG":
         settings.pop("backbone", None)  # FedRKG's (Table 3); ignored by other methods
     if tuned:
-        rate = selected_lr(dataset, settings.get("sampler") or SPEC.data["cell"]["sampler"], method)
+        sampler = settings.get("sampler") or SPEC.data["cell"]["sampler"]
+        rate = selected_lr(dataset, sampler, method)
         if rate is not None:
             params = {"lr": rate, **dict(params or {})}
+        server_rate = SELECTED_SERVER_LR.get(dataset, {}).get(sampler) if method == "FedDAE" else None
+        if server_rate is not None:
+            params = {"server_lr": server_rate, **dict(params or {})}
     if fedrap_code is not None:
         params, settings["batch_size"] = _fedrap_code(method, fedrap_code, params)
     centralised = SPEC.choice("method", method).get("epochs") if method in SPEC.choices("method") else None
@@ -227,7 +272,7 @@ def _fedrap_code(method: str, variant: str, params: Optional[Mapping]) -> tuple:
     code = {"local_epochs": FEDRAP_CODE_CONFIG["local_epochs"], "lr_decay": 0.97}
     if variant == "optimizer":
         code.update(FEDRAP_CODE_OPTIMIZER, curriculum="constant")
-    return {**dict(params or {}), **code}, FEDRAP_CODE_CONFIG["batch_size"]
+    return {**code, **dict(params or {})}, FEDRAP_CODE_CONFIG["batch_size"]  # given params win (a search)
 
 
 def method_label(config: Mapping[str, Any]) -> str:
