@@ -88,15 +88,15 @@ def _method_defaults(method: str) -> Dict[str, Any]:
 
 #: every method's hyperparameters of the paper profile (the dataset's β and lr_decay aside)
 DEFAULT_PARAMS: Dict[str, Dict[str, Any]] = {method: _method_defaults(method) for method in METHODS}
-#: the learning rates chosen on validation by the ``headline_tuning`` part (spec ``[selected]``):
+#: the learning rates chosen on validation by the ``headline_tuning`` part (spec ``[selected.lr]``):
 #: ``{dataset: {sampler: {method: lr}}}``; :func:`cell` applies them with ``tuned=True``
-SELECTED: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data.get("selected", {})
+SELECTED: Dict[str, Dict[str, Dict[str, float]]] = SPEC.data.get("selected", {}).get("lr", {})
 HEADLINE_DATASETS = tuple(SPEC.list("headline_datasets"))
 
 
 #: FedDAE's server Adam rate chosen on validation by the ``feddae_server`` part (spec
-#: ``[selected_server_lr]``): ``{dataset: {sampler: rate}}``; :func:`cell` applies it with ``tuned=True``
-SELECTED_SERVER_LR: Dict[str, Dict[str, float]] = SPEC.data.get("selected_server_lr", {})
+#: ``[selected.server_lr]``): ``{dataset: {sampler: rate}}``; :func:`cell` applies it with ``tuned=True``
+SELECTED_SERVER_LR: Dict[str, Dict[str, float]] = SPEC.data.get("selected", {}).get("server_lr", {})
 #: the server Adam rate of FedDAE's public code (the tie-break of :func:`select_server_lr`)
 FEDDAE_CODE_SERVER_LR = 1e-3
 
@@ -162,7 +162,7 @@ def select_server_lr(records, datasets: Sequence[str] = HEADLINE_DATASETS) -> Di
     known = latest_records(records)
     options: Dict[tuple, List[tuple]] = {}
     for config in grid_cells("feddae_server"):
-        if config["dataset"] not in datasets:
+        if config["dataset"] not in datasets or "server_lr" not in config["params"]:  # FedAvg: not a rate
             continue
         record = known.get(config_hash(config))
         rate = config["params"]["server_lr"]
