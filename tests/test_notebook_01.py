@@ -301,37 +301,43 @@ def test_headline_verdict_paragraph_quotes_the_recorded_seeds():
 
 
 def test_appendix_feddae_and_tuning_paragraphs_quote_the_records():
+    import fedlib.papers.fedrkg.experiment as X
     import fedlib.papers.fedrkg.tables as T
     from fedlib.reporting import read_runs
 
     runs = read_runs("fedrkg", "paper")
     prose = " ".join(_paragraph("appendix/01_fedrkg_appendix", "the server Adam lifts FedDAE").split())
     step = T.feddae_server_step(runs)
-    amazon = step[(step.dataset == "Amazon-Video") & (step.sampler == "correct")].set_index("server step")["R@10"]
-    assert f"from {amazon['FedAvg (SGD), Table 1']:.2f} (FedAvg)" in prose
-    assert f"to {amazon['Adam, server lr 0.001']:.2f} at the code's rate 1e-3" in prose
-    assert f"and to {amazon['Adam, server lr 0.01']:.2f} at 1e-2" in prose
-    assert amazon["Adam, server lr 0.01"] == amazon.max()                     # the largest rate tried wins
-    leaky = step[(step.dataset == "Amazon-Video") & (step.sampler == "leaky")].set_index("server step")["R@10"]
-    assert f"under the leak from {leaky['FedAvg (SGD), Table 1']:.2f} to {leaky['Adam, server lr 0.01']:.2f} at 1e-2" in prose
-    assert leaky["Adam, server lr 0.01"] == leaky.max()
-    film = step[step.dataset == "FilmTrust"].set_index(["sampler", "server step"])
-    fedavg = film.xs("FedAvg (SGD), Table 1", level="server step")["diverged at round"]
-    assert f"(at rounds {fedavg['leaky']} and {fedavg['correct']} under the two" in prose
-    for sampler in ("leaky", "correct"):  # FedAvg and Adam at 1e-3 and 1e-2 diverge; 1e-4 does not
-        assert all(film.loc[(sampler, f"Adam, server lr {lr}"), "diverged at round"] != "—" for lr in (0.001, 0.01))
-        assert film.loc[(sampler, "Adam, server lr 0.0001"), "diverged at round"] == "—"
-    correct = film.loc["correct"]
-    assert f"lifts R@10 from {correct.loc['FedAvg (SGD), Table 1', 'R@10']:.2f} (FedAvg) to " \
-           f"{correct.loc['Adam, server lr 0.01', 'R@10']:.2f} at 1e-2 " \
-           f"({correct.loc['Adam, server lr 0.001', 'R@10']:.2f} at 1e-3, the rate validation prefers)" in prose
-    adam = correct[correct.index.str.startswith("Adam")]
-    assert adam["valid R@10"].idxmax() == "Adam, server lr 0.001"
+    assert step["rounds run"].notna().all()  # every cell of the part is recorded
+    chosen = X.select_server_lr(runs)
+
+    def rows(dataset, sampler):
+        return step[(step.dataset == dataset) & (step.sampler == sampler)].set_index("server step")
+
+    amazon = rows("Amazon-Video", "correct")["R@10"]
+    assert f"from {amazon['FedAvg (SGD)']:.2f} (FedAvg) to {amazon['Adam, server lr 0.001']:.2f} at the code's rate 1e-3" \
+           f" and to {amazon['Adam, server lr 0.01']:.2f} at 1e-2, the rate validation chooses " \
+           f"({amazon['Adam, server lr 0.03']:.2f} at 3e-2)" in prose
+    assert chosen["Amazon-Video"]["correct"] == 0.01
+    leaky = rows("Amazon-Video", "leaky")["R@10"]
+    assert f"from {leaky['FedAvg (SGD)']:.2f} to {leaky['Adam, server lr 0.01']:.2f} at 1e-2 and " \
+           f"{leaky['Adam, server lr 0.03']:.2f} at 3e-2, which validation chooses there: the largest rate tried" in prose
+    assert chosen["Amazon-Video"]["leaky"] == 0.03 == max(c["params"].get("server_lr", 0) for c in X.grid_cells("feddae_server"))
+    for sampler in ("leaky", "correct"):  # FedAvg and Adam from 1e-3 on diverge; 1e-4 does not; 3e-2 before evaluating
+        film = rows("FilmTrust", sampler)
+        assert all(film.loc[f"Adam, server lr {lr}", "diverged at round"] != "—" for lr in (0.001, 0.01, 0.03))
+        assert film.loc["Adam, server lr 0.0001", "diverged at round"] == "—"
+        assert pd.isna(film.loc["Adam, server lr 0.03", "R@10"]) and chosen["FilmTrust"][sampler] == 0.001
+    fedavg = {s: rows("FilmTrust", s).loc["FedAvg (SGD)", "diverged at round"] for s in ("leaky", "correct")}
+    assert f"(at rounds {fedavg['leaky']} and {fedavg['correct']} under the two samplers)" in prose
+    correct = rows("FilmTrust", "correct")
+    assert f"lifts R@10 from {correct.loc['FedAvg (SGD)', 'R@10']:.2f} (FedAvg) to " \
+           f"{correct.loc['Adam, server lr 0.001', 'R@10']:.2f} at 1e-3, the rate validation chooses " \
+           f"({correct.loc['Adam, server lr 0.01', 'R@10']:.2f} at 1e-2)" in prose
     film_paper = _table("table1")
     film_paper = film_paper[(film_paper.dataset == "FilmTrust") & (film_paper.method == "FedDAE") & (film_paper.metric == "R@10")]
     assert f"still below the paper's {film_paper['value_paper'].iloc[0]:.2f}" in prose
     assert correct["R@10"].max() < film_paper["value_paper"].iloc[0]
-    assert step["R@10"].isna().sum() == 1  # "the one row left empty"
     paper = _table("table1")
     paper = paper[(paper.dataset == "Amazon-Video") & (paper.method == "FedDAE") & (paper.metric == "R@10")]
     assert f"the paper's {paper['value_paper'].iloc[0]:.2f}" in prose
