@@ -471,8 +471,8 @@ fnb.record("deviations", {"cells": len(found), "reasons": int(len(summary))})
 # protocol. Every federated model, ours and baselines, stays further below them than the paper
 # reports, and the paper's central claim that prediction transfer matches or beats centralised
 # training does not reproduce here. FedKDRec beats PTF-FedRec on every backbone, as the
-# paper says; FedPerGNN, the one baseline with a neighbour graph, is as good as or better than
-# FedKDRec here. Table 2 does not hold as stated: removing all three components at once
+# paper says (at the paper's budget; a fair one changes that, below); FedPerGNN, the one
+# baseline with a neighbour graph, is as good as or better than FedKDRec here. Table 2 does not hold as stated: removing all three components at once
 # (−m−c~s, i.e. PTF-FedRec) hurts beyond seed noise on every backbone, but single components
 # often do not matter, and two single ablations (−m on LightGCN, ~s on NeuMF) are *better* than
 # full FedKDRec beyond seed noise (the appendix tests each gap across the five seeds).
@@ -499,18 +499,39 @@ fnb.record("headline_verdicts", headline[["backbone", "rival", "verdict"]].to_di
 # FedKDRec is **ahead** of PTF-FedRec beyond seed noise on every backbone (N@10 +5.9 % on NeuMF,
 # +15.3 % on NeuNCF, +46.4 % on LightGCN), **behind** the same backbone trained centrally on every
 # backbone (−17.8 % to −19.4 %), and **behind** FedPerGNN on NeuMF and LightGCN (−3.4 %, −12.2 %),
-# within seed noise of it on NeuNCF (−1.2 %, p = 0.40). The budgets behind these rows are not yet
-# fair: FedPerGNN stopped at its round cap at the largest rate of its grid, and the centralised
-# models and PTF-FedRec chose rates at a grid edge. Part `headline_tuning` (seed 0 so far; every
-# cell is in the appendix) gives them and FedKDRec twice the budget (400 rounds, 300 epochs) and
-# rates around each choice, and it **weakens the lead over PTF-FedRec**. At the rate validation
-# chose, PTF-FedRec on NeuNCF reaches test N@10 31.4 %, above FedKDRec's 30.1 %, and it was still
-# improving at round 400; on NeuMF FedKDRec keeps a lead (30.3 % against 28.7 %), and on LightGCN
-# it shrinks to 26.0 % against 23.0 %. PTF-FedRec chose the smallest rate tried on every backbone,
-# so a wider grid, longer runs and seeds 1 and 2 come before a verdict against it. The rivals
-# above FedKDRec only grow stronger: FedPerGNN reaches 32.1 % to 33.7 % at every rate tried
-# (against 30.5 % at 200 rounds) and centralised LightGCN 35.3 % at its chosen rate, so those
-# verdicts can only harden.
+# within seed noise of it on NeuNCF (−1.2 %, p = 0.40). These verdicts hold at the paper's budget
+# only, which is not a fair one: FedPerGNN stopped at its round cap at the largest rate of its
+# grid, and the centralised models and PTF-FedRec chose rates at a grid edge (the flags above).
+
+# %% [markdown]
+# **The headline at a fair budget.** Part `headline` runs each method of the comparison at the
+# learning rate and budget that validation chose in `headline_tuning` (the appendix lists every
+# rate tried), at seeds 0, 1 and 2. Each row is a seed mean of test N@10 (sampled 1 + 99, in %),
+# with the round (epoch, for the centralised model) that validation selected in each seed and the
+# flags of its runs. The verdicts compare FedKDRec on each backbone with PTF-FedRec on it and with
+# the two strongest models recorded, FedPerGNN and centralised LightGCN (Welch over seeds).
+
+# %%
+fair = lesson.fair_headline()
+print(fair[["method", "backbone", "lr", "cap", "best", "value_ours", "std_ours", "n_seeds", "flags"]]
+      .rename(columns={"value_ours": "N@10", "std_ours": "std", "n_seeds": "seeds"}).round(2).to_string(index=False))
+fair_verdicts = lesson.fair_headline_verdicts(fair)
+print(fair_verdicts[["backbone", "rival", "gap %", "seeds", "p", "verdict"]].round({"gap %": 1, "p": 4})
+      .to_string(index=False))
+fnb.record("fair_headline_verdicts", fair_verdicts[["backbone", "rival", "verdict"]].to_dict("records"))
+
+# %% [markdown]
+# **What a fair budget changes (one seed so far).** Tuned this way, PTF-FedRec overtakes FedKDRec
+# on two of the three backbones: test N@10 31.8 % against 30.3 % on NeuMF and 31.7 % against 29.8 %
+# on NeuNCF. Only on LightGCN does FedKDRec stay ahead (25.4 % against 23.0 %). PTF-FedRec gains
+# most from a smaller rate than Table 1's (2e-3 on NeuMF and NeuNCF, against 1e-2). The two
+# rivals above FedKDRec grow stronger still: FedPerGNN reaches 34.6 % at 800 rounds (33.2 % at
+# 400, 30.5 % in Table 1) and centralised LightGCN 35.3 %. These are single runs, so every verdict
+# above reads "untested" until seeds 1 and 2 are recorded, and 5 of the 8 choices still sit at an
+# end of their grids (flagged). The next chunk widens those grids once more (FedKDRec to 5e-4,
+# PTF-FedRec to 1e-3, FedPerGNN at 800 rounds to 5e-3) before the seeds. Until then, Table 1's
+# "FedKDRec ahead of PTF-FedRec" is a finding at the paper's budget; at a fair budget, on one
+# seed, it holds on LightGCN alone.
 
 # %% [markdown]
 # ## 5. The audit: which evaluation protocol produces the paper's numbers?
@@ -571,7 +592,7 @@ print(f"labels revealed by r̄ > 0.5 (live FedKDRec run, mean over rounds): {liv
 # 2. Mixing hard labels into predictions (Eq. 4) is knowledge distillation in disguise (App. C.1), and with α = 0.5 it is not a privacy protection: a threshold at 0.5 recovers every unswapped label.
 # 3. The teacher-weight agent is REINFORCE over a softmax of client weights; in our runs it spreads the weights but keeps them close to uniform in aggregate, and removing it changes little.
 # 4. The paper's numbers are on the sampled 1 + 99 scale; under full ranking the same models score about five times lower. A paper that does not state its protocol cannot be compared with others.
-# 5. On ML-100K we reproduce the centralised scale and FedKDRec > PTF-FedRec, but not the claim that prediction transfer matches centralised training; every deviation is listed with its reason.
+# 5. On ML-100K we reproduce the centralised scale and, at the paper's budget, FedKDRec > PTF-FedRec (at a fair budget, one seed so far, only on LightGCN), but not the claim that prediction transfer matches centralised training; every deviation is listed with its reason.
 #
 # ### Review questions
 #
