@@ -527,9 +527,10 @@ fnb.record("fair_headline_verdicts", fair_verdicts[["backbone", "rival", "verdic
 # most from a smaller rate than Table 1's (2e-3 on NeuMF and NeuNCF, against 1e-2). The two
 # rivals above FedKDRec grow stronger still: FedPerGNN reaches 34.6 % at 800 rounds (33.2 % at
 # 400, 30.5 % in Table 1) and centralised LightGCN 35.3 %. These are single runs, so every verdict
-# above reads "untested" until seeds 1 and 2 are recorded, and 5 of the 8 choices still sit at an
+# above reads "untested" until seeds 1 and 2 are recorded, and 4 of the 8 choices still sit at an
 # end of their grids (flagged). The next chunk widens those grids once more (FedKDRec to 5e-4,
-# PTF-FedRec to 1e-3, FedPerGNN at 800 rounds to 5e-3) before the seeds. Until then, Table 1's
+# PTF-FedRec to 1e-3, FedPerGNN at 800 rounds to 5e-3) before the seeds; on NeuMF, PTF-FedRec's
+# 1e-3 is already recorded and leaves 2e-3 chosen. Until then, Table 1's
 # "FedKDRec ahead of PTF-FedRec" is a finding at the paper's budget; at a fair budget, on one
 # seed, it holds on LightGCN alone.
 

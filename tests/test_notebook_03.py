@@ -290,5 +290,8 @@ def test_fair_budget_paragraph_quotes_the_headline_part():
              for c in X.grid_cells("headline_tuning")}
     assert ("FedKDRec", "NeuNCF", 400, 5e-4) in tried and ("PTF-FedRec", "NeuMF", 400, 1e-3) in tried
     assert ("FedPerGNN", None, 800, 5e-3) in tried
+    # "on NeuMF, PTF-FedRec's 1e-3 is already recorded and leaves 2e-3 chosen"
+    ptf = frame[(frame.method == "PTF-FedRec") & (frame.backbone == "NeuMF")].set_index("lr")
+    assert 1e-3 in ptf.index and ptf.loc[2e-3, "chosen"] and not ptf.loc[2e-3, "edge"]
 
 
