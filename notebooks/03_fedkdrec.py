@@ -514,7 +514,8 @@ fnb.record("headline_verdicts", headline[["backbone", "rival", "verdict"]].to_di
 # %%
 fair = lesson.fair_headline()
 print(fair[["method", "backbone", "lr", "cap", "best", "value_ours", "std_ours", "n_seeds", "flags"]]
-      .rename(columns={"value_ours": "N@10", "std_ours": "std", "n_seeds": "seeds"}).round(2).to_string(index=False))
+      .rename(columns={"value_ours": "N@10", "std_ours": "std", "n_seeds": "seeds"}).round({"N@10": 2, "std": 2})
+      .to_string(index=False))
 fair_verdicts = lesson.fair_headline_verdicts(fair)
 print(fair_verdicts[["backbone", "rival", "gap %", "seeds", "p", "verdict"]].round({"gap %": 1, "p": 4})
       .to_string(index=False))
