@@ -223,7 +223,7 @@ def test_write_tables_records_first_then_writes_each_frame_under_its_table_id(ro
 
     tables = grid.write_tables(PAPER, "quick", build, record)
     assert set(tables) == {"table1_main", "empty"}
-    assert calls == [("recorded", 0), ("built", 1), (PAPER, "table1", 2, "quick", ("params.lr",))]  # the paper's [report.flags]
+    assert calls == [("recorded", 0), ("built", 1), (PAPER, "table1", 2, "quick", ("params.lr", "params.server_lr"))]  # the paper's [report.flags]
 
 
 def test_metric_units_hook_sets_each_rows_unit():
