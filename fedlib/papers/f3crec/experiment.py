@@ -49,6 +49,7 @@ from fedlib.baselines.continual.continual import (NEXT_BLOCK_FROM, ContinualMeth
                                                   pfedrec_backbone, run_continual)
 from fedlib.baselines import registry
 from fedlib.papers.f3crec.method import MEMORY_REFRESH
+from fedlib.experiments.selection import best_on_validation
 from fedlib.experiments.spec import load_spec
 from fedlib.reporting.results import config_hash
 
@@ -160,15 +161,17 @@ def audit_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
 
 
 def _mean_validation(record) -> float:
+    """Mean validation N@20 over D1–D3; NaN when a block has none (the run diverged)."""
     values = [record.metrics.get(f"valid N@20/D{t}") for t in (1, 2, 3)]
     if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values):
-        return -math.inf  # diverged
+        return math.nan
     return float(np.mean(values))
 
 
 def _best(scored: Sequence[Optional[tuple]]) -> Any:
-    """The value of the best ``(score, -position, value)``; ``None`` while a point is unrecorded."""
-    return None if None in scored else max(scored)[2]
+    """The value of the best ``(value, score)`` (:func:`~fedlib.experiments.selection.best_on_validation`;
+    ties keep the first value of the grid); ``None`` while a point is unrecorded or when every run diverged."""
+    return None if None in scored else best_on_validation(scored)
 
 
 def select_backbone_lr(records, datasets: Sequence[str] = OFFLINE_DATASETS) -> Dict[str, Dict[str, float]]:
@@ -183,7 +186,7 @@ def select_backbone_lr(records, datasets: Sequence[str] = OFFLINE_DATASETS) -> D
             continue
         record = known.get(config_hash(config))
         scored = points.setdefault((keywords["dataset"], keywords["backbone"]), [])
-        scored.append(None if record is None else (_mean_validation(record), -len(scored), keywords["backbone_lr"]))
+        scored.append(None if record is None else (keywords["backbone_lr"], _mean_validation(record)))
     out: Dict[str, Dict[str, float]] = {}
     for (dataset, backbone), scored in points.items():
         if _best(scored) is not None:
@@ -204,11 +207,11 @@ def select_hyperparameters(records, datasets: Sequence[str], **kwargs) -> Dict[s
     from fedlib.reporting.results import latest_records
 
     known = latest_records(records)
-    points: Dict[tuple, list] = {}  # (dataset, backbone, method, param) -> [(score, -position, value) or None]
+    points: Dict[tuple, list] = {}  # (dataset, backbone, method, param) -> [(value, score) or None]
     for keywords, config in SPEC.labelled_cells("tuning", cell, {"datasets": list(datasets)}, **kwargs):
         sweep, record = keywords["sweep"], known.get(config_hash(config))
         scored = points.setdefault((keywords["dataset"], keywords["backbone"], keywords["method"], sweep["param"]), [])
-        scored.append(None if record is None else (_mean_validation(record), -len(scored), sweep["value"]))
+        scored.append(None if record is None else (sweep["value"], _mean_validation(record)))
     chosen: Dict[tuple, Dict[str, Dict[str, Any]]] = {}  # (dataset, backbone) -> {method: {param: value}}
     for (dataset, backbone, method, param), scored in points.items():
         chosen.setdefault((dataset, backbone), {}).setdefault(method, {})[param] = _best(scored)

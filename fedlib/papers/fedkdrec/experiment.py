@@ -44,6 +44,7 @@ from fedlib.engine.method import LocalOptimizer
 from fedlib.engine.trainer import Schedule, train
 from fedlib.experiments import grid
 from fedlib.experiments.grid import unique_cells  # noqa: F401  (part of this module's API)
+from fedlib.experiments.selection import best_on_validation
 from fedlib.experiments.spec import load_spec
 from fedlib.metrics import full_ranking_metrics_from_score_fn, mean_over_users
 from fedlib.metrics.ranking import candidate_set_metrics
@@ -409,36 +410,37 @@ def tuning_cells(dataset: str = "ML-100K", **kwargs) -> List[Dict[str, Any]]:
 
 
 def selected_from_records(records) -> Dict[str, float]:
-    """Re-derive :data:`SELECTED` from recorded ``tuning`` runs: ``{family: best lr}``."""
+    """Re-derive :data:`SELECTED` from recorded ``tuning`` runs: ``{family: best lr}`` (best
+    validation N@10, :func:`~fedlib.experiments.selection.best_on_validation`; a tie keeps the
+    first rate of the grid; a family without a finite score is left out)."""
     from fedlib.reporting.results import latest_records
-    wanted = {config_hash(c): c for c in tuning_cells()}
-    best: Dict[str, tuple] = {}
-    for key, record in latest_records(records).items():
-        value, config = record.metrics.get(SELECTION, float("nan")), wanted.get(key)
-        if config is not None and math.isfinite(value) and (family(config) not in best
-                                                             or value > best[family(config)][0]):
-            best[family(config)] = (value, config["lr"])
-    return {fam: lr for fam, (_, lr) in best.items()}
+
+    known = latest_records(records)
+    tried: Dict[str, List[tuple]] = {}
+    for config in tuning_cells():
+        record = known.get(config_hash(config))
+        if record is not None:
+            tried.setdefault(family(config), []).append((config["lr"], record.metrics.get(SELECTION)))
+    chosen = {fam: best_on_validation(options) for fam, options in tried.items()}
+    return {fam: lr for fam, lr in chosen.items() if lr is not None}
 
 
 def fair_budget_from_records(records, dataset: str = "ML-100K") -> Dict[str, Dict[str, float]]:
     """Re-derive :data:`FAIR` ``[dataset]`` from the recorded ``headline_tuning`` runs: per :func:`fair_key`, the
-    ``{"lr", "rounds"}`` of the best validation N@10 over every rate and budget tried (finite values
-    only; a tie goes to the shorter budget, then to the smaller rate)."""
+    ``{"lr", "rounds"}`` of the best validation N@10 over every rate and budget tried
+    (:func:`~fedlib.experiments.selection.best_on_validation`: finite values only; a tie goes to
+    the shorter budget, then to the smaller rate)."""
     from fedlib.reporting.results import latest_records
 
     known = latest_records(records)
-    best: Dict[str, tuple] = {}
+    tried: Dict[str, List[tuple]] = {}
     for config in grid_cells("headline_tuning", dataset):
         record = known.get(config_hash(config))
-        value = record.metrics.get(SELECTION, float("nan")) if record is not None else float("nan")
-        if not math.isfinite(value):
-            continue
-        key = fair_key(method_label(config), config.get("backbone"))
-        rank = (-value, config["rounds"], config["lr"])
-        if key not in best or rank < best[key][0]:
-            best[key] = (rank, {"lr": config["lr"], "rounds": config["rounds"]})
-    return {key: choice for key, (_, choice) in best.items()}
+        if record is not None:
+            tried.setdefault(fair_key(method_label(config), config.get("backbone")), []).append(
+                ({"lr": config["lr"], "rounds": config["rounds"]}, record.metrics.get(SELECTION)))
+    chosen = {key: best_on_validation(options, prefer=lambda c: (c["rounds"], c["lr"])) for key, options in tried.items()}
+    return {key: choice for key, choice in chosen.items() if choice is not None}
 
 
 def tuning_grids(config: Mapping[str, Any]) -> Dict[str, tuple]:

@@ -46,6 +46,7 @@ from fedlib.baselines.cross_domain.cdr_common import flat_metrics, history_rows
 from fedlib.data.protocols import fedpcl_cdr as protocol
 from fedlib.device import default_device
 from fedlib.experiments import grid
+from fedlib.experiments.selection import best_on_validation
 from fedlib.experiments.spec import load_spec
 from fedlib.metrics.reconstruction import reconstruction_attack
 from fedlib.papers.fedpcl_cdr.method import SELECTIONS, VARIANTS, FedPCLConfig, train_fedpcl_cdr, variant_config
@@ -267,7 +268,8 @@ def tuning_cells(task: str = "Phone-Sport", records: Optional[Iterable] = None, 
             keys = {lr: config_hash(cell(task, method, lr=lr, **kwargs)) for lr in rates}
             if any(key not in scores for key in keys.values()):
                 break  # some run of this baseline is still pending: widen only once all are in
-            step = _ladder_step(max(rates, key=lambda lr: scores[keys[lr]]), rates)
+            best = best_on_validation((lr, scores[keys[lr]]) for lr in rates)
+            step = _ladder_step(best, rates) if best is not None else None
             if step is None:
                 break
             rates.append(step)
@@ -297,14 +299,17 @@ def _validation_scores(records) -> Dict[str, float]:
 
 def selected_from_records(records, task: str = "Phone-Sport") -> Dict[str, float]:
     """Re-derive :data:`SELECTED_LR` from recorded tuning runs: ``{baseline: best lr}``, for the
-    baselines whose search (:func:`tuning_cells`) has no run pending."""
+    baselines whose search (:func:`tuning_cells`) has no run pending (best mean validation HR@10,
+    :func:`~fedlib.experiments.selection.best_on_validation`: a tie keeps the grid's first rate,
+    a NaN score never wins)."""
     records = list(records)
     scores = _validation_scores(records)
     by_method: Dict[str, List[Dict[str, Any]]] = {}
     for config in tuning_cells(task, records):
         by_method.setdefault(config["method"], []).append(config)
-    return {method: max(configs, key=lambda c: scores[config_hash(c)])["lr"] for method, configs in by_method.items()
-            if all(config_hash(c) in scores for c in configs)}
+    chosen = {method: best_on_validation((c["lr"], scores[config_hash(c)]) for c in configs)
+              for method, configs in by_method.items() if all(config_hash(c) in scores for c in configs)}
+    return {method: lr for method, lr in chosen.items() if lr is not None}
 
 
 def tuning_frame(records, task: str = "Phone-Sport") -> pd.DataFrame:

@@ -49,6 +49,7 @@ from fedlib.engine import FederatedConfig, RankingEvaluator, run_federated, unio
 from fedlib.engine.method import GradientNoise
 from fedlib.experiments import grid
 from fedlib.baselines import registry
+from fedlib.experiments.selection import best_on_validation
 from fedlib.experiments.spec import load_spec
 from fedlib.papers.fedrkg.measures import (SELECTION_METRIC, SelectionRecorder, guidance_probe, ldp_epsilon, ldp_params,
                                            run_centralised)
@@ -102,12 +103,12 @@ FEDDAE_CODE_SERVER_LR = 1e-3
 
 
 def _best_rate(options: Sequence[tuple], code_rate: float) -> float:
-    """The rate of ``[(rate, validation score or None), ...]`` with the highest score; ties go to
-    ``code_rate``, then to the smaller rate; a score of None or NaN (diverged before its first
-    evaluation) never wins."""
-    ranked = [(-math.inf if score is None or not math.isfinite(score) else score, rate == code_rate, -rate, rate)
-              for rate, score in options]
-    return max(ranked)[3]
+    """The rate of ``[(rate, validation score or None), ...]`` with the highest score
+    (:func:`~fedlib.experiments.selection.best_on_validation`); ties go to ``code_rate``, then to
+    the smaller rate; a score of None or NaN (diverged before its first evaluation) never wins.
+    When no rate has a score (all diverged), the code's rate stays."""
+    best = best_on_validation(options, prefer=lambda rate: (rate != code_rate, rate))
+    return code_rate if best is None else best
 
 
 def selected_lr(dataset: str, sampler: str, method: str) -> Optional[float]:
