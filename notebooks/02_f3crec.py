@@ -425,8 +425,10 @@ fnb.record("headline_verdicts", headline[["backbone", "rival", "verdict"]].to_di
 # The headline setting settles it: on ML-100K, with every backbone tuned on its own and three
 # seeds, F3CRec is within seed noise of FT and of the two strongest baselines on every backbone
 # (gaps from −3.6 % to +1.3 %, every Welch p ≥ 0.17). Every Table 2 cell of ML-100K lies
-# within 30 % of the paper. Lastfm-2K is at roughly half the paper's level for every method, FT
-# included: a data difference, not a method one. In the ablations, removing the server side
+# within 30 % of the paper. Lastfm-2K is at 41 % to 79 % of the paper's level for every method
+# but SPP, FT included: a data difference, not a method one. SPP falls to about a fifth of it with
+# FedMF and PFedRec, where its replay overwhelms users with two or three interactions (appendix
+# A.12 switches its mechanisms off one at a time). In the ablations, removing the server side
 # hurts on ML-100K as the paper says and removing the client side hurts much less; on Lastfm-2K
 # no ablation falls below F3CRec.
 #

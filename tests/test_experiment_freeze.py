@@ -134,14 +134,15 @@ EXPECTED_RECORD_COUNTS: Dict[str, Dict[str, int]] = {
                "re-runs": 0},
     # Issue 45 (fair budgets) tuned each backbone on ML-100K and ran the headline and code-option
     # cells at three seeds (235 lines); the old-configuration records became known orphans (five of
-    # them version-1 noise cells at FedMF's old rate, formerly "older version").
-    "f3crec": {"lines": 423, "grid cell": 330, "data statistics": 3, "older version": 10, "known orphan": 80,
+    # them version-1 noise cells at FedMF's old rate, formerly "older version"). Then SPP's probe on
+    # Lastfm-2K (spp_probe, 4 lines; its first case, Table 2's cell, re-run from a clean revision in place).
+    "f3crec": {"lines": 427, "grid cell": 334, "data statistics": 3, "older version": 10, "known orphan": 80,
                "re-runs": 3},
     # Issue 45: headline_tuning at seed 0, all 26 cells (FedPerGNN at 400 rounds, centralised LightGCN at
     # 300 epochs, FedKDRec and PTF-FedRec on every backbone at 400 rounds): 6 lines, then 20, then the
     # first widening (12: FedKDRec to 1e-3 and 2e-2, PTF-FedRec to 2e-3, LightGCN to 3e-2, FedPerGNN 800 rounds),
-    # then the first cell of the second (PTF-FedRec on NeuMF at 1e-3).
-    "fedkdrec": {"lines": 206, "grid cell": 205, "data statistics": 1, "older version": 0, "known orphan": 0,
+    # then the first cell of the second (PTF-FedRec on NeuMF at 1e-3), then its other 5 cells.
+    "fedkdrec": {"lines": 211, "grid cell": 210, "data statistics": 1, "older version": 0, "known orphan": 0,
                  "re-runs": 1},
     # Issue 45: the Phone-Sport headline (FedPCL-CDR, NeuMF, PriCDR) at seeds 1 and 2 (6 lines).
     "fedpcl_cdr": {"lines": 112, "grid cell": 109, "data statistics": 3, "older version": 0, "known orphan": 0,

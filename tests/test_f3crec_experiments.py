@@ -1,4 +1,5 @@
 """F3CRec experiment grid and table builders: cells, cached base block, derived cells, provenance."""
+import json
 import math
 import os
 import warnings
@@ -185,6 +186,16 @@ def test_run_cell_metrics_names():
     assert len(result["extra"]["accuracy"]["N@20"]) == 4
     assert isinstance(FineTuning(), X.ContinualMethod)
     assert isinstance(pd.DataFrame(result["extra"]["accuracy"]["N@20"]), pd.DataFrame)
+    # each incremental block's per-round curves: one value per round run, the selected round's
+    # validation N@20 among them
+    extra = result["extra"]
+    for t in (1, 2, 3):
+        losses, valid = extra[f"train_loss per round/D{t}"], extra[f"valid N@20 per round/D{t}"]
+        assert len(losses) == len(valid) == metrics[f"rounds/D{t}"]
+        assert all(isinstance(v, float) and v > 0 for v in losses)
+        best = int(metrics[f"best_round/D{t}"])
+        assert valid[best - 1] == pytest.approx(metrics[f"valid N@20/D{t}"])
+        json.dumps([losses, valid], allow_nan=False)  # plain JSON in runs.jsonl
 
 
 def test_grid_resumes_from_recorded_runs_without_a_cache(project, tmp_path, monkeypatch):

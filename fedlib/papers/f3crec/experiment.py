@@ -14,8 +14,9 @@ upload noise, split rule, rounds, seed. :func:`run_cell` trains it block by bloc
 * ``metrics``: numbers (``"N@20/D1"`` ... ``"N@20/Avg"``, ``"R@20/..."``, selected rounds,
   seconds), what ``runs.jsonl`` records and the tables are built from;
 * ``extra``: per-user N@20 of every block (for the paper's paired t-test), the accuracy
-  matrix ``A[t][s]``, and, for analysis cells, the static/dynamic user and item analyses of
-  Tables 4, 5 and 7.
+  matrix ``A[t][s]``, each block's mean training loss and validation N@20 per round
+  (``"train_loss per round/D1"``, ...; ``None`` where not finite), and, for analysis cells,
+  the static/dynamic user and item analyses of Tables 4, 5 and 7.
 
 Block 0 is plain training for every method (F3CRec starts at ``t = 1``), so it is trained
 once per ``(dataset, backbone, seed, split, ...)`` and cached on disk (:func:`base_block`).
@@ -503,6 +504,11 @@ def item_analysis(stream, backbone, blocks: Sequence[RunResult], fraction: float
 # ======================================================================================
 # One cell
 # ======================================================================================
+def _finite_or_none(value) -> Optional[float]:
+    """A JSON-safe float of a history value: ``None`` when absent or not finite."""
+    return float(value) if value is not None and math.isfinite(float(value)) else None
+
+
 def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, device=None,
              on_round_end=None) -> Dict[str, Any]:
     """Train one cell; return ``{"metrics": {...numbers...}, "extra": {...}}`` (see module docstring)."""
@@ -540,6 +546,9 @@ def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, dev
         metrics[f"seconds/{label}"] = float(info["seconds"])
         extra[f"users/{label}"] = info["test_users"].tolist()
         extra[f"N@20 per user/{label}"] = np.round(info["test_per_user"]["NDCG@20"], 5).tolist()
+        # per round of the block: mean client training loss and validation N@20 (a diverging run shows here)
+        extra[f"train_loss per round/{label}"] = [_finite_or_none(r.get("train_loss")) for r in block.history]
+        extra[f"valid N@20 per round/{label}"] = [_finite_or_none(r.get("valid/NDCG@20")) for r in block.history]
     incremental = range(1, len(run.blocks))  # D1, D2, ...: blocks[t] is block t
     for short in ("N@20", "R@20"):
         metrics[f"{short}/Avg"] = float(np.mean([metrics[f"{short}/D{t}"] for t in incremental])) \

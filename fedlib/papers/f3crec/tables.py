@@ -30,7 +30,8 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "recorded_table",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "spp_probe_frame", "block_sizes_frame", "SPP_PROBE_CASES",
+           "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
@@ -284,6 +285,64 @@ def code_options_frame(records, dataset: str = "ML-100K", cell_kwargs: Mapping =
                 row[f"{method} seeds"] = len(values)
             row["F3CRec over FT (%)"] = 100 * (row["F3CRec N@20"] / row["FT N@20"] - 1)
             rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: The ``spp_probe`` part's cases, in the spec's order: (label, client replay weight λ_replay, server mix on).
+SPP_PROBE_CASES = (("SPP (Table 2)", 0.5, True), ("client replay only", 0.5, False), ("server mix only", 0.0, True),
+                   ("neither (control)", 0.0, False), ("replay at a tenth of its weight", 0.05, True))
+
+
+def spp_probe_frame(records, dataset: str = "Lastfm-2K", backbone: str = "FedMF") -> pd.DataFrame:
+    """SPP's two mechanisms switched off one at a time (part ``spp_probe``, seed 0), next to FT.
+
+    One row per case of :data:`SPP_PROBE_CASES` plus FT (Table 2's cell): ``replay λ``, ``server
+    mix``, test N@20 of D1–D3 and their mean ``Avg`` (fractions), ``vs FT (%)`` (Avg over FT's
+    Avg), ``valid Avg`` (mean validation N@20 of the selected rounds) and the record's ``commit``.
+    Unrecorded cases have NaN values. Raises when the spec's part and :data:`SPP_PROBE_CASES`
+    disagree (a case was added to one and not the other).
+    """
+    from fedlib.papers.f3crec.experiment import grid_cells
+
+    configs = grid_cells("spp_probe", [dataset])
+    if len(configs) != len(SPP_PROBE_CASES):
+        raise ValueError(f"part spp_probe has {len(configs)} cells, SPP_PROBE_CASES {len(SPP_PROBE_CASES)}: "
+                         "give every case of the spec a label")
+    known, rows = latest_records(records), []
+    for (label, weight, server), config in [(("FT (Table 2)", 0.0, False), cell(dataset, backbone, "FT")),
+                                            *zip(SPP_PROBE_CASES, configs)]:
+        params = config["method_params"]
+        if config["method"] == "SPP" and (params.get("lambda_replay", 0.5) != weight
+                                          or params.get("server_proxy", True) != server):
+            raise ValueError(f"spp_probe case {label!r} does not match its cell's params {params}")
+        record = known.get(config_hash(config))
+        metric = (lambda key: record.metrics.get(key, math.nan)) if record is not None else (lambda key: math.nan)
+        row = {"case": label, "replay λ": weight, "server mix": server}
+        row.update({f"D{t}": metric(f"N@20/D{t}") for t in (1, 2, 3)})
+        row["Avg"] = metric("N@20/Avg")
+        row["valid Avg"] = float(np.mean([metric(f"valid N@20/D{t}") for t in (1, 2, 3)]))
+        row["commit"] = record.commit if record is not None else ""
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    frame.insert(frame.columns.get_loc("valid Avg"), "vs FT (%)", 100 * (frame["Avg"] / frame["Avg"].iloc[0] - 1))
+    return frame
+
+
+def block_sizes_frame(datasets: Sequence[str] = ("ML-100K", "Lastfm-2K")) -> pd.DataFrame:
+    """Training interactions per user in each incremental block (the code's chronological split):
+    ``users``, ``median`` and ``mean`` per (dataset, block). SPP's replay adds up to 2 × 10 rows per
+    user and step whatever the user's own count, so its share of the loss grows as this shrinks."""
+    from fedlib.papers.f3crec.experiment import load_stream
+
+    rows = []
+    for dataset in datasets:
+        stream = load_stream(cell(dataset, "FedMF", "FT"))
+        for block, split in enumerate(stream):
+            if block == 0:
+                continue
+            _, counts = np.unique(np.asarray(split.train.users), return_counts=True)
+            rows.append({"dataset": dataset, "block": f"D{block}", "users": int(counts.size),
+                         "median": float(np.median(counts)), "mean": float(counts.mean())})
     return pd.DataFrame(rows)
 
 
