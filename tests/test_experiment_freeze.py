@@ -135,9 +135,10 @@ EXPECTED_RECORD_COUNTS: Dict[str, Dict[str, int]] = {
     # Issue 45 (fair budgets) tuned each backbone on ML-100K and ran the headline and code-option
     # cells at three seeds (235 lines); the old-configuration records became known orphans (five of
     # them version-1 noise cells at FedMF's old rate, formerly "older version"). Then SPP's probe on
-    # Lastfm-2K (spp_probe, 4 lines; its first case, Table 2's cell, re-run from a clean revision in place).
-    "f3crec": {"lines": 427, "grid cell": 334, "data statistics": 3, "older version": 10, "known orphan": 80,
-               "re-runs": 3},
+    # Lastfm-2K (spp_probe, 4 lines; its first case, Table 2's cell, re-run from a clean revision in place),
+    # then its 5 cells re-run once more to record their per-round curves (5 lines).
+    "f3crec": {"lines": 432, "grid cell": 339, "data statistics": 3, "older version": 10, "known orphan": 80,
+               "re-runs": 8},
     # Issue 45: headline_tuning at seed 0, all 26 cells (FedPerGNN at 400 rounds, centralised LightGCN at
     # 300 epochs, FedKDRec and PTF-FedRec on every backbone at 400 rounds): 6 lines, then 20, then the
     # first widening (12: FedKDRec to 1e-3 and 2e-2, PTF-FedRec to 2e-3, LightGCN to 3e-2, FedPerGNN 800 rounds),

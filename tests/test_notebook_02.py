@@ -296,14 +296,34 @@ def test_spp_probe_paragraphs_quote_the_records():
     assert f"{gain['replay at a tenth of its weight']:+.1f}" == "+24.7"
     # the replay is what collapses: alone it is below FT, the server mix alone above it
     assert gain["client replay only"] < 0 < gain["server mix only"]
-    # "N@20 Avg 0.0104"
+    # "N@20 Avg 0.0104, where the same training recorded on 23 Nov at revision 5fdb433 (the
+    # Table 4–7 analysis run) gives 0.0158"
     assert f"{probe.loc['SPP (Table 2)', 'Avg']:.4f}" == "0.0104"
+    analysis = [r for r in read_runs("f3crec", "paper")
+                if r.config_hash == f3crec_experiments.config_hash(f3crec_experiments.cell("Lastfm-2K", "FedMF", "SPP",
+                                                                                              analysis=True))]
+    assert [(r.commit, f"{r.metrics['N@20/Avg']:.4f}") for r in analysis] == [("5fdb433", "0.0158")]
     # "A median ML-100K user of D1 has 20 training interactions ... a median Lastfm-2K user has 2"
     sizes = f3crec_tables.block_sizes_frame().set_index(["dataset", "block"])
     assert sizes.loc[("ML-100K", "D1"), "median"] == 20 and sizes.loc[("Lastfm-2K", "D1"), "median"] == 2
-    text = (ROOT / "notebooks" / "appendix" / "02_f3crec_appendix.py").read_text()
-    for quoted in ("+34.0 %", "51.7 %", "24.7 % above FT", "0.0104", "has 20 training interactions", "has 2 interactions"):
-        assert quoted in text.replace("\n# ", " "), quoted
+    # the curves: "about 1.5 in the first round of D1, passes 100 within ten rounds ... beyond
+    # 10¹² in D2 and 10²² in D3"; "Validation N@20 never rises above 0.03"; "Every run without the
+    # full replay weight stays below its first round's loss"
+    curves = f3crec_tables.round_curves_frame(read_runs("f3crec", "paper"))
+    full = curves[curves.case == "SPP (Table 2)"].set_index(["block", "round"])
+    assert f"{full.loc[('D1', 1), 'train_loss']:.1f}" == "1.5"
+    assert full.loc["D1"].loc[:10, "train_loss"].max() > 100
+    assert full.loc["D2", "train_loss"].max() > 1e12 and full.loc["D3", "train_loss"].max() > 1e22
+    assert full["valid N@20"].max() < 0.03
+    for case in ("server mix only", "neither (control)", "replay at a tenth of its weight"):
+        for _, block in curves[curves.case == case].groupby("block"):
+            assert block.train_loss.max() == block.sort_values("round").train_loss.iloc[0], case
+    assert set(curves.case) == {label for label, _, _ in f3crec_tables.SPP_PROBE_CASES}
+    text = (ROOT / "notebooks" / "appendix" / "02_f3crec_appendix.py").read_text().replace("\n# ", " ")
+    for quoted in ("+34.0 %", "51.7 %", "24.7 % above FT", "0.0104", "has 20 training interactions", "has 2 interactions",
+                   "about 1.5 in the first round of D1, passes 100 within ten rounds", "beyond 10¹² in D2 and 10²² in D3",
+                   "never rises above 0.03", "recorded on 23 Nov at revision 5fdb433"):
+        assert quoted in text, quoted
 
 
 def test_spp_probe_frame_refuses_a_case_without_its_label(monkeypatch):

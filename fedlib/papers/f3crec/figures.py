@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 
 from fedlib.reporting.figures import grouped_bars
 
-__all__ = ["plot_forgetting", "plot_improvement", "plot_sensitivity"]
+__all__ = ["plot_forgetting", "plot_improvement", "plot_sensitivity", "plot_round_curves"]
 
 #: Distinct colours and markers per run label (tab10 order; more labels cycle markers too).
 _COLOURS = plt.get_cmap("tab10").colors
@@ -109,4 +109,36 @@ def plot_sensitivity(frame: pd.DataFrame, parameters: Sequence[str] = ("ε", "λ
     fig.legend(list(handles.values()), list(handles), title="dataset", loc="outside lower center",
                ncol=len(handles), fontsize=9, title_fontsize=9)
     fig.suptitle(title)
+    return fig
+
+
+def plot_round_curves(frame: pd.DataFrame, blocks: Sequence[str] = ("D1", "D2", "D3"),
+                      title: Optional[str] = None) -> Figure:
+    """Per round of each block: mean client training loss (top row, log scale) and validation
+    N@20 (bottom row), one line per case; one column per block.
+
+    Args:
+        frame: one row per (``case``, ``block``, ``round``) with ``train_loss`` and ``valid N@20``
+            (:func:`fedlib.papers.f3crec.tables.round_curves_frame`); NaN values are gaps.
+        blocks: the blocks to draw, one column each.
+    """
+    cases = list(dict.fromkeys(frame["case"]))
+    fig, axes = plt.subplots(2, len(blocks), figsize=(4.2 * len(blocks), 6.4), sharex="col",
+                             constrained_layout=True, squeeze=False)
+    for column, block in enumerate(blocks):
+        part = frame[frame["block"] == block]
+        for i, case in enumerate(cases):
+            line = part[part["case"] == case].sort_values("round")
+            style = {"color": _COLOURS[i % len(_COLOURS)], "linewidth": 1.5, "label": case}
+            axes[0][column].plot(line["round"], line["train_loss"], **style)
+            axes[1][column].plot(line["round"], line["valid N@20"], **style)
+        axes[0][column].set_yscale("log")
+        axes[0][column].set(title=block, ylabel="training loss (log scale)" if column == 0 else None)
+        axes[1][column].set(xlabel=f"round of {block}", ylabel="validation N@20" if column == 0 else None)
+        for ax in axes[:, column]:
+            ax.grid(alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, title="case", loc="outside lower center", ncols=min(len(cases), 3), fontsize=8,
+               title_fontsize=9)
+    fig.suptitle(title or "Mean client training loss and validation N@20 per round of each block")
     return fig

@@ -30,7 +30,7 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "spp_probe_frame", "block_sizes_frame", "SPP_PROBE_CASES",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "spp_probe_frame", "round_curves_frame", "block_sizes_frame", "SPP_PROBE_CASES",
            "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
@@ -326,6 +326,27 @@ def spp_probe_frame(records, dataset: str = "Lastfm-2K", backbone: str = "FedMF"
     frame = pd.DataFrame(rows)
     frame.insert(frame.columns.get_loc("valid Avg"), "vs FT (%)", 100 * (frame["Avg"] / frame["Avg"].iloc[0] - 1))
     return frame
+
+
+def round_curves_frame(records, dataset: str = "Lastfm-2K", backbone: str = "FedMF") -> pd.DataFrame:
+    """The ``spp_probe`` cases' per-round curves: one row per (``case``, ``block``, ``round``)
+    with ``train_loss`` (mean client loss of the round) and ``valid N@20`` (NaN where a value was
+    not finite). Cases whose latest record predates the per-round curves are left out."""
+    from fedlib.papers.f3crec.experiment import grid_cells
+
+    known, rows = latest_records(records), []
+    for (label, _, _), config in zip(SPP_PROBE_CASES, grid_cells("spp_probe", [dataset])):
+        record = known.get(config_hash(config))
+        extra = (record.extra or {}) if record is not None else {}
+        for block in ("D1", "D2", "D3"):
+            losses = extra.get(f"train_loss per round/{block}")
+            if losses is None:
+                continue
+            valid = extra.get(f"valid N@20 per round/{block}", [None] * len(losses))
+            rows += [{"case": label, "block": block, "round": r + 1,
+                      "train_loss": math.nan if loss is None else loss, "valid N@20": math.nan if v is None else v}
+                     for r, (loss, v) in enumerate(zip(losses, valid))]
+    return pd.DataFrame(rows, columns=["case", "block", "round", "train_loss", "valid N@20"])
 
 
 def block_sizes_frame(datasets: Sequence[str] = ("ML-100K", "Lastfm-2K")) -> pd.DataFrame:
