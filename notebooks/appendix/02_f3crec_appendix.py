@@ -257,7 +257,7 @@ fnb.show(peaks, "largest mean client training loss of each block", decimals=3)
 # %% [markdown]
 # With the replay at its full weight, training **diverges**: the mean client loss, about 1.5 in
 # the first round of D1, passes 100 within ten rounds and keeps climbing in later blocks
-# (beyond 10¹² in D2 and 10²² in D3, where each block starts from the previous block's
+# (beyond 10¹² in D2 and 10²⁵ in D3, where each block starts from the previous block's
 # selected model). Validation N@20 never rises above 0.03, and each block keeps its least bad
 # round. Every run without the full replay weight stays below its first round's loss.
 #
