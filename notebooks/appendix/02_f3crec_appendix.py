@@ -236,8 +236,9 @@ fnb.record("split_audit_paper", pd.DataFrame(audit))
 
 # %%
 probe = f3crec_tables.spp_probe_frame(records)
-fnb.show(probe.drop(columns=["commit"]), "SPP's mechanisms one at a time (Lastfm-2K, FedMF, seed 0): test N@20",
-         decimals=4)
+print("SPP's mechanisms one at a time (Lastfm-2K, FedMF, seed 0): test N@20, its mean, and the mean validation N@20")
+print(probe.drop(columns=["commit"]).round({"D1": 4, "D2": 4, "D3": 4, "Avg": 4, "vs FT (%)": 1, "valid Avg": 4})
+      .to_string(index=False))
 fnb.record("spp_probe", probe)
 
 # %% [markdown]
@@ -252,7 +253,7 @@ fig = f3crec_figures.plot_round_curves(curves, title="SPP on Lastfm-2K (FedMF, s
 reporting.save_figure(fig, "f3crec", "spp_probe_curves", "paper")
 plt.show()
 peaks = curves.groupby(["case", "block"], sort=False)["train_loss"].max().unstack()
-fnb.show(peaks, "largest mean client training loss of each block", decimals=3)
+print("largest mean client training loss of each block:\n" + peaks.map(lambda v: f"{v:.3g}").to_string())
 
 # %% [markdown]
 # With the replay at its full weight, training **diverges**: the mean client loss, about 1.5 in
@@ -268,7 +269,7 @@ fnb.show(peaks, "largest mean client training loss of each block", decimals=3)
 
 # %%
 sizes = f3crec_tables.block_sizes_frame()
-fnb.show(sizes, "training interactions per user in each incremental block", decimals=1)
+print("training interactions per user in each incremental block:\n" + sizes.round(1).to_string(index=False))
 
 # %% [markdown]
 # A median ML-100K user of D1 has 20 training interactions, so 100 examples per step with 4
