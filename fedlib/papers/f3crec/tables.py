@@ -18,6 +18,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence
 import numpy as np
 import pandas as pd
 
+from fedlib.baselines.continual.spp import SPP
 from fedlib.experiments import grid
 from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
 from fedlib.metrics import paired_ttest
@@ -30,8 +31,9 @@ from fedlib.reporting.results import config_hash, latest_records, recorded_seeds
 _derived = functools.partial(derived_row, provenance=True)
 
 __all__ = ["data_statistics_records", "paper_table", "user_tables", "table7", "all_tables", "write_tables",
-           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame", "CODE_OPTIONS", "code_options_frame", "spp_probe_frame", "round_curves_frame", "block_sizes_frame", "SPP_PROBE_CASES",
-           "recorded_table",
+           "improvement_over_second_best", "sensitivity_frame", "significance", "headline_verdicts", "selected_frame",
+           "CODE_OPTIONS", "code_options_frame", "SPP_PROBE_CASES", "spp_probe_frame", "round_curves_frame",
+           "block_sizes_frame", "recorded_table",
            "DEVIATION_REASONS", "deviation_summary", "lesson_claims", "significance_frame", "user_groups"]
 
 
@@ -288,9 +290,11 @@ def code_options_frame(records, dataset: str = "ML-100K", cell_kwargs: Mapping =
     return pd.DataFrame(rows)
 
 
-#: The ``spp_probe`` part's cases, in the spec's order: (label, client replay weight λ_replay, server mix on).
-SPP_PROBE_CASES = (("SPP (Table 2)", 0.5, True), ("client replay only", 0.5, False), ("server mix only", 0.0, True),
-                   ("neither (control)", 0.0, False), ("replay at a tenth of its weight", 0.05, True))
+#: The ``spp_probe`` part's cases, in the spec's order: (label, client replay weight λ_replay, server mix on);
+#: SPP's own defaults (CCD's λ_replay, the server mix on) where the spec leaves a parameter out.
+SPP_PROBE_CASES = (("SPP (Table 2)", SPP.lambda_replay, SPP.server_proxy),
+                   ("client replay only", SPP.lambda_replay, False), ("server mix only", 0.0, SPP.server_proxy),
+                   ("neither (control)", 0.0, False), ("replay at a tenth of its weight", 0.05, SPP.server_proxy))
 
 
 def spp_probe_frame(records, dataset: str = "Lastfm-2K", backbone: str = "FedMF") -> pd.DataFrame:
@@ -312,8 +316,8 @@ def spp_probe_frame(records, dataset: str = "Lastfm-2K", backbone: str = "FedMF"
     for (label, weight, server), config in [(("FT (Table 2)", 0.0, False), cell(dataset, backbone, "FT")),
                                             *zip(SPP_PROBE_CASES, configs)]:
         params = config["method_params"]
-        if config["method"] == "SPP" and (params.get("lambda_replay", 0.5) != weight
-                                          or params.get("server_proxy", True) != server):
+        if config["method"] == "SPP" and (params.get("lambda_replay", SPP.lambda_replay) != weight
+                                          or params.get("server_proxy", SPP.server_proxy) != server):
             raise ValueError(f"spp_probe case {label!r} does not match its cell's params {params}")
         record = known.get(config_hash(config))
         metric = (lambda key: record.metrics.get(key, math.nan)) if record is not None else (lambda key: math.nan)
