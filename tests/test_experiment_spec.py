@@ -611,3 +611,16 @@ def test_versions_give_only_the_cells_that_set_the_key_a_later_version(tmp_path)
     for bad in ("{ noise = 2 }", "{ noise = 1 }", "{ noise = true }", '{ noise = "3" }'):
         with pytest.raises(SpecError, match=r"\[versions\] key 'noise'"):
             load_spec(write(tmp_path, TINY.replace("version = 2\n", f"version = 2\nversions = {bad}\n", 1), "bad.toml"))
+
+
+def test_the_results_guide_lists_every_part_of_every_grid():
+    """docs/results.md's table of parts is each spec's [parts], in order (a new part must be documented)."""
+    import re
+
+    from fedlib.papers import GRID_COMMANDS
+    from fedlib.paths import project_root
+
+    text = (project_root() / "docs" / "results.md").read_text()
+    listed = {m.group(1): m.group(2).split(", ") for m in re.finditer(r"^\| `(\w+)` \| ([\w, ]+) \|$", text, re.M)}
+    for paper in GRID_COMMANDS:
+        assert listed.get(paper) == list(load_spec(paper).parts), paper
