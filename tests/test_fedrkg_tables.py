@@ -213,3 +213,20 @@ def test_claims_of_table3_and_table5_compare_the_right_rows():
     assert fedmf["verdict"] == "holds, untested (fewer than two seeds a side)"
     assert rows.loc["LDP costs FedRKG little accuracy, >= 90 % kept (Table 5)", "holds"] == False  # noqa: E712
     assert T.claims({}).empty and list(T.claims({}).columns) == T.CLAIM_COLUMNS
+
+
+def test_fedrap_search_names_what_each_setting_changes_and_reads_its_run():
+    reference = X.fedrap_code_cells(["Amazon-Video"], ["leaky"], ["optimizer"])[0]
+    searched = X.grid_cells("fedrap_search")
+    mu_only = next(c for c in searched if c["params"]["mu"] != reference["params"]["mu"]
+                   and c["params"]["lr"] == reference["params"]["lr"])
+    curve = [{"round": 10, "train_loss": -3.0}, {"round": 20, "train_loss": -7.5}]
+    frame = T.fedrap_search([record(mu_only, {**scores(0.2), "valid/Recall@10": 0.25, "rounds_run": 20},
+                                    {"curve": curve}, seed=mu_only["seed"])])
+    assert list(frame["setting"])[0] == "the code's defaults"
+    assert list(frame["changed"]) == [0, 4, 1, 1, 1, 1]
+    assert frame["setting"].iloc[1].startswith("μ 0.1 → 0.001, weight decay 0.0001 → 1e-06")
+    row = frame[frame["setting"] == "μ 0.1 → 0.001"].iloc[0]
+    assert row["R@10"] == pytest.approx(23.0) and row["valid R@10"] == pytest.approx(25.0)
+    assert row["last training loss"] == -7.5 and row["rounds run"] == 20 and row["diverged at round"] == ""
+    assert frame.drop(index=row.name)["R@10"].isna().all(), "settings without a run stay empty"

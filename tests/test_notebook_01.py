@@ -199,6 +199,7 @@ def test_appendix_smoke_run_reads_the_recorded_grid(smoke_records):
     tested = claims[claims["p_welch"].notna()]
     assert tested["verdict"].str.contains("seed noise").all() and tested["seeds"].str.contains(" vs ").all()
     assert len(frame(appendix["deviations_all"])) > len(frame(appendix["fedrap_local_training"])) > 0
+    assert frame(appendix["fedrap_search"])["R@10"].notna().sum() == 6, "A8's README settings read the records"
     strength = frame(appendix["guidance_strength"])
     assert len(strength) > 0
 

@@ -541,3 +541,61 @@ def test_fedrkg_table4_bullet_quotes_the_recorded_probe_and_gate_tables():
     leaky = d4[d4.sampler == "leaky"].iloc[0]
     assert f"−{-leaky.value_ours:.2f} % for the top and bottom 10 %; paper +{leaky.value_paper:.2f} %" in prose
     assert (d4.value_ours < 0).all() and (d4.value_paper > 0).all(), "reversed under both samplers"
+
+
+def test_fedrap_search_paragraph_quotes_the_recorded_runs():
+    """Appendix 01's reading of ``fedrap_search``: every number it quotes, from the records."""
+
+    from fedlib.papers.fedrkg import experiment as X
+    from fedlib.papers.fedrkg import tables as T
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    records = read_runs("fedrkg", "paper")
+    search = T.fedrap_search(records)
+    assert len(search) == 6 and search["R@10"].notna().all(), "the code's defaults and the five README settings"
+    prose = " ".join(_paragraph("appendix/01_fedrkg_appendix", "What the README's settings change").split())
+    defaults, together = search.iloc[0], search.iloc[1]
+    assert (defaults.changed, together.changed) == (0, 4) and (search.changed.iloc[2:] == 1).all()
+    alone = {row.setting.rsplit(" ", 3)[0]: row for _, row in search.iloc[2:].iterrows()}
+    assert set(alone) == {"μ", "weight decay", "lr", "item lr"}, alone.keys()
+    assert search["R@10"].idxmax() == 0, "the prose says none lifts FedRAP above the code's defaults"
+    assert f"(test R@10 {defaults['R@10']:.2f};" in prose
+    table1 = pd.read_csv(ROOT / "results" / "fedrkg" / "table1.csv")
+    video = table1[(table1.dataset == "Amazon-Video") & (table1.metric == "R@10") & (table1.stat == "score")
+                   & (table1.sampler == "leaky")].set_index("method")
+    assert f"paper {video.loc['FedRAP', 'value_paper']:.2f}" in prose
+    assert (f"FedMF has {video.loc['FedMF', 'value_ours']:.2f} and MF {video.loc['MF', 'value_ours']:.2f} "
+            "under the same sampler, one seed each") in prose
+    assert video.loc["FedMF", "n_seeds"] == 1 and video.loc["MF", "n_seeds"] == 1
+    assert search["valid R@10"].idxmax() == 1, "the prose says validation would choose the four together"
+    assert f"({together['valid R@10']:.2f} against {defaults['valid R@10']:.2f})" in prose
+    assert f"they score {together['R@10']:.2f} on test" in prose
+
+    def loss(value, digits):
+        return f"{value:.{digits}e}".replace("e+0", "e+").replace("-", "−")
+
+    assert (f"loss reaches {loss(together['last training loss'], 1)} and is no longer finite at round "
+            f"{together['diverged at round']}") in prose
+    runaway = [alone["item lr"], alone["weight decay"]]
+    assert all(row["last training loss"] < -1e5 for row in runaway), "the prose says these run away"
+    assert (f"The item rate alone (loss {loss(runaway[0]['last training loss'], 1)}) and the weaker decay alone "
+            f"({loss(runaway[1]['last training loss'], 1)}) run away too") in prose
+    bounded = [alone["μ"], alone["lr"]]
+    assert all(-100 < row["last training loss"] < 0 and row["diverged at round"] == "" for row in bounded)
+    assert (f"(−{-bounded[0]['last training loss']:.2f} and −{-bounded[1]['last training loss']:.2f}) "
+            f"and score {bounded[0]['R@10']:.2f} and {bounded[1]['R@10']:.2f}") in prose
+    # the runs at the cap: their validation curve no longer changes after round 260
+    known = latest_records(records)
+    configs = [X.fedrap_code_cells(["Amazon-Video"], ["leaky"], ["optimizer"])[0]] + X.grid_cells("fedrap_search")
+    at_cap = [known[X.config_hash(c)] for c in configs if known[X.config_hash(c)].metrics["rounds_run"] == 1000]
+    assert len(at_cap) == 2 and "The two runs that reach the 1,000-round cap" in prose
+    for record in at_cap:
+        curve = record.extra["curve"]
+        final = curve[-1]["valid/Recall@10"]
+        assert all(p["valid/Recall@10"] == final for p in curve if p["round"] >= 260), record.config["params"]
+    assert f"left {0.97 ** 260:.0e} of the starting rates".replace("e-0", "e-") in prose
+    searched = [known[X.config_hash(c)] for c in X.grid_cells("fedrap_search")]
+    assert f"The five runs took {round(sum(r.metrics['seconds'] for r in searched) / 60)} min" in prose
+    longest = max(r.metrics["seconds"] for r in searched)
+    assert f"81 runs, about {round(81 * longest / 3600)} h at the longest run's {longest:.0f} s" in prose

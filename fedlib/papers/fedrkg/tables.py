@@ -30,7 +30,7 @@ import pandas as pd
 from fedlib.experiments import grid
 from fedlib.experiments.spec import TableContext, build_table, compare, derived_row, metric_units
 from fedlib.papers.fedrkg.experiment import (HEADLINE_DATASETS, METHODS, OFFLINE_DATASETS, PAPER, SPEC, cell,
-                                             grid_cells, load_split, method_label, part_cells)
+                                             fedrap_code_cells, grid_cells, load_split, method_label, part_cells)
 from fedlib.papers.fedrkg.measures import ldp_epsilon, ldp_params
 from fedlib.reporting import recorded
 from fedlib.reporting.figures import curve_frame as long_curves
@@ -620,6 +620,46 @@ def fedrap_local_training(records) -> pd.DataFrame:
                              "diverged at round": "" if record is None else
                              str((record.extra or {}).get("diverged_at_round", "—")),
                              "wall time (s)": None if record is None else round(record.metrics["seconds"])})
+    return pd.DataFrame(rows)
+
+
+FEDRAP_SEARCH_NAMES = {"mu": "μ", "weight_decay": "weight decay", "lr": "lr", "lr_items": "item lr"}
+
+
+def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky") -> pd.DataFrame:
+    """FedRAP under its code's optimiser (the ``fedrap_code`` cell) and with the settings its public
+    README gives for ML-100K (``fedrap_search``: all four, then one at a time), seed 0, in %.
+
+    One row per setting: what it changes from the code's defaults, validation and test R@10 at the
+    selected round, the round, how many rounds ran, where the loss stopped being finite ("" when it
+    never did) and the last recorded training loss (the independence term running away shows as a
+    large negative loss). A row whose run is missing has NaN values.
+    """
+    known = latest_records(records)
+    reference = fedrap_code_cells([dataset], [sampler], ["optimizer"])[0]
+    configs = [reference] + [c for c in grid_cells("fedrap_search")
+                             if (c["dataset"], c["sampler"]) == (dataset, sampler)]
+    rows = []
+    for config in configs:
+        order = list(FEDRAP_SEARCH_NAMES)  # the README's order; anything else after it
+        changed = {k: config["params"][k] for k in sorted(config["params"], key=lambda k: (order + [k]).index(k))
+                   if reference["params"].get(k) != config["params"][k]}
+        setting = ("the code's defaults" if not changed else
+                   ", ".join(f"{FEDRAP_SEARCH_NAMES.get(k, k)} {reference['params'][k]:g} → {v:g}"
+                             for k, v in changed.items()))
+        record = known.get(config_hash(config))
+        curve = [] if record is None else (record.extra or {}).get("curve") or []
+        losses = [point["train_loss"] for point in curve if point.get("train_loss") is not None]
+        rows.append({
+            "setting": setting,
+            "changed": len(changed),
+            "valid R@10": float("nan") if record is None else 100 * record.metrics.get("valid/Recall@10", float("nan")),
+            "R@10": float("nan") if record is None else 100 * record.metrics.get("Recall@10", float("nan")),
+            "best round": float("nan") if record is None else record.metrics.get("best_round"),
+            "rounds run": float("nan") if record is None else record.metrics.get("rounds_run"),
+            "diverged at round": "" if record is None else str((record.extra or {}).get("diverged_at_round") or ""),
+            "last training loss": losses[-1] if losses else float("nan"),
+        })
     return pd.DataFrame(rows)
 
 
