@@ -362,7 +362,7 @@ fnb.record("fedrap_local_training", fedrap)
 
 # %%
 search = tables.fedrap_search(paper_runs)
-print(search.round(2).to_string(index=False))
+print(search.round(2).to_string(index=False, formatters={"last training loss": "{:.3g}".format}))
 fnb.record("fedrap_search", search)
 
 # %% [markdown]
