@@ -50,7 +50,7 @@ from fedlib.baselines.continual.continual import (NEXT_BLOCK_FROM, ContinualMeth
                                                   pfedrec_backbone, run_continual)
 from fedlib.baselines import registry
 from fedlib.papers.f3crec.method import MEMORY_REFRESH
-from fedlib.experiments.selection import best_on_validation
+from fedlib.experiments.selection import best_on_validation, is_finite_score
 from fedlib.experiments.spec import load_spec
 from fedlib.reporting.results import config_hash
 
@@ -506,7 +506,7 @@ def item_analysis(stream, backbone, blocks: Sequence[RunResult], fraction: float
 # ======================================================================================
 def _finite_or_none(value) -> Optional[float]:
     """A JSON-safe float of a history value: ``None`` when absent or not finite."""
-    return float(value) if value is not None and math.isfinite(float(value)) else None
+    return float(value) if is_finite_score(value) else None
 
 
 def run_cell(config: Mapping[str, Any], *, cache_dir: Optional[Path] = None, device=None,
