@@ -527,13 +527,14 @@ fnb.record("fair_headline_verdicts", fair_verdicts[["backbone", "rival", "verdic
 # NeuNCF PTF-FedRec is ahead on average (31.0 % against 29.4 %, 31.8 % against 30.6 %), within
 # seed noise (p = 0.17 and 0.11). PTF-FedRec gains from smaller rates than Table 1's (2e-3 on
 # NeuMF and 1e-3 on NeuNCF, against 1e-2). The two strongest models stay far above FedKDRec on
-# every backbone (−12.8 % to −23.4 %, every p ≤ 0.011): FedPerGNN reaches 35.1 % at 800 rounds
-# (30.5 % in Table 1) and centralised LightGCN 35.6 %. Two choices keep a flag, each with its
-# cost: FedPerGNN still selects a round at or next to its cap of 800 at the smallest rate of its
-# grid (1,600 rounds would take about 22 minutes per run), and PTF-FedRec on NeuNCF chose the
-# smallest rate of its grid. Both concern a rival's runs, not FedKDRec's. So Table 1's
-# "FedKDRec ahead of PTF-FedRec on every backbone" is a finding at the paper's budget; at a fair
-# budget it holds on LightGCN only.
+# every backbone (−13.9 % to −23.4 %, every p ≤ 0.011): FedPerGNN reaches 35.6 % at 1,600 rounds
+# (30.5 % in Table 1) and centralised LightGCN 35.6 %. No choice carries a flag: every rate lies
+# inside its grid and every run selected an evaluation before its last one (the closest to its
+# cap: round 380 of 400, PTF-FedRec in one seed on NeuMF and one on LightGCN). Getting there took
+# three widenings of the grids, the last for two rivals: FedPerGNN to 1,600 rounds (its seeds
+# select rounds 1290/950/1440) and PTF-FedRec on NeuNCF to 5e-4. So Table 1's "FedKDRec ahead of
+# PTF-FedRec on every backbone" is a finding at the paper's budget; at a fair budget it holds on
+# LightGCN only.
 
 # %% [markdown]
 # ## 5. The audit: which evaluation protocol produces the paper's numbers?

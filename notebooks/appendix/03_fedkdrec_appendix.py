@@ -72,8 +72,8 @@ if tuning:
 
 # %% [markdown]
 # **The fair-budget headline** (part `headline_tuning`, seed 0). The lesson's headline methods
-# again at twice the budget (400 rounds; centralised LightGCN 300 epochs; FedPerGNN also 800
-# rounds), each over rates around its family's choice. One row per rate: `best` is the round
+# again at twice the budget (400 rounds; centralised LightGCN 300 epochs; FedPerGNN also 800 and
+# 1,600 rounds), each over rates around its family's choice. One row per rate: `best` is the round
 # (epoch) validation selected, of `cap`; `chosen` is the best validation N@10 of its method,
 # backbone and budget; `edge` marks a choice at the smallest or largest rate tried, where the grid
 # must widen before the rate is final. The lesson's fair headline takes, per method and backbone,
