@@ -431,6 +431,18 @@ def test_fedcsr_closing_paragraph_counts_the_recorded_grid():
     headline = grid.unique_cells(c for part in X.HEADLINE_PARTS for c in X.grid_cells(part))
     assert f"{len(headline)} cells at seed 0" in prose
     assert grid.pending_cells("fedcsr", "paper", cells) == [], "the prose says every cell is recorded"
+    # the headline's cost: the two --pending commands it names, recorded cells at their recorded time
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import config_hash, latest_records
+    planned = grid.unique_cells([{**c, "seed": s} for c in X.grid_cells("headline") for s in (0, 1, 2)]
+                                + X.grid_cells("headline_lr"))
+    assert len(planned) == 15 and "Its 15 cells (three rates at seed 0, seeds 1 and 2 at the code's rate)" in prose
+    pending_h = grid.pending_report("fedcsr", "paper", planned, X.method_label)["pending_h"].sum()
+    known = latest_records(read_runs("fedcsr", "paper"))
+    recorded_h = sum(known[h].wall_time_s for h in map(config_hash, planned) if h in known) / 3600
+    total_h = pending_h + recorded_h
+    assert f"cost about {total_h:.1f} h of one-thread wall time" in prose
+    assert f"at least {total_h / 2:.0f} h on two workers" in prose
 
 
 def test_fedrap_code_optimiser_paragraph_quotes_the_recorded_runs():

@@ -313,7 +313,13 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # every cell beside the paper; `python -m fedlib grid fedcsr <part> --pending` lists what
 # a part still lacks, and the README's status table counts it. The fair-budget headline (parts
 # `headline` and `headline_lr`: FedCSR at n = 64, π-Net and CLSR on Food-Kitchen at the paper's
-# 100 rounds, 9 cells at seed 0, then seeds 1 and 2) is being recorded.
+# 100 rounds, 9 cells at seed 0, then seeds 1 and 2) is being recorded. Its 15 cells (three rates
+# at seed 0, seeds 1 and 2 at the code's rate) cost about 24.6 h of one-thread wall time as
+# `--pending` prices them (`python -m fedlib grid fedcsr headline --seeds 0 1 2 --pending`, then
+# `headline_lr --pending`; recorded cells count at their recorded time), at least 12 h on two
+# workers. Until they are recorded, the lesson's
+# Food-Kitchen comparison rests on one seed and at most 20 rounds, and its rows carry the flags
+# `one_seed` and, where a run selected its last round, `at_cap`.
 
 # %%
 fnb.finish()
