@@ -569,7 +569,7 @@ def test_fedrap_search_paragraph_quotes_the_recorded_runs():
     prose = " ".join(_paragraph("appendix/01_fedrkg_appendix", "What the README's settings change").split())
     defaults, together = search.iloc[0], search.iloc[1]
     assert (defaults.changed, together.changed) == (0, 4) and (search.changed.iloc[2:] == 1).all()
-    alone = {row.setting.rsplit(" ", 3)[0]: row for _, row in search.iloc[2:].iterrows()}
+    alone = {row.setting.rsplit(" ", 1)[0]: row for _, row in search.iloc[2:].iterrows()}
     assert set(alone) == {"μ", "weight decay", "lr", "item lr"}, alone.keys()
     assert search["R@10"].idxmax() == 0, "the prose says none lifts FedRAP above the code's defaults"
     assert f"(test R@10 {defaults['R@10']:.2f};" in prose

@@ -630,7 +630,8 @@ def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky"
     """FedRAP under its code's optimiser (the ``fedrap_code`` cell) and with the settings its public
     README gives for ML-100K (``fedrap_search``: all four, then one at a time), seed 0, in %.
 
-    One row per setting: what it changes from the code's defaults, validation and test R@10 at the
+    One row per setting: the values it changes from the code's defaults (``changed`` of them),
+    validation and test R@10 at the
     selected round, the round, how many rounds ran, where the loss stopped being finite ("" when it
     never did) and the last recorded training loss (the independence term running away shows as a
     large negative loss). A row whose run is missing has NaN values.
@@ -645,8 +646,7 @@ def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky"
         changed = {k: config["params"][k] for k in sorted(config["params"], key=lambda k: (order + [k]).index(k))
                    if reference["params"].get(k) != config["params"][k]}
         setting = ("the code's defaults" if not changed else
-                   ", ".join(f"{FEDRAP_SEARCH_NAMES.get(k, k)} {reference['params'][k]:g} → {v:g}"
-                             for k, v in changed.items()))
+                   ", ".join(f"{FEDRAP_SEARCH_NAMES.get(k, k)} {v:g}" for k, v in changed.items()))
         record = known.get(config_hash(config))
         curve = [] if record is None else (record.extra or {}).get("curve") or []
         losses = [point["train_loss"] for point in curve if point.get("train_loss") is not None]
