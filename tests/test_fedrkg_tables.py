@@ -228,5 +228,5 @@ def test_fedrap_search_names_what_each_setting_changes_and_reads_its_run():
     assert frame["setting"].iloc[1] == "μ 0.001, weight decay 1e-06, lr 0.0001, item lr 1000"
     row = frame[frame["setting"] == "μ 0.001"].iloc[0]
     assert row["R@10"] == pytest.approx(23.0) and row["valid R@10"] == pytest.approx(25.0)
-    assert row["last training loss"] == -7.5 and row["rounds run"] == 20 and row["diverged at round"] == ""
+    assert row["last training loss"] == -7.5 and row["rounds run"] == 20 and row["diverged at round"] == "—"
     assert frame.drop(index=row.name)["R@10"].isna().all(), "settings without a run stay empty"

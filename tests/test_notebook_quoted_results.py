@@ -594,7 +594,7 @@ def test_fedrap_search_paragraph_quotes_the_recorded_runs():
     assert (f"The item rate alone (loss {loss(runaway[0]['last training loss'], 1)}) and the weaker decay alone "
             f"({loss(runaway[1]['last training loss'], 1)}) run away too") in prose
     bounded = [alone["μ"], alone["lr"]]
-    assert all(-100 < row["last training loss"] < 0 and row["diverged at round"] == "" for row in bounded)
+    assert all(-100 < row["last training loss"] < 0 and row["diverged at round"] == "—" for row in bounded)
     assert (f"(−{-bounded[0]['last training loss']:.2f} and −{-bounded[1]['last training loss']:.2f}) "
             f"and score {bounded[0]['R@10']:.2f} and {bounded[1]['R@10']:.2f}") in prose
     # the runs at the cap: their validation curve no longer changes after round 260

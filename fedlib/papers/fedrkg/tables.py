@@ -632,7 +632,7 @@ def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky"
 
     One row per setting: the values it changes from the code's defaults (``changed`` of them),
     validation and test R@10 at the
-    selected round, the round, how many rounds ran, where the loss stopped being finite ("" when it
+    selected round, the round, how many rounds ran, where the loss stopped being finite ("—" when it
     never did) and the last recorded training loss (the independence term running away shows as a
     large negative loss). A row whose run is missing has NaN values.
     """
@@ -657,7 +657,7 @@ def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky"
             "R@10": float("nan") if record is None else 100 * record.metrics.get("Recall@10", float("nan")),
             "best round": float("nan") if record is None else record.metrics.get("best_round"),
             "rounds run": float("nan") if record is None else record.metrics.get("rounds_run"),
-            "diverged at round": "" if record is None else str((record.extra or {}).get("diverged_at_round") or ""),
+            "diverged at round": "" if record is None else str((record.extra or {}).get("diverged_at_round") or "—"),
             "last training loss": losses[-1] if losses else float("nan"),
         })
     return pd.DataFrame(rows)
