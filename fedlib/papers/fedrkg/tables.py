@@ -631,19 +631,22 @@ def fedrap_search(records, dataset: str = "Amazon-Video", sampler: str = "leaky"
     README gives for ML-100K (``fedrap_search``: all four, then one at a time), seed 0, in %.
 
     One row per setting: the values it changes from the code's defaults (``changed`` of them),
-    validation and test R@10 at the
-    selected round, the round, how many rounds ran, where the loss stopped being finite ("—" when it
-    never did) and the last recorded training loss (the independence term running away shows as a
-    large negative loss). A row whose run is missing has NaN values.
+    validation and test R@10 at the selected round, the round, how many rounds ran, where the loss
+    stopped being finite ("—" when it never did) and the last recorded training loss (the
+    independence term running away shows as a large negative loss). A row whose run is missing has NaN values.
     """
     known = latest_records(records)
     reference = fedrap_code_cells([dataset], [sampler], ["optimizer"])[0]
     configs = [reference] + [c for c in grid_cells("fedrap_search")
                              if (c["dataset"], c["sampler"]) == (dataset, sampler)]
+    order = list(FEDRAP_SEARCH_NAMES)  # the README's order; any other parameter after it
+
+    def readme_order(key: str) -> int:
+        return order.index(key) if key in order else len(order)
+
     rows = []
     for config in configs:
-        order = list(FEDRAP_SEARCH_NAMES)  # the README's order; anything else after it
-        changed = {k: config["params"][k] for k in sorted(config["params"], key=lambda k: (order + [k]).index(k))
+        changed = {k: config["params"][k] for k in sorted(config["params"], key=readme_order)
                    if reference["params"].get(k) != config["params"][k]}
         setting = ("the code's defaults" if not changed else
                    ", ".join(f"{FEDRAP_SEARCH_NAMES.get(k, k)} {v:g}" for k, v in changed.items()))
