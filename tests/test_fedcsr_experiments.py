@@ -82,11 +82,15 @@ def test_variants_map_to_flags_of_the_one_implementation():
 def test_parts_have_their_sizes_and_share_cells():
     sizes = {part: len(X.grid_cells(part)) for part in X.PARTS}
     assert sizes == {"table2": 20, "ablation": 12, "alpha": 7, "hidden": 5, "individual": 3, "audit": 5,
-                     "headline": 3, "headline_lr": 6}
+                     "headline": 3, "headline_lr": 9}
     headline = X.grid_cells("headline") + X.grid_cells("headline_lr")
     assert {(c["method"], c["dim"], c["rounds"], c["patience"]) for c in headline} == {  # the paper's budget
         (m, 64, 100, 20) for m in ("FedCSR", "PiNet", "CLSR")}
-    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3]  # 1e-3 (the headline's) is interior
+    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3]  # 1e-3 (the code's) is interior
+    # the headline runs each method at its chosen rate, and that rate's seed-0 run is headline_lr's
+    tuning = {X.config_hash(c) for c in X.grid_cells("headline_lr")}
+    assert {(c["method"], c["lr"]) for c in X.grid_cells("headline")} == set(X.HEADLINE_LR.items())
+    assert all(X.config_hash(c) in tuning for c in X.grid_cells("headline"))
     table2 = X.grid_cells("table2")
     fedcsr_dims = sorted(c["dim"] for c in table2 if c["method"] == "FedCSR" and c["dataset"] == "Food-Kitchen")
     assert fedcsr_dims == [64, 256]
@@ -97,7 +101,7 @@ def test_parts_have_their_sizes_and_share_cells():
     assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
     assert {c["dim"] for c in hidden} == {X.SMALL_DIM} and "scl_hidden_factor" not in hidden[3]  # 2.0: the default
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
-    assert len(X.unique_cells(every)) == 46 + 9  # FedCSR@64 / @256 rows are shared between parts
+    assert len(X.unique_cells(every)) == 46 + 9  # FedCSR@64 / @256 rows are shared between parts, and headline's with headline_lr
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("figure9")
 
@@ -246,3 +250,32 @@ def test_a_scenario_without_data_is_refused_naming_the_runnable_ones():
     # Entertainment-Education is a dataset choice (Table 8 lists its paper rows) without a registry entry
     with pytest.raises(ValueError, match="Food-Kitchen, Movie-Book and 'synthetic'"):
         X.load_split("Entertainment-Education")
+
+
+def test_headline_rates_are_what_validation_chose_in_the_recorded_runs():
+    """The spec's headline rows hold, for every method whose whole rate grid is recorded, the rate
+    headline_lr_from_records derives from results/fedcsr/runs.jsonl (no method is left out)."""
+    from fedlib.reporting import read_runs
+
+    derived = X.headline_lr_from_records(read_runs(X.PAPER, "paper"))
+    assert set(derived) == set(X.HEADLINE_LR) == set(X.SPEC.list("headline_methods"))
+    for method, rate in derived.items():
+        assert rate is None or rate == X.HEADLINE_LR[method], (method, rate, X.HEADLINE_LR[method])
+
+
+def test_headline_lr_from_records_waits_for_the_whole_grid_and_breaks_ties_to_the_smaller_rate():
+    from types import SimpleNamespace
+
+    def run(config, food, kitchen):
+        return SimpleNamespace(config_hash=X.config_hash(config), timestamp="", metrics={
+            "Food/valid/MRR": food, "Kitchen/valid/MRR": kitchen})
+
+    cells = {(c["method"], c["lr"]): c for c in X.grid_cells("headline_lr")}
+    records = [run(cells["FedCSR", 5e-4], 0.10, 0.02), run(cells["FedCSR", 1e-3], 0.05, 0.09),  # means .06, .07
+               run(cells["FedCSR", 2e-3], 0.08, 0.04),
+               run(cells["PiNet", 5e-4], 0.05, 0.05), run(cells["PiNet", 2e-3], 0.09, 0.09),   # 1e-3 missing
+               run(cells["CLSR", 5e-4], 0.04, 0.04), run(cells["CLSR", 1e-3], 0.02, 0.06),    # a tie at .04
+               run(cells["CLSR", 2e-3], 0.03, 0.03)]
+    assert X.headline_lr_from_records(records) == {"FedCSR": 1e-3, "PiNet": None, "CLSR": 5e-4}
+    assert X.headline_validation({"Food/valid/MRR": 0.1}, ("Food", "Kitchen")) != X.headline_validation(
+        {"Food/valid/MRR": 0.1}, ("Food", "Kitchen"))  # a missing domain is NaN, never a partial mean

@@ -244,7 +244,7 @@ def test_write_tables_pass_the_consistency_check(root):
     assert check_results_dir(root / "results" / "fedcsr" / "quick") == []
     written = {p.stem for p in (root / "results" / "fedcsr" / "quick").glob("*.csv")}
     assert written == {"table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8", "table9",
-                       "appendixA5", "full_ranking", "figure2", "figure6", "audit"}
+                       "appendixA5", "full_ranking", "figure2", "figure6", "audit", "headline"}
     full = tables["full_ranking"]
     assert full["value_ours"].notna().sum() == 2 * 6  # FedCSR n=256, both domains; n=64 predates the full ranking
     assert (full["value_ours"].isna() == full["note"].isin([T.NO_FULL_RANKING_NOTE])
@@ -348,3 +348,60 @@ def test_figures_build_from_frames(root):
     assert F.figure_individual(T.table9([], "quick")) is None
     assert F.figure_hidden(T.figure6_table(records, "quick")) is not None
     plt.close("all")
+
+
+def headline_cell(method, lr, seed=0):
+    [config] = [c for c in X.grid_cells("headline_lr") if (c["method"], c["lr"]) == (method, lr)]
+    return {**config, "seed": seed}
+
+
+def test_headline_tuning_chooses_on_validation_and_flags_an_edge(root):
+    valid = {("FedCSR", 5e-4): 0.06, ("FedCSR", 1e-3): 0.07, ("FedCSR", 2e-3): 0.08,   # the largest wins: an edge
+             ("PiNet", 5e-4): 0.05, ("PiNet", 2e-3): 0.09,                            # 1e-3 not recorded
+             ("CLSR", 5e-4): 0.03, ("CLSR", 1e-3): 0.05, ("CLSR", 2e-3): 0.04}        # interior
+    for (method, lr), mrr in valid.items():
+        values = {**scores(mrr), "selected_round": 40.0, "rounds_run": 60.0 if method == "CLSR" else 100.0}
+        record(headline_cell(method, lr), values)
+    frame = T.headline_tuning(read_runs("fedcsr", "quick"))
+    assert len(frame) == 9 and list(frame.columns[:5]) == ["method", "lr", "valid MRR", "Food test MRR",
+                                                         "Kitchen test MRR"]
+    fedcsr_best = row(frame, method="FedCSR", lr=2e-3)
+    assert fedcsr_best["chosen"] and fedcsr_best["edge"]
+    assert fedcsr_best["valid MRR"] == pytest.approx(100 * (0.08 + 0.09) / 2)   # the mean of the two domains
+    assert fedcsr_best["Kitchen test MRR"] == pytest.approx(9.0) and fedcsr_best["cap"] == 100
+    clsr = row(frame, method="FedCLSR", lr=1e-3)
+    assert clsr["chosen"] and not clsr["edge"] and clsr["rounds run"] == 60 and clsr["selected round"] == 40
+    assert not frame[frame["method"] == "FedPi-Net"]["chosen"].any()             # not all rates recorded yet
+    missing = row(frame, method="FedPi-Net", lr=1e-3)
+    assert math.isnan(missing["valid MRR"]) and missing["run_id"] == ""
+    assert frame["chosen"].sum() == 2
+
+
+def test_headline_table_averages_seeds_at_the_chosen_rate_and_verdicts_test_them(root):
+    for seed in (0, 1, 2):
+        record(headline_cell("FedCSR", 1e-3, seed), scores(0.10, seed))
+        record(headline_cell("PiNet", 1e-3, seed), scores(0.05, seed))
+    record(headline_cell("CLSR", 1e-3, 0), scores(0.04))
+    record(headline_cell("CLSR", 2e-3, 0), scores(0.30))  # another rate: not a headline row
+    records = read_runs("fedcsr", "quick")
+    table = T.headline_table(records, "quick")
+    assert set(table["lr"]) == {"0.001"} and set(table["dim"]) == {"64"} and set(table["domain"]) == {"Food", "Kitchen"}
+    ours = row(table, domain="Kitchen", method="FedCSR", metric="MRR")
+    assert ours["value_ours"] == pytest.approx(100 * (0.11 + 0.13 + 0.15) / 3) and ours["n_seeds"] == 3
+    assert ours["std_ours"] == pytest.approx(2.0) and math.isnan(ours["value_paper"])
+    assert "up to 100 rounds (patience 20), lr 0.001" in ours["note"]
+    clsr = row(table, domain="Food", method="FedCLSR", metric="HR@5")
+    assert clsr["value_ours"] == pytest.approx(100 * 1.8 * 0.04) and clsr["n_seeds"] == 1
+
+    verdicts = T.headline_verdicts(table)
+    assert list(verdicts["domain"]) == ["Food", "Food", "Kitchen", "Kitchen"]
+    assert list(verdicts["rival"]) == ["FedPi-Net", "FedCLSR"] * 2                      # strongest first
+    pinet = verdicts[verdicts["rival"] == "FedPi-Net"]
+    assert (pinet["verdict"] == "ahead").all() and (pinet["seeds"] == "3 vs 3").all()
+    assert (pinet["p"] < 0.05).all()
+    assert (verdicts[verdicts["rival"] == "FedCLSR"]["verdict"] == "untested (fewer than two seeds a side)").all()
+
+    # an unrecorded headline cell says how to record it at the paper profile
+    empty = T.headline_table([], "paper")
+    assert empty["value_ours"].isna().all() and (empty["note"] == T.HEADLINE_MISSING_NOTE).all()
+    assert T.headline_verdicts(empty).empty

@@ -67,7 +67,8 @@ __all__ = [
     "PAPER", "SPEC", "VERSION", "PARTS", "HEADLINE_PARTS", "DATASETS", "METHODS", "BASELINES", "VARIANTS", "ALPHAS", "SMALL_DIM",
     "TIES_AGAINST_PREFIX", "CHECKPOINT_EVERY_S", "cell", "method_cell", "method_label", "load_split",
     "largest_platforms", "random_ranking_mrr", "constant_score_audit", "fedcsr_configs", "run_cell", "grid_cells",
-    "unique_cells", "run_grid", "run_cells", "main", "config_hash",
+    "unique_cells", "run_grid", "run_cells", "main", "config_hash", "HEADLINE_RATES", "HEADLINE_LR",
+    "headline_validation", "headline_lr_from_records",
 ]
 
 PAPER = "fedcsr"
@@ -78,6 +79,10 @@ PARTS = SPEC.parts
 #: The fair-budget parts (the headline comparison at the paper's 100 rounds, three seeds, and its
 #: learning-rate check), recorded after the tables' grid; the tables' grid is every other part.
 HEADLINE_PARTS = ("headline", "headline_lr")
+#: The headline's learning-rate grid (part ``headline_lr``, seed 0).
+HEADLINE_RATES = tuple(SPEC.list("headline_rates"))
+#: The headline's ``{method: learning rate}`` (``headline_rows``): the rate validation chose in ``headline_lr``.
+HEADLINE_LR: Dict[str, float] = {row["method"]: row["lr"] for row in SPEC.list("headline_rows")}
 #: Paper scenario -> protocol dataset name (the synthetic smoke task has none).
 DATASETS: Dict[str, str] = {name: c["registry"] for name, c in SPEC.choices("dataset").items() if "registry" in c}
 BASELINES = tuple(SPEC.list("baselines"))
@@ -339,6 +344,44 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
     if checkpointer is not None and checkpointer.resumed_at:
         extra["resumed_at"] = list(checkpointer.resumed_at)
     return {"metrics": metrics, "extra": extra}
+
+
+# ======================================================================================
+# The headline's learning rate, chosen on validation
+# ======================================================================================
+def headline_validation(metrics: Mapping[str, float], domains: Sequence[str]) -> float:
+    """The selection score of a run: the mean over ``domains`` of its validation MRR at the
+    selected round (``"<domain>/valid/MRR"``, a fraction), as training selects its round; NaN
+    when a domain's value is missing."""
+    values = [metrics.get(f"{domain}/valid/MRR") for domain in domains]
+    if any(value is None for value in values):
+        return float("nan")
+    return float(np.mean(values))
+
+
+def headline_lr_from_records(records, dataset: str = "Food-Kitchen") -> Dict[str, Optional[float]]:
+    """Re-derive :data:`HEADLINE_LR` from the recorded seed-0 runs of part ``headline_lr``.
+
+    Returns ``{method: rate}``: the rate of :data:`HEADLINE_RATES` with the best
+    :func:`headline_validation` (:func:`~fedlib.experiments.selection.best_on_validation`; a tie
+    keeps the smaller rate), or ``None`` while any of the method's rates is unrecorded (a choice
+    from part of the grid could still move).
+    """
+    from fedlib.experiments.selection import best_on_validation
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(records)
+    domains = tuple(SPEC.choice("dataset", dataset)["domains"])
+    scores: Dict[str, List[tuple]] = {}
+    for config in grid_cells("headline_lr"):
+        if config["dataset"] != dataset:
+            continue
+        record = known.get(config_hash(config))
+        score = None if record is None else headline_validation(record.metrics, domains)
+        scores.setdefault(config["method"], []).append((config["lr"], score, record is not None))
+    return {method: (best_on_validation([(lr, score) for lr, score, _ in tried], prefer=lambda rate: rate)
+                     if all(recorded for _, _, recorded in tried) else None)
+            for method, tried in scores.items()}
 
 
 # ======================================================================================

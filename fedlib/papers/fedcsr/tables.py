@@ -34,6 +34,7 @@ import pandas as pd
 from fedlib.data.protocols.fedcsr import PLATFORM_FRACTIONS, platform_statistics, statistics
 from fedlib.experiments import grid
 from fedlib.experiments.spec import DERIVED, build_table, compare, repeat_per_rows
+from fedlib.papers.fedcsr import experiment as X
 from fedlib.papers.fedcsr.experiment import DATASETS, PAPER, SMALL_DIM, SPEC, cell, load_split, method_cell
 from fedlib.reporting import NEEDS_DOWNLOAD_NOTE, aggregate_runs, load_paper_table, read_runs, recorded
 from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, latest_records, runs_of_config
@@ -41,7 +42,8 @@ from fedlib.reporting.results import RUN_ID_SEPARATOR, cell_index, config_hash, 
 __all__ = ["PAPER_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCORES", "paper_table",
            "statistics_records", "table1", "main_table", "ablation_table", "table5", "table9", "appendix_a5",
            "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table", "audit_table",
-           "all_tables", "write_tables", "with_flags", "DEVIATION_REASONS", "DEVIATION_KEYS"]
+           "all_tables", "write_tables", "with_flags", "DEVIATION_REASONS", "DEVIATION_KEYS", "HEADLINE_MISSING_NOTE",
+           "headline_table", "headline_tuning", "headline_verdicts"]
 
 AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
 MAIN_DIM = SPEC.choice("method", "FedCSR")["dim"]
@@ -287,6 +289,68 @@ def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwarg
     """Figure 6's numbers (ours only, table id ``figure6``): FedCSR (n = 64) with the hidden size
     of SCL's ``t`` at f·n for f in the spec's ``hidden_factors``, percent."""
     return paper_table("figure6", records, profile, cell_kwargs, method_kwargs, scenario=dataset)
+
+
+# ======================================================================================
+# The fair-budget headline (lesson 05's verdict)
+# ======================================================================================
+HEADLINE_MISSING_NOTE = ("not recorded yet: python -m fedlib grid fedcsr headline_lr, then headline --seeds 0 1 2 "
+                         "(about 1-2 h per run on one core)")
+
+
+def headline_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}) -> pd.DataFrame:
+    """The fair-budget headline (ours only, table id ``headline``): FedCSR at n = 64, π-Net and
+    CLSR on Food-Kitchen, up to the paper's 100 rounds with patience 20, each at its chosen rate
+    (:data:`~fedlib.papers.fedcsr.experiment.HEADLINE_LR`), Table 2's scores per domain in
+    percent: seed means, ``std_ours`` over the recorded seeds, ``n_seeds``. Keys ``dataset,
+    domain, method, dim, lr, metric``; a cell without a record says how to record it."""
+    def missing_note(row: pd.Series) -> str:
+        return HEADLINE_MISSING_NOTE if profile == "paper" else _missing_note(row)
+    return paper_table("headline", records, profile, cell_kwargs, method_kwargs, missing_note=missing_note)
+
+
+def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """The headline's learning-rate choice as recorded (part ``headline_lr``, seed 0).
+
+    One row per method and rate of :data:`~fedlib.papers.fedcsr.experiment.HEADLINE_RATES`:
+    ``method`` (the paper's label), ``lr``, ``valid MRR`` (the selection score, the mean of the
+    domains' validation MRR at the selected round, %), each domain's ``<domain> test MRR`` (%),
+    ``selected round``, ``rounds run`` (of ``cap``, the round cap; fewer means patience stopped
+    the run), ``chosen`` (the best validation of its method, once all its rates are recorded:
+    :func:`~fedlib.papers.fedcsr.experiment.headline_lr_from_records`), ``edge`` (the chosen rate
+    is the smallest or largest tried: the grid should widen) and ``run_id``. An unrecorded rate
+    keeps its row with NaN scores and an empty ``run_id``.
+    """
+    known = latest_records(records)
+    chosen = X.headline_lr_from_records(records, dataset)
+    domains = _domains(dataset)
+    rows = []
+    for config in X.grid_cells("headline_lr"):
+        if config["dataset"] != dataset:
+            continue
+        record = known.get(config_hash(config))
+        metrics = {} if record is None else record.metrics
+        percent = lambda name: 100 * metrics[name] if name in metrics else math.nan  # noqa: E731
+        rows.append({"method": PAPER_LABELS[config["method"]], "lr": config["lr"],
+                     "valid MRR": 100 * X.headline_validation(metrics, domains) if record else math.nan,
+                     **{f"{domain} test MRR": percent(f"{domain}/test/MRR") for domain in domains},
+                     "selected round": metrics.get("selected_round", math.nan),
+                     "rounds run": metrics.get("rounds_run", math.nan), "cap": int(config["rounds"]),
+                     "chosen": chosen.get(config["method"]) == config["lr"],
+                     "edge": chosen.get(config["method"]) == config["lr"] and config["lr"] in (
+                         min(X.HEADLINE_RATES), max(X.HEADLINE_RATES)),
+                     "run_id": "" if record is None else record.config_hash})
+    return pd.DataFrame(rows)
+
+
+def headline_verdicts(headline: pd.DataFrame, metric: str = "MRR") -> pd.DataFrame:
+    """FedCSR against the two strongest other methods of the headline in each domain, Welch over
+    seeds (:func:`fedlib.reporting.stats.seed_verdicts`; values in %, ``gap %`` relative).
+    ``headline``: :func:`headline_table` (or the recorded ``results/fedcsr/headline.csv``)."""
+    from fedlib.reporting.stats import seed_verdicts
+
+    rows = headline[headline["metric"] == metric]
+    return seed_verdicts(rows, by=["domain"], label="method", ours=PAPER_LABELS["FedCSR"])
 
 
 # ======================================================================================
@@ -548,7 +612,8 @@ MAIN_TABLES = ("table2_main", "table6_food_kitchen_full", "table7_movie_book_ful
 def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
                datasets: Sequence[str] = tuple(DATASETS)) -> Dict[str, pd.DataFrame]:
     """Every table (paper tables keyed by their ``paper_tables`` file stem, ``full_ranking`` after
-    Table 8, then ``figure2``, ``figure6``, ``audit``) -> its paper-vs-ours frame.
+    Table 8, then ``figure2``, ``figure6``, ``audit`` and, with Food-Kitchen, the fair-budget
+    ``headline``) -> its paper-vs-ours frame.
 
     ``cell_kwargs`` are the profile's keywords for every cell, ``method_kwargs`` a method's own
     on top (:func:`~fedlib.papers.fedcsr.experiment.method_cell`); sizes are the grid's. The
@@ -570,7 +635,8 @@ def all_tables(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: 
             "appendixA5_comm_cost": appendix_a5(records, profile, *common, datasets=datasets),
             "figure2": figure2_table(records, profile, *common, datasets=datasets),
             "figure6": figure6_table(records, profile, *common, dataset=one),
-            "audit": audit_table(records, profile, *common, dataset=one)}
+            "audit": audit_table(records, profile, *common, dataset=one),
+            **({"headline": headline_table(records, profile, *common)} if "Food-Kitchen" in datasets else {})}
 
 
 def write_tables(profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}, *,
