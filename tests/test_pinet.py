@@ -125,6 +125,25 @@ def test_shapes_history_dependence_and_determinism(model_class, config, transfer
         model.score(batch.inputs, cand, torch.tensor([0, 1, 0]))      # B ids under an A ground truth
 
 
+@pytest.mark.parametrize("name", ["PiNet", "PSJNet"])
+def test_scores_read_the_heads_at_the_last_position_as_the_full_logits_do(name):
+    """score computes Eqs. 7-8 at the last position only; in float64 it equals the candidates'
+    entries of the full (B, L, |V|) logits at that position, for rows of either GT domain."""
+    split = cross_domain_sequences(num_users=300, items_a=30, items_b=40, num_negatives=9)
+    na, nb = split.num_items_a, split.num_items_b
+    cls, cfg = _model(name, dropout=0.3)
+    model = cls(na, nb, cfg).double().eval()
+    inputs = make_batch(split.test, na, nb, 8).inputs                            # every test row
+    candidates = torch.as_tensor(np.asarray(split.test_candidates))              # (B, 10) global ids, GT first
+    gt_domain = (candidates[:, 0] >= na).to(torch.int64)
+    assert 0 < int(gt_domain.sum()) < len(gt_domain)                             # both domains are scored
+    with torch.no_grad():
+        logit_a, logit_b = model.logits(inputs)                                  # (B, L, |A|), (B, L, |B|)
+        reference = torch.where(gt_domain.bool().view(-1, 1), logit_b[:, -1].gather(1, (candidates - na).clamp(min=0)),
+                                logit_a[:, -1].gather(1, candidates.clamp(max=na - 1)))
+    assert torch.allclose(model.score(inputs, candidates, gt_domain), reference, rtol=0, atol=1e-12)
+
+
 # ----------------------------------------------------------------------------- sampled softmax
 def _sampled_setup():
     split = cross_domain_sequences(num_users=60, items_a=30, items_b=40, num_negatives=9)

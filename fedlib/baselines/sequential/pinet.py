@@ -261,9 +261,16 @@ class ParallelSequenceModel(nn.Module):
 
     @torch.no_grad()
     def score(self, inputs: SequenceInputs, candidates: torch.Tensor, gt_domain: torch.Tensor) -> torch.Tensor:
-        """(B, C) scores of global-id candidates of the GT domain after each whole history."""
-        logit_a, logit_b = self.logits(inputs)                             # (B, L, |A|), (B, L, |B|)
-        return candidate_scores(logit_a[:, -1], logit_b[:, -1], candidates, gt_domain, self.num_items_a)
+        """(B, C) scores of global-id candidates of the GT domain after each whole history.
+
+        Eqs. 7–8 at the last position only: the heads at the earlier prefixes are training
+        targets, and skipping them (L − 1 of L item-sized products per domain) is what makes
+        an evaluation round cheap. Equal to ``logits(inputs)[:, -1]`` (tests/test_pinet.py).
+        """
+        z_a, z_b = self.features(inputs)                                   # (B, L, 2n) each
+        logit_a = self.head_a(self.drop(z_a[:, -1]))                       # (B, |A|)
+        logit_b = self.head_b(self.drop(z_b[:, -1]))                       # (B, |B|)
+        return candidate_scores(logit_a, logit_b, candidates, gt_domain, self.num_items_a)
 
 
 class PiNet(ParallelSequenceModel):
