@@ -116,3 +116,22 @@ def test_centralised_training_beats_random(split):
     model = _model(split, CLSRConfig(dim=16, dropout=0.1, seed=0))
     train_steps(model, split, steps=200, lr=5e-3)
     assert heldout_mrr(model, split) > 2 * random_mrr(split)
+
+
+def test_pair_attention_over_every_pair_is_the_mlp_on_the_concatenated_pairs():
+    """PairAttention.pairs splits the first layer by its four inputs; in float64 it equals the MLP
+    on the materialised [a_j, b_i, a_j − b_i, a_j ⊙ b_i] of every pair, values and gradients."""
+    from fedlib.baselines.sequential.clsr import PairAttention
+
+    torch.manual_seed(0)
+    att = PairAttention(8).double()
+    a = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(3, 5, 8, dtype=torch.float64, requires_grad=True)
+    reference = att(a.unsqueeze(1).expand(3, 5, 5, -1), b.unsqueeze(2).expand(3, 5, 5, -1))  # [i, j] = τ(a_j, b_i)
+    fast = att.pairs(a, b)
+    assert fast.shape == (3, 5, 5) and torch.allclose(fast, reference, rtol=0, atol=1e-12)
+    assert not torch.allclose(fast, fast.transpose(1, 2))                 # τ is not symmetric: the order matters
+    weights = torch.randn(3, 5, 5, dtype=torch.float64)
+    grads = [torch.autograd.grad((out * weights).sum(), [a, b, *att.parameters()]) for out in (reference, fast)]
+    for g_reference, g_fast in zip(*grads):
+        assert torch.allclose(g_fast, g_reference, rtol=0, atol=1e-10)

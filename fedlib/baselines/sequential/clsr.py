@@ -132,6 +132,22 @@ class PairAttention(nn.Module):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return self.mlp(torch.cat([a, b, a - b, a * b], dim=-1)).squeeze(-1)
 
+    def pairs(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """``τ(a_j, b_i)`` for every pair: a (B, L, n), b (B, L, n) → (B, L, L) ``[i, j]``.
+
+        The same function as :meth:`forward` on the broadcast pairs, by the first layer's
+        linearity: ``W [a, b, a − b, a ⊙ b] = (W_1 + W_3) a + (W_2 − W_3) b + W_4 (a ⊙ b)``.
+        The first two terms are per token, so only ``a ⊙ b`` is formed per pair: one n × n
+        product per pair instead of a 4n × n one, and no (B, L, L, 4n) concatenation.
+        """
+        first, relu, last = self.mlp
+        w1, w2, w3, w4 = first.weight.chunk(4, dim=1)                       # 4 × (n, n)
+        own = F.linear(a, w1 + w3)                                          # (B, L, n): the a_j term
+        other = F.linear(b, w2 - w3, first.bias)                            # (B, L, n): the b_i term and bias
+        mixed = F.linear(a.unsqueeze(1) * b.unsqueeze(2), w4)               # (B, L, L, n): [i, j] = W_4 (a_j ⊙ b_i)
+        hidden = relu(mixed + own.unsqueeze(1) + other.unsqueeze(2))        # (B, L, L, n)
+        return last(hidden).squeeze(-1)                                     # (B, L, L)
+
 
 # ----------------------------------------------------------------------------- model
 class CLSR(nn.Module):
@@ -179,7 +195,7 @@ class CLSR(nn.Module):
         u_l = alpha @ x                                                      # (B, L, n)
         # Short term: o = GRU(W_s x); β_ij ∝ exp τ_s(o_j, o_i) over real j ≤ i.
         o = masked_gru(self.short_gru, self.short_proj(x), real)             # (B, L, n)
-        e_s = self.short_att(o.unsqueeze(1).expand(B, L, L, -1), o.unsqueeze(2).expand(B, L, L, -1))  # (B, L, L)
+        e_s = self.short_att.pairs(o, o)                                     # (B, L, L): [i, j] = τ_s(o_j, o_i)
         beta = torch.softmax(e_s.masked_fill(~allowed, -math.inf), dim=-1)   # (B, L, L)
         u_s = beta @ o                                                       # (B, L, n)
         p_l, p_s = interest_proxies(x, positions, self.config.short_k)       # 2 × (B, L, n)
