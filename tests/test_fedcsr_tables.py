@@ -405,3 +405,24 @@ def test_headline_table_averages_seeds_at_the_chosen_rate_and_verdicts_test_them
     empty = T.headline_table([], "paper")
     assert empty["value_ours"].isna().all() and (empty["note"] == T.HEADLINE_MISSING_NOTE).all()
     assert T.headline_verdicts(empty).empty
+
+
+def test_headline_curves_draw_one_line_per_method_and_rate_with_the_old_cap_marked(root):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record(headline_cell("PiNet", 1e-3), scores(0.05), curve(rounds=30))
+    record(headline_cell("PiNet", 2e-3), scores(0.06), curve(rounds=40))
+    record(headline_cell("PiNet", 1e-3, seed=1), scores(0.05, 1), curve(rounds=25))
+    record(X.cell("Food-Kitchen", "PiNet", dim=64), scores(0.04), curve(rounds=20))  # the 20-round cell: not a line
+    frame = F.headline_curve_frame(read_runs("fedcsr", "quick"))
+    assert set(frame["method"]) == {"FedPi-Net, lr 0.001", "FedPi-Net, lr 0.002"}
+    assert sorted(frame[frame["method"] == "FedPi-Net, lr 0.001"]["seed"].unique()) == [0, 1]
+    assert frame[frame["method"] == "FedPi-Net, lr 0.002"]["round"].max() == 40
+    fig = F.figure_curves(frame, mark_round=20, mark_label="the tables' 20-round cap")
+    labels = fig.axes[0].get_legend_handles_labels()[1]
+    assert labels == ["FedPi-Net, lr 0.001 (n=64)", "FedPi-Net, lr 0.002 (n=64)", "the tables' 20-round cap"]
+    assert any(list(line.get_xdata()) == [20, 20] for line in fig.axes[0].lines)
+    plt.close("all")

@@ -19,8 +19,8 @@ from fedlib.papers.fedcsr.tables import (FIGURE2_VARIANTS, FIGURE3_VARIANTS, PAP
 from fedlib.reporting.figures import curve_frame as long_curves
 from fedlib.reporting.figures import grouped_bars, plot_lines, save_figure
 
-__all__ = ["figure3_configs", "curve_frame", "series_style", "figure_prediction_targets", "figure_curves",
-           "figure_individual", "figure_hidden"]
+__all__ = ["figure3_configs", "curve_frame", "headline_curve_frame", "series_style", "figure_prediction_targets",
+           "figure_curves", "figure_individual", "figure_hidden"]
 
 
 def figure3_configs(dataset: str = "Food-Kitchen", cell_kwargs: Mapping = {}, method_kwargs: Mapping = {},
@@ -52,6 +52,21 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
                        configs=configs)
 
 
+def headline_curve_frame(records) -> pd.DataFrame:
+    """The learning curves of the fair-budget headline's runs (part ``headline_lr`` and the
+    ``headline`` seeds): :func:`curve_frame`'s columns, ``method`` naming the rate as well
+    (``"FedPi-Net, lr 0.002"``), so that :func:`figure_curves` draws one line per method and rate."""
+    from fedlib.papers.fedcsr import experiment as X
+
+    def label(config: Mapping[str, Any]) -> Dict[str, Any]:
+        return {"dataset": config["dataset"], "method": f"{PAPER_LABELS[config['method']]}, lr {config['lr']:g}",
+                "dim": config["dim"]}
+
+    configs = grid.unique_cells(X.grid_cells("headline_lr") + X.grid_cells("headline"))
+    return long_curves(records, label, ["dataset", "method", "dim", "seed", "round", "series", "value"],
+                       configs=configs)
+
+
 LINE_STYLES = ("-", "--", "-.", ":")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p")
 
@@ -71,12 +86,14 @@ def series_style(index: int) -> Dict[str, Any]:
 
 
 def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper", metric: str = "MRR",
-                  role: str = "valid", random_level: Optional[float] = None, title: Optional[str] = None):
+                  role: str = "valid", random_level: Optional[float] = None, title: Optional[str] = None,
+                  mark_round: Optional[int] = None, mark_label: str = ""):
     """Figure 3 from :func:`curve_frame`: ``role`` ``metric`` (percent, seed mean) per round, one
     panel per domain (``"<domain>/<role>/<metric>"``; the mean over domains when no domain series
     exists), one line per (method, n), each with its own colour/line-style/marker combination
     (:func:`series_style`) and one legend beside the panels. ``random_level`` (a fraction, e.g.
-    the MRR of a random ranking) draws a grey reference line. Returns ``None`` without points."""
+    the MRR of a random ranking) draws a grey reference line, ``mark_round`` a grey vertical one
+    labelled ``mark_label`` (e.g. the round cap of the tables' grid). Returns ``None`` without points."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -97,9 +114,11 @@ def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
                 continue
             line = line.groupby("round", as_index=False)["value"].mean()
             ax.plot(line["round"], 100.0 * line["value"], markersize=4, label=f"{method} (n={dim})",
-                    **series_style(index))
+                    markevery=max(1, len(line) // 12), **series_style(index))  # a marker every ~12th of a long curve
         if random_level is not None:
             ax.axhline(100.0 * random_level, color="0.5", linestyle=":", linewidth=1.2, label="random ranking")
+        if mark_round is not None:
+            ax.axvline(mark_round, color="0.5", linestyle="--", linewidth=1.0, label=mark_label or f"round {mark_round}")
         ax.set_title(panel_title)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("communication round")
