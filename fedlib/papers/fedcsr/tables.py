@@ -295,7 +295,7 @@ def figure6_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwarg
 # The fair-budget headline (lesson 05's verdict)
 # ======================================================================================
 HEADLINE_MISSING_NOTE = ("not recorded yet: python -m fedlib grid fedcsr headline_lr, then headline --seeds 0 1 2 "
-                         "(about 1-2 h per run on one core)")
+                         "(add --pending for the hours left)")
 
 
 def headline_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwargs: Mapping = {}) -> pd.DataFrame:
