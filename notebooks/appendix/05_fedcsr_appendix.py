@@ -312,14 +312,17 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # the α sweep, the SCL hidden size, individual and centralized training and the audit. The lesson and this appendix show
 # every cell beside the paper; `python -m fedlib grid fedcsr <part> --pending` lists what
 # a part still lacks, and the README's status table counts it. The fair-budget headline (parts
-# `headline` and `headline_lr`: FedCSR at n = 64, π-Net and CLSR on Food-Kitchen at the paper's
-# 100 rounds, 9 cells at seed 0, then seeds 1 and 2) is being recorded. Its 15 cells (three rates
-# at seed 0, seeds 1 and 2 at the code's rate) cost about 24.6 h of one-thread wall time as
-# `--pending` prices them (`python -m fedlib grid fedcsr headline --seeds 0 1 2 --pending`, then
-# `headline_lr --pending`; recorded cells count at their recorded time), at least 12 h on two
-# workers. Until they are recorded, the lesson's
-# Food-Kitchen comparison rests on one seed and at most 20 rounds, and its rows carry the flags
-# `one_seed` and, where a run selected its last round, `at_cap`.
+# `headline_lr` and `headline`: FedCSR at n = 64, π-Net and CLSR on Food-Kitchen at the paper's
+# 100 rounds with patience 20; 9 cells at seed 0, one per method and learning rate, then seeds 1
+# and 2 at each chosen rate) is being recorded: 15 cells if validation keeps the code's rate 1e-3
+# for every method. So far 2 of them: π-Net at 0.001 (seed 0): patience stopped it at round 90,
+# selected round 70, 2.5 h of wall time; π-Net at 0.002 (seed 0): patience stopped it at round
+# 74, selected round 54, 2.2 h of wall time. Both were still improving at round 20, where the
+# tables' grid stops. The other 13 cost about 23.0 h of one-thread wall time as `--pending`
+# prices them (`python -m fedlib grid fedcsr headline_lr --pending`, then `headline --seeds 0 1 2
+# --pending`), at least 12 h on two workers. Until they are recorded, the lesson's Food-Kitchen
+# comparison rests on one seed and at most 20 rounds, and its rows carry the flags `one_seed`
+# and, where a run selected its last round, `at_cap`.
 
 # %%
 fnb.finish()
