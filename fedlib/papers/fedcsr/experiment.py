@@ -350,13 +350,15 @@ def run_cell(config: Mapping[str, Any], device=None, progress: Optional[Callable
 # The headline's learning rate, chosen on validation
 # ======================================================================================
 def headline_validation(metrics: Mapping[str, float], domains: Sequence[str]) -> float:
-    """The selection score of a run: the mean over ``domains`` of its validation MRR at the
-    selected round (``"<domain>/valid/MRR"``, a fraction), as training selects its round; NaN
-    when a domain's value is missing."""
+    """The selection score of a run: the mean over ``domains`` of its finite validation MRRs at
+    the selected round (``"<domain>/valid/MRR"``, fractions), the metric training selects its
+    round on (:func:`~fedlib.baselines.sequential.sequence_training.flat_evaluation`); NaN when a
+    domain's value is missing from the record or none is finite."""
     values = [metrics.get(f"{domain}/valid/MRR") for domain in domains]
     if any(value is None for value in values):
         return float("nan")
-    return float(np.mean(values))
+    finite = [float(value) for value in values if np.isfinite(value)]
+    return float(np.mean(finite)) if finite else float("nan")
 
 
 def headline_lr_from_records(records, dataset: str = "Food-Kitchen") -> Dict[str, Optional[float]]:
