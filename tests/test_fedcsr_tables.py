@@ -377,6 +377,28 @@ def test_headline_tuning_chooses_on_validation_and_flags_an_edge(root):
     assert frame["chosen"].sum() == 2
 
 
+def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
+    for lr, mrr in ((5e-4, 0.05), (1e-3, 0.07), (2e-3, 0.06)):       # FedCSR: 1e-3 chosen, interior
+        record(headline_cell("FedCSR", lr), scores(mrr))
+    record(headline_cell("FedCSR", 1e-3, seed=2), scores(0.07, 2))    # a further seed at the spec's rate
+    record(headline_cell("FedCSR", 2e-3, seed=1), scores(0.06, 1))    # a seed at another rate: not counted
+    for lr, mrr in ((5e-4, 0.05), (1e-3, 0.06), (2e-3, 0.08)):       # π-Net: 2e-3 chosen, the grid's top
+        record(headline_cell("PiNet", lr), scores(mrr))
+    record(headline_cell("CLSR", 2e-3), scores(0.04))                 # CLSR: one rate of three
+    frame = T.headline_progress(read_runs("fedcsr", "quick")).set_index("method")
+    assert list(frame.index) == ["FedCSR", "FedPi-Net", "FedCLSR"]
+    assert frame.loc["FedCSR", "rates recorded"] == "3 of 3" and frame.loc["FedCSR", "chosen lr"] == 1e-3
+    assert not frame.loc["FedCSR", "edge"] and frame.loc["FedCSR", "seeds recorded"] == "2 of 3"
+    assert frame.loc["FedCSR", "agrees"] == (X.HEADLINE_LR["FedCSR"] == 1e-3)
+    assert frame.loc["FedPi-Net", "chosen lr"] == 2e-3 and frame.loc["FedPi-Net", "edge"]
+    assert frame.loc["FedPi-Net", "agrees"] == (X.HEADLINE_LR["PiNet"] == 2e-3)
+    assert frame.loc["FedPi-Net", "seeds recorded"] == ("1 of 3" if X.HEADLINE_LR["PiNet"] in (5e-4, 1e-3, 2e-3) else "0 of 3")
+    clsr = frame.loc["FedCLSR"]
+    assert clsr["rates recorded"] == "1 of 3" and math.isnan(clsr["chosen lr"]) and clsr["agrees"] is None
+    assert not clsr["edge"] and clsr["seeds recorded"] == ("1 of 3" if X.HEADLINE_LR["CLSR"] == 2e-3 else "0 of 3")
+    assert (frame["headline lr"] == [X.HEADLINE_LR[m] for m in ("FedCSR", "PiNet", "CLSR")]).all()
+
+
 def test_headline_table_averages_seeds_at_the_chosen_rate_and_verdicts_test_them(root):
     for seed in (0, 1, 2):
         record(headline_cell("FedCSR", 1e-3, seed), scores(0.10, seed))

@@ -1,5 +1,6 @@
 """The lesson display helpers: source excerpts with their lines, the paper's layout, deviations."""
 import inspect
+import re
 
 import numpy as np
 import pandas as pd
@@ -76,3 +77,58 @@ def test_every_deviation_needs_a_reason():
     assert found[["method", "dataset"]].values.tolist() == [["A", "Y"]]  # B/X has no value of ours
     assert found["reason"].tolist() == ["one seed"]
     assert found["Δ %"].iloc[0] == pytest.approx(-37.5)
+
+
+def test_lean_html_keeps_every_cell_and_colour_and_drops_pandas_per_cell_classes():
+    from html.parser import HTMLParser
+
+    from fedlib.notebook.lesson import lean_html
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.cells, self.styled_ids, self._open = [], set(), None
+
+        def handle_starttag(self, tag, attrs):
+            attrs = dict(attrs)
+            if tag in ("td", "th"):
+                self._open = [attrs.get("colspan", "1")]
+                if "id" in attrs:
+                    self.styled_ids.add(attrs["id"].split("_", 2)[-1])   # rowR_colC, without the table's uuid
+
+        def handle_data(self, data):
+            if self._open is not None:
+                self._open.append(data)
+
+        def handle_endtag(self, tag):
+            if tag in ("td", "th") and self._open is not None:
+                self.cells.append("".join(self._open))
+                self._open = None
+
+    styler = paper_grid(_results(), rows="method", columns="dataset", row_order=["B", "A"])
+    full, lean = styler.to_html(), lean_html(styler)
+    assert 'class="data' not in lean and "col_heading" not in lean and len(lean) < len(full)
+    before, after = Cells(), Cells()
+    before.feed(full)
+    after.feed(lean)
+    assert after.cells == before.cells                                  # the same cells, spans and texts
+    styled = set(re.findall(r"#T_[0-9a-f]+_(row\d+_col\d+)", full))             # the cells the stylesheet colours
+    assert styled and after.styled_ids == styled                         # only cells with a colour keep an id
+    assert all(colour in lean for colour in ("#fbdcd8", "#e3f2e6"))
+    assert styler.to_html().count('class="data') > 0                    # the caller's Styler is left as it was
+
+
+def test_show_formats_named_columns_and_says_which_column_is_missing(monkeypatch):
+    from fedlib.notebook import lesson
+
+    shown = []
+    monkeypatch.setattr(lesson, "_display", shown.append)
+    frame = pd.DataFrame({"method": ["A", "B"], "lr": [5e-4, np.nan], "valid MRR": [6.8191, 7.2782]})
+    lesson.show(frame, "rates", formats={"lr": "{:g}"})
+    [bundle] = shown
+    assert "0.0005" in bundle["text/html"] and "0.00<" not in bundle["text/html"]   # not rounded to 0.00
+    assert "6.82" in bundle["text/html"] and "—" in bundle["text/html"]
+    plain = bundle["text/plain"].splitlines()
+    assert plain[0] == "rates" and plain[2].split() == ["A", "0.0005", "6.8191"] and plain[3].split()[1] == "—"
+    with pytest.raises(KeyError, match="no column 'rate'"):
+        lesson.show(frame, formats={"rate": "{:g}"})

@@ -47,6 +47,20 @@ def test_audit_records(records):
     assert records["deviations"]["count"] > 0
 
 
+def test_headline_section_reads_the_recorded_rate_grid(records):
+    """The headline section counts the recorded rate cells (part headline_lr) and gives a verdict
+    row per domain and rival only when FedCSR's headline cells are recorded."""
+    from fedlib.papers.fedcsr import experiment as experiments
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import config_hash, latest_records
+
+    known = latest_records(read_runs("fedcsr", "paper"))
+    rate_cells = experiments.grid_cells("headline_lr")
+    assert records["headline"]["recorded_rates"] == sum(config_hash(c) in known for c in rate_cells)
+    fedcsr = [c for c in experiments.grid_cells("headline") if c["method"] == "FedCSR"]
+    assert records["headline"]["verdicts"] == (0 if not any(config_hash(c) in known for c in fedcsr) else 2 * 2)
+
+
 def test_committed_quick_run_beats_random_by_three():
     """The lesson's promise: the live run at quick reaches at least 3x the random-ranking MRR."""
     committed = read_records(project_root() / "notebooks" / f"{STEM}.ipynb")

@@ -621,3 +621,22 @@ def test_fedrap_search_paragraph_quotes_the_recorded_runs():
     assert f"The five runs took {round(sum(r.metrics['seconds'] for r in searched) / 60)} min" in prose
     longest = max(r.metrics["seconds"] for r in searched)
     assert f"81 runs, about {round(81 * longest / 3600)} h at the longest run's {longest:.0f} s" in prose
+
+
+def test_fedcsr_headline_paragraph_matches_the_recorded_curves():
+    """Lesson 05's reading of the headline curves: π-Net selected a round past the tables'
+    20-round cap at every recorded rate, and patience (not the 100-round cap) ended each run."""
+    import fedlib.papers.fedcsr.experiment as X
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import config_hash, latest_records
+
+    prose = " ".join(_paragraph("05_fedcsr", "The curves show why the cap mattered").split())
+    known = latest_records(read_runs("fedcsr", "paper"))
+    pinet = [(c, known[config_hash(c)]) for c in X.grid_cells("headline_lr")
+             if c["method"] == "PiNet" and config_hash(c) in known]
+    assert "π-Net's validation MRR still rises well past round 20 at every recorded rate" in prose
+    assert pinet, "the paragraph reads π-Net's curves, but none is recorded"
+    for config, run in pinet:
+        assert run.metrics["selected_round"] > 20 + 10, (config["lr"], run.metrics["selected_round"])  # "well past"
+    assert "patience, not the cap, ends each run" in prose
+    assert all(run.metrics["rounds_run"] < config["rounds"] for config, run in pinet)

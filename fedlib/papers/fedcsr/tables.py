@@ -343,6 +343,38 @@ def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+HEADLINE_SEEDS = (0, 1, 2)
+"""The seeds of part ``headline`` (``--seeds 0 1 2``; seed 0 is part ``headline_lr``'s run)."""
+
+
+def headline_progress(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """How far the headline has been recorded, one row per headline method.
+
+    Columns: ``method`` (the paper's label), ``rates recorded`` (``"2 of 3"``, part
+    ``headline_lr``), ``chosen lr`` (the rate validation chose,
+    :func:`~fedlib.papers.fedcsr.experiment.headline_lr_from_records`; NaN until all rates are
+    recorded), ``edge`` (the chosen rate is the grid's smallest or largest: the grid must widen
+    before the choice is final), ``headline lr`` (the rate the spec's ``headline_rows`` runs at
+    seeds 0-2), ``agrees`` (``headline lr`` equals ``chosen lr``; ``None`` before a choice) and
+    ``seeds recorded`` (``"1 of 3"`` at ``headline lr``).
+    """
+    known = latest_records(records)
+    chosen = X.headline_lr_from_records(records, dataset)
+    rows = []
+    for method in SPEC.list("headline_methods"):
+        rates = [c for c in X.grid_cells("headline_lr") if c["dataset"] == dataset and c["method"] == method]
+        [headline] = [c for c in X.grid_cells("headline") if c["dataset"] == dataset and c["method"] == method]
+        seeds = [config_hash({**headline, "seed": seed}) in known for seed in HEADLINE_SEEDS]
+        lr = chosen.get(method)
+        rows.append({"method": PAPER_LABELS[method],
+                     "rates recorded": f"{sum(config_hash(c) in known for c in rates)} of {len(rates)}",
+                     "chosen lr": math.nan if lr is None else lr,
+                     "edge": lr is not None and lr in (min(X.HEADLINE_RATES), max(X.HEADLINE_RATES)),
+                     "headline lr": headline["lr"], "agrees": None if lr is None else lr == headline["lr"],
+                     "seeds recorded": f"{sum(seeds)} of {len(seeds)}"})
+    return pd.DataFrame(rows)
+
+
 def headline_verdicts(headline: pd.DataFrame, metric: str = "MRR") -> pd.DataFrame:
     """FedCSR against the two strongest other methods of the headline in each domain, Welch over
     seeds (:func:`fedlib.reporting.stats.seed_verdicts`; values in %, ``gap %`` relative).
