@@ -462,7 +462,8 @@ for name, rows in (("fig3_convergence_paper_profile_fedcsr", family), ("fig3_con
 #
 # 1. **Rate.** Each method runs at the learning rates 5e-4, 1e-3 and 2e-3 (seed 0, part
 #    `headline_lr`). Validation picks the best by mean MRR over the two domains. A pick at the
-#    grid's edge means the best rate may lie beyond it, so the grid must widen first.
+#    grid's edge means the best rate may lie beyond it, so that method's grid widens by one
+#    more rate (the spec's `headline_wider`) until the pick is interior.
 # 2. **Length.** Each run lasts up to 100 rounds and stops after 20 rounds without a better
 #    validation score, so it ends because it stopped improving, not because of a cap.
 # 3. **Seeds.** Each method runs at its chosen rate with seeds 0, 1 and 2 (part `headline`).
@@ -474,7 +475,7 @@ for name, rows in (("fig3_convergence_paper_profile_fedcsr", family), ("fig3_con
 
 # %%
 progress = tables.headline_progress(paper_runs)
-fnb.show(progress, "How far the headline is recorded (chosen lr: on validation, once all three rates ran)",
+fnb.show(progress, "How far the headline is recorded (chosen lr: on validation, once all its rates ran)",
          formats={"chosen lr": "{:g}", "headline lr": "{:g}"})
 tuning = tables.headline_tuning(paper_runs)
 fnb.show(tuning.drop(columns=["run_id", "chosen", "edge"]), "The headline's rates, seed 0 (MRR in %; —: not recorded yet)",

@@ -82,11 +82,15 @@ def test_variants_map_to_flags_of_the_one_implementation():
 def test_parts_have_their_sizes_and_share_cells():
     sizes = {part: len(X.grid_cells(part)) for part in X.PARTS}
     assert sizes == {"table2": 20, "ablation": 12, "alpha": 7, "hidden": 5, "individual": 3, "audit": 5,
-                     "headline": 3, "headline_lr": 9}
+                     "headline": 3, "headline_lr": 10}
     headline = X.grid_cells("headline") + X.grid_cells("headline_lr")
     assert {(c["method"], c["dim"], c["rounds"], c["patience"]) for c in headline} == {  # the paper's budget
         (m, 64, 100, 20) for m in ("FedCSR", "PiNet", "CLSR")}
-    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3]  # 1e-3 (the code's) is interior
+    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3, 4e-3]  # 1e-3 (the code's) is interior
+    assert X.headline_rates("PiNet") == (5e-4, 1e-3, 2e-3, 4e-3)                # widened (its pick was 2e-3)
+    assert X.headline_rates("FedCSR") == X.headline_rates("CLSR") == X.HEADLINE_RATES
+    with pytest.raises(ValueError, match="not in part headline_lr"):
+        X.headline_rates("TiSASRec")
     # the headline runs each method at its chosen rate, and that rate's seed-0 run is headline_lr's
     tuning = {X.config_hash(c) for c in X.grid_cells("headline_lr")}
     assert {(c["method"], c["lr"]) for c in X.grid_cells("headline")} == set(X.HEADLINE_LR.items())
@@ -101,7 +105,7 @@ def test_parts_have_their_sizes_and_share_cells():
     assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
     assert {c["dim"] for c in hidden} == {X.SMALL_DIM} and "scl_hidden_factor" not in hidden[3]  # 2.0: the default
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
-    assert len(X.unique_cells(every)) == 46 + 9  # FedCSR@64 / @256 rows are shared between parts, and headline's with headline_lr
+    assert len(X.unique_cells(every)) == 46 + 10  # FedCSR@64 / @256 rows are shared between parts, and headline's with headline_lr
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("figure9")
 
@@ -263,6 +267,29 @@ def test_headline_rates_are_what_validation_chose_in_the_recorded_runs():
         assert rate is None or rate == X.HEADLINE_LR[method], (method, rate, X.HEADLINE_LR[method])
 
 
+def test_a_widened_rate_grid_extends_the_edge_validation_chose():
+    """A rate of the spec's headline_wider is one step (x2 or /2) beyond the rates below it, on the
+    side where the recorded runs of those rates chose their edge: widen only where validation asked."""
+    from fedlib.reporting import read_runs
+    from fedlib.reporting.results import latest_records
+
+    known = latest_records(read_runs(X.PAPER, "paper"))
+    wider = X.SPEC.list("headline_wider")
+    assert wider, "no widened grid: drop this test with the spec's headline_wider"
+    for row in wider:
+        method, rate = row["method"], float(row["lr"])
+        assert rate not in X.HEADLINE_RATES and rate in X.headline_rates(method)
+        inner = [r for r in X.headline_rates(method) if (r < rate if rate > max(X.HEADLINE_RATES) else r > rate)]
+        scores = {}
+        for lr in inner:
+            [config] = [c for c in X.grid_cells("headline_lr") if c["method"] == method and c["lr"] == lr]
+            assert X.config_hash(config) in known, f"{method} at {lr:g} is not recorded, so nothing asked for {rate:g}"
+            scores[lr] = X.headline_validation(known[X.config_hash(config)].metrics, ("Food", "Kitchen"))
+        edge = max(inner) if rate > max(inner) else min(inner)
+        assert rate == pytest.approx(2 * edge if rate > edge else edge / 2)
+        assert max(scores, key=scores.get) == edge, (method, scores)
+
+
 def test_headline_lr_from_records_waits_for_the_whole_grid_and_breaks_ties_to_the_smaller_rate():
     from types import SimpleNamespace
 
@@ -277,6 +304,11 @@ def test_headline_lr_from_records_waits_for_the_whole_grid_and_breaks_ties_to_th
                run(cells["CLSR", 5e-4], 0.04, 0.04), run(cells["CLSR", 1e-3], 0.02, 0.06),    # a tie at .04
                run(cells["CLSR", 2e-3], 0.03, 0.03)]
     assert X.headline_lr_from_records(records) == {"FedCSR": 1e-3, "PiNet": None, "CLSR": 5e-4}
+    # π-Net's widened grid: its three common rates are not enough, the fourth decides
+    records += [run(cells["PiNet", 1e-3], 0.06, 0.06)]
+    assert X.headline_lr_from_records(records)["PiNet"] is None                       # 4e-3 not recorded
+    assert X.headline_lr_from_records(records + [run(cells["PiNet", 4e-3], 0.07, 0.07)])["PiNet"] == 2e-3
+    assert X.headline_lr_from_records(records + [run(cells["PiNet", 4e-3], 0.10, 0.09)])["PiNet"] == 4e-3
     assert math.isnan(X.headline_validation({"Food/valid/MRR": 0.1}, ("Food", "Kitchen")))  # a missing domain
     # a domain without a finite MRR is left out, as training's selection metric does
     assert X.headline_validation({"Food/valid/MRR": 0.1, "Kitchen/valid/MRR": float("nan")}, ("Food", "Kitchen")) == 0.1

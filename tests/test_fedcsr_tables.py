@@ -363,7 +363,7 @@ def test_headline_tuning_chooses_on_validation_and_flags_an_edge(root):
         values = {**scores(mrr), "selected_round": 40.0, "rounds_run": 60.0 if method == "CLSR" else 100.0}
         record(headline_cell(method, lr), values)
     frame = T.headline_tuning(read_runs("fedcsr", "quick"))
-    assert len(frame) == 9 and list(frame.columns[:5]) == ["method", "lr", "valid MRR", "Food test MRR",
+    assert len(frame) == 10 and list(frame.columns[:5]) == ["method", "lr", "valid MRR", "Food test MRR",
                                                          "Kitchen test MRR"]
     fedcsr_best = row(frame, method="FedCSR", lr=2e-3)
     assert fedcsr_best["chosen"] and fedcsr_best["edge"]
@@ -372,6 +372,7 @@ def test_headline_tuning_chooses_on_validation_and_flags_an_edge(root):
     clsr = row(frame, method="FedCLSR", lr=1e-3)
     assert clsr["chosen"] and not clsr["edge"] and clsr["rounds run"] == 60 and clsr["selected round"] == 40
     assert not frame[frame["method"] == "FedPi-Net"]["chosen"].any()             # not all rates recorded yet
+    assert list(frame[frame["method"] == "FedPi-Net"]["lr"]) == [5e-4, 1e-3, 2e-3, 4e-3]  # its widened grid, in order
     missing = row(frame, method="FedPi-Net", lr=1e-3)
     assert math.isnan(missing["valid MRR"]) and missing["run_id"] == ""
     assert frame["chosen"].sum() == 2
@@ -382,7 +383,7 @@ def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
         record(headline_cell("FedCSR", lr), scores(mrr))
     record(headline_cell("FedCSR", 1e-3, seed=2), scores(0.07, 2))    # a further seed at the spec's rate
     record(headline_cell("FedCSR", 2e-3, seed=1), scores(0.06, 1))    # a seed at another rate: not counted
-    for lr, mrr in ((5e-4, 0.05), (1e-3, 0.06), (2e-3, 0.08)):       # π-Net: 2e-3 chosen, the grid's top
+    for lr, mrr in ((5e-4, 0.05), (1e-3, 0.06), (2e-3, 0.08), (4e-3, 0.09)):   # π-Net: 4e-3, its widened top
         record(headline_cell("PiNet", lr), scores(mrr))
     record(headline_cell("CLSR", 2e-3), scores(0.04))                 # CLSR: one rate of three
     frame = T.headline_progress(read_runs("fedcsr", "quick")).set_index("method")
@@ -390,9 +391,10 @@ def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
     assert frame.loc["FedCSR", "rates recorded"] == "3 of 3" and frame.loc["FedCSR", "chosen lr"] == 1e-3
     assert not frame.loc["FedCSR", "edge"] and frame.loc["FedCSR", "seeds recorded"] == "2 of 3"
     assert frame.loc["FedCSR", "agrees"] == (X.HEADLINE_LR["FedCSR"] == 1e-3)
-    assert frame.loc["FedPi-Net", "chosen lr"] == 2e-3 and frame.loc["FedPi-Net", "edge"]
-    assert frame.loc["FedPi-Net", "agrees"] == (X.HEADLINE_LR["PiNet"] == 2e-3)
-    assert frame.loc["FedPi-Net", "seeds recorded"] == ("1 of 3" if X.HEADLINE_LR["PiNet"] in (5e-4, 1e-3, 2e-3) else "0 of 3")
+    assert frame.loc["FedPi-Net", "rates recorded"] == "4 of 4"
+    assert frame.loc["FedPi-Net", "chosen lr"] == 4e-3 and frame.loc["FedPi-Net", "edge"]
+    assert frame.loc["FedPi-Net", "agrees"] == (X.HEADLINE_LR["PiNet"] == 4e-3)
+    assert frame.loc["FedPi-Net", "seeds recorded"] == "1 of 3"                       # every rate's seed 0 is recorded
     clsr = frame.loc["FedCLSR"]
     assert clsr["rates recorded"] == "1 of 3" and math.isnan(clsr["chosen lr"]) and clsr["agrees"] is None
     assert not clsr["edge"] and clsr["seeds recorded"] == ("1 of 3" if X.HEADLINE_LR["CLSR"] == 2e-3 else "0 of 3")
@@ -448,3 +450,29 @@ def test_headline_curves_draw_one_line_per_method_and_rate_with_the_old_cap_mark
     assert labels == ["FedPi-Net, lr 0.001 (n=64)", "FedPi-Net, lr 0.002 (n=64)", "the tables' 20-round cap"]
     assert any(list(line.get_xdata()) == [20, 20] for line in fig.axes[0].lines)
     plt.close("all")
+
+
+def test_headline_runs_lists_every_planned_cell_with_its_stop_and_its_hours(root):
+    from fedlib.reporting.results import append_run
+
+    def timed(config, values, hours):
+        append_run("fedcsr", "quick", config, config["seed"], values, hours * 3600, device="cpu", commit="abc1234")
+
+    chosen = X.HEADLINE_LR["PiNet"]
+    other = next(lr for lr in X.headline_rates("PiNet") if lr != chosen)
+    timed(headline_cell("PiNet", chosen), {**scores(0.05), "rounds_run": 74.0, "selected_round": 54.0}, 2.0)
+    timed(headline_cell("PiNet", other), {**scores(0.06), "rounds_run": 100.0, "selected_round": 100.0}, 3.0)
+    frame = T.headline_runs(read_runs("fedcsr", "quick"))
+    planned = T.headline_cells()
+    rate_cells = len(X.grid_cells("headline_lr"))
+    assert len(frame) == len(planned) == rate_cells + 2 * len(X.grid_cells("headline"))   # seeds 1, 2 are new cells
+    assert list(dict.fromkeys(frame["method"])) == ["FedCSR", "FedPi-Net", "FedCLSR"]
+    assert frame["recorded"].sum() == 2
+    patience = row(frame, method="FedPi-Net", lr=chosen, seed=0)
+    assert patience["stopped by"] == "patience" and patience["selected round"] == 54 and patience["hours"] == pytest.approx(2.0)
+    assert patience["hours are"] == "recorded"
+    assert row(frame, method="FedPi-Net", lr=other, seed=0)["stopped by"] == "cap"
+    later = row(frame, method="FedPi-Net", lr=chosen, seed=2)      # priced by the same cell's seed 0
+    assert not later["recorded"] and later["hours are"] == "estimated" and later["hours"] == pytest.approx(2.0)
+    assert later["stopped by"] == "" and math.isnan(later["rounds run"])
+    assert frame[frame["method"] == "FedCSR"]["hours"].isna().all()     # no FedCSR run at all: no guess

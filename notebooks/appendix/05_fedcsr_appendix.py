@@ -311,18 +311,29 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # baselines and the SCL/MCL ablation and Figure 2 variants on both scenarios; and on Food-Kitchen
 # the α sweep, the SCL hidden size, individual and centralized training and the audit. The lesson and this appendix show
 # every cell beside the paper; `python -m fedlib grid fedcsr <part> --pending` lists what
-# a part still lacks, and the README's status table counts it. The fair-budget headline (parts
-# `headline_lr` and `headline`: FedCSR at n = 64, π-Net and CLSR on Food-Kitchen at the paper's
-# 100 rounds with patience 20; 9 cells at seed 0, one per method and learning rate, then seeds 1
-# and 2 at each chosen rate) is being recorded: 15 cells if validation keeps the code's rate 1e-3
-# for every method. So far 2 of them: π-Net at 0.001 (seed 0): patience stopped it at round 90,
-# selected round 70, 2.5 h of wall time; π-Net at 0.002 (seed 0): patience stopped it at round
-# 74, selected round 54, 2.2 h of wall time. Both were still improving at round 20, where the
-# tables' grid stops. The other 13 cost about 23.0 h of one-thread wall time as `--pending`
-# prices them (`python -m fedlib grid fedcsr headline_lr --pending`, then `headline --seeds 0 1 2
-# --pending`), at least 12 h on two workers. Until they are recorded, the lesson's Food-Kitchen
-# comparison rests on one seed and at most 20 rounds, and its rows carry the flags `one_seed`
-# and, where a run selected its last round, `at_cap`.
+# a part still lacks, and the README's status table counts it.
+#
+# ### The fair-budget headline, cell by cell
+#
+# The headline (parts `headline_lr` and `headline`: FedCSR at n = 64, π-Net and CLSR on
+# Food-Kitchen at the paper's 100 rounds with patience 20) plans each method at each of its
+# learning rates at seed 0, then seeds 1 and 2 at the rate the spec's `headline_rows` names. The
+# table lists every planned cell: a recorded run with its rounds, the round it selected, what
+# stopped it and its one-thread wall time, and a pending cell with the hours `--pending`
+# guesses for it (`python -m fedlib grid fedcsr headline_lr --pending`, then `headline --seeds 0 1 2
+# --pending`). For a method with no headline run yet, the guess comes from its runs of at most
+# 20 rounds where a headline cell runs up to 100, so it can fall short. Lesson 05's section "At the
+# paper's budget" reads the same records. Until the headline is complete, the lesson's
+# Food-Kitchen comparison rests on one seed and at most 20 rounds, and its rows carry the flags
+# `one_seed` and, where a run selected its last round, `at_cap`.
+
+# %%
+planned = tables.headline_runs(read_runs(PAPER, "paper"))
+fnb.show(planned, "Every planned headline cell (hours: recorded wall time, or the --pending guess)",
+         formats={"lr": "{:g}", "rounds run": "{:.0f}", "selected round": "{:.0f}", "hours": "{:.1f}"})
+pending_h = planned.loc[~planned["recorded"], "hours"].sum()
+print(f"{int(planned['recorded'].sum())} of {len(planned)} cells recorded; the other {int((~planned['recorded']).sum())} "
+      f"are guessed at {pending_h:.1f} h of one-thread wall time, at least {pending_h / 2:.0f} h on two workers.")
 
 # %%
 fnb.finish()

@@ -44,7 +44,7 @@ import dataclasses
 import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
@@ -68,7 +68,7 @@ __all__ = [
     "TIES_AGAINST_PREFIX", "CHECKPOINT_EVERY_S", "cell", "method_cell", "method_label", "load_split",
     "largest_platforms", "random_ranking_mrr", "constant_score_audit", "fedcsr_configs", "run_cell", "grid_cells",
     "unique_cells", "run_grid", "run_cells", "main", "config_hash", "HEADLINE_RATES", "HEADLINE_LR",
-    "headline_validation", "headline_lr_from_records",
+    "headline_rates", "headline_validation", "headline_lr_from_records",
 ]
 
 PAPER = "fedcsr"
@@ -79,7 +79,8 @@ PARTS = SPEC.parts
 #: The fair-budget parts (the headline comparison at the paper's 100 rounds, three seeds, and its
 #: learning-rate check), recorded after the tables' grid; the tables' grid is every other part.
 HEADLINE_PARTS = ("headline", "headline_lr")
-#: The headline's learning-rate grid (part ``headline_lr``, seed 0).
+#: The headline's common learning-rate grid (part ``headline_lr``, seed 0); a method whose choice
+#: fell on its edge also runs the rates of the spec's ``headline_wider`` (:func:`headline_rates`).
 HEADLINE_RATES = tuple(SPEC.list("headline_rates"))
 #: The headline's ``{method: learning rate}`` (``headline_rows``): the rate validation chose in ``headline_lr``.
 HEADLINE_LR: Dict[str, float] = {row["method"]: row["lr"] for row in SPEC.list("headline_rows")}
@@ -361,10 +362,20 @@ def headline_validation(metrics: Mapping[str, float], domains: Sequence[str]) ->
     return float(np.mean(finite)) if finite else float("nan")
 
 
+def headline_rates(method: str, dataset: str = "Food-Kitchen") -> Tuple[float, ...]:
+    """The learning rates ``method`` runs in part ``headline_lr`` on ``dataset``, ascending:
+    :data:`HEADLINE_RATES` and any rate the spec's ``headline_wider`` adds for it."""
+    rates = sorted({float(c["lr"]) for c in grid_cells("headline_lr") if c["dataset"] == dataset and c["method"] == method})
+    if not rates:
+        raise ValueError(f"headline_rates: {method!r} on {dataset!r} is not in part headline_lr; its methods are "
+                         f"{SPEC.list('headline_methods')} on Food-Kitchen")
+    return tuple(rates)
+
+
 def headline_lr_from_records(records, dataset: str = "Food-Kitchen") -> Dict[str, Optional[float]]:
     """Re-derive :data:`HEADLINE_LR` from the recorded seed-0 runs of part ``headline_lr``.
 
-    Returns ``{method: rate}``: the rate of :data:`HEADLINE_RATES` with the best
+    Returns ``{method: rate}``: the rate of :func:`headline_rates` with the best
     :func:`headline_validation` (:func:`~fedlib.experiments.selection.best_on_validation`; a tie
     keeps the smaller rate), or ``None`` while any of the method's rates is unrecorded (a choice
     from part of the grid could still move).

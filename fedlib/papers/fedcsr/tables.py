@@ -312,7 +312,7 @@ def headline_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwar
 def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     """The headline's learning-rate choice as recorded (part ``headline_lr``, seed 0).
 
-    One row per method and rate of :data:`~fedlib.papers.fedcsr.experiment.HEADLINE_RATES`:
+    One row per method and rate of :func:`~fedlib.papers.fedcsr.experiment.headline_rates`:
     ``method`` (the paper's label), ``lr``, ``valid MRR`` (the selection score, the mean of the
     domains' validation MRR at the selected round, %), each domain's ``<domain> test MRR`` (%),
     ``selected round``, ``rounds run`` (of ``cap``, the round cap; fewer means patience stopped
@@ -325,9 +325,10 @@ def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     chosen = X.headline_lr_from_records(records, dataset)
     domains = _domains(dataset)
     rows = []
-    for config in X.grid_cells("headline_lr"):
-        if config["dataset"] != dataset:
-            continue
+    order = {method: k for k, method in enumerate(SPEC.list("headline_methods"))}
+    cells = sorted((c for c in X.grid_cells("headline_lr") if c["dataset"] == dataset),
+                   key=lambda c: (order[c["method"]], c["lr"]))   # a widened grid's rate beside its method's
+    for config in cells:
         record = known.get(config_hash(config))
         metrics = {} if record is None else record.metrics
         percent = lambda name: 100 * metrics[name] if name in metrics else math.nan  # noqa: E731
@@ -338,7 +339,7 @@ def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
                      "rounds run": metrics.get("rounds_run", math.nan), "cap": int(config["rounds"]),
                      "chosen": chosen.get(config["method"]) == config["lr"],
                      "edge": chosen.get(config["method"]) == config["lr"] and config["lr"] in (
-                         min(X.HEADLINE_RATES), max(X.HEADLINE_RATES)),
+                         min(X.headline_rates(config["method"], dataset)), max(X.headline_rates(config["method"], dataset))),
                      "run_id": "" if record is None else record.config_hash})
     return pd.DataFrame(rows)
 
@@ -356,7 +357,8 @@ def headline_progress(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     recorded), ``edge`` (the chosen rate is the grid's smallest or largest: the grid must widen
     before the choice is final), ``headline lr`` (the rate the spec's ``headline_rows`` runs at
     seeds 0-2), ``agrees`` (``headline lr`` equals ``chosen lr``; ``None`` before a choice) and
-    ``seeds recorded`` (``"1 of 3"`` at ``headline lr``).
+    ``seeds recorded`` (``"1 of 3"`` at ``headline lr``). ``rates recorded`` counts the method's
+    own grid (:func:`~fedlib.papers.fedcsr.experiment.headline_rates`: a widened grid has four).
     """
     known = latest_records(records)
     chosen = X.headline_lr_from_records(records, dataset)
@@ -369,10 +371,51 @@ def headline_progress(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
         rows.append({"method": PAPER_LABELS[method],
                      "rates recorded": f"{sum(config_hash(c) in known for c in rates)} of {len(rates)}",
                      "chosen lr": math.nan if lr is None else lr,
-                     "edge": lr is not None and lr in (min(X.HEADLINE_RATES), max(X.HEADLINE_RATES)),
+                     "edge": lr is not None and lr in (min(X.headline_rates(method, dataset)),
+                                                       max(X.headline_rates(method, dataset))),
                      "headline lr": headline["lr"], "agrees": None if lr is None else lr == headline["lr"],
                      "seeds recorded": f"{sum(seeds)} of {len(seeds)}"})
     return pd.DataFrame(rows)
+
+
+def headline_cells(dataset: str = "Food-Kitchen") -> List[Dict[str, Any]]:
+    """Every cell the headline plans, without repeats: part ``headline_lr`` (each method at each
+    of its rates, seed 0), then part ``headline`` at seeds :data:`HEADLINE_SEEDS` (each method at
+    the spec's ``headline_rows`` rate; its seed 0 is a ``headline_lr`` cell)."""
+    tuning = [c for c in X.grid_cells("headline_lr") if c["dataset"] == dataset]
+    seeds = [{**c, "seed": seed} for c in X.grid_cells("headline") if c["dataset"] == dataset for seed in HEADLINE_SEEDS]
+    return X.unique_cells(tuning + seeds)
+
+
+def headline_runs(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """One row per planned headline cell (:func:`headline_cells`), recorded or not, with its cost.
+
+    Columns: ``method`` (the paper's label), ``lr``, ``seed``, ``recorded``, ``rounds run``,
+    ``selected round``, ``stopped by`` (``"patience"`` when the run ended before its round cap,
+    ``"cap"`` when it ran them all; empty while unrecorded) and ``hours``: a recorded run's
+    one-thread wall time, or for a pending cell the guess ``--pending`` prints
+    (:class:`~fedlib.experiments.cells.CostGuess`: the same cell's other seeds, else the method's
+    nearest recorded configs), flagged by ``hours are`` (``"recorded"`` / ``"estimated"``).
+    """
+    from fedlib.experiments.cells import CostGuess
+
+    known = latest_records(records)
+    guess = CostGuess(known.values(), X.method_label)
+    rows = []
+    for config in headline_cells(dataset):
+        record = known.get(config_hash(config))
+        metrics = {} if record is None else record.metrics
+        rounds = metrics.get("rounds_run", math.nan)
+        rows.append({"method": PAPER_LABELS[config["method"]], "lr": config["lr"], "seed": config["seed"],
+                     "recorded": record is not None, "rounds run": rounds,
+                     "selected round": metrics.get("selected_round", math.nan),
+                     "stopped by": "" if record is None else ("patience" if rounds < config["rounds"] else "cap"),
+                     "hours": (float(record.wall_time_s) if record is not None else guess(config)) / 3600,
+                     "hours are": "recorded" if record is not None else "estimated"})
+    order = {PAPER_LABELS[m]: k for k, m in enumerate(SPEC.list("headline_methods"))}
+    frame = pd.DataFrame(rows)
+    return frame.sort_values(["method", "seed", "lr"], key=lambda s: s.map(order) if s.name == "method" else s,
+                             kind="stable").reset_index(drop=True)
 
 
 def headline_verdicts(headline: pd.DataFrame, metric: str = "MRR") -> pd.DataFrame:
