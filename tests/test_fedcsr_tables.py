@@ -424,6 +424,13 @@ def test_headline_table_averages_seeds_at_the_chosen_rate_and_verdicts_test_them
     assert (pinet["verdict"] == "ahead").all() and (pinet["seeds"] == "3 vs 3").all()
     assert (pinet["p"] < 0.05).all()
     assert (verdicts[verdicts["rival"] == "FedCLSR"]["verdict"] == "untested (fewer than two seeds a side)").all()
+    food, kitchen = T.headline_sentences(verdicts)
+    pinet_food = verdicts[(verdicts["domain"] == "Food") & (verdicts["rival"] == "FedPi-Net")].iloc[0]
+    assert food.startswith(f"Food: FedCSR's {100 * (0.10 + 0.12 + 0.14) / 3:.2f} % test MRR is ahead of FedPi-Net "
+                           f"({100 * (0.05 + 0.07 + 0.09) / 3:.2f} %, +")
+    assert f"p = {pinet_food['p']:.2g}, 3 vs 3 seeds)" in food
+    assert food.endswith("and untested against FedCLSR (4.00 %, +200.0 %, 3 vs 1 seeds).")
+    assert kitchen.startswith("Kitchen: FedCSR's 13.00 % test MRR")
 
     # an unrecorded headline cell says how to record it at the paper profile
     empty = T.headline_table([], "paper")

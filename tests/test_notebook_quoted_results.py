@@ -445,7 +445,7 @@ def test_fedcsr_headline_paragraph_names_the_budget_and_where_guesses_come_from(
     runs = read_runs("fedcsr", "paper")
     planned = tables.headline_runs(runs)
     unstarted = set(planned["method"]) - set(planned.loc[planned["recorded"], "method"])
-    assert "For a method with no headline run yet, the guess comes from its runs of at most 20 rounds" in prose
+    assert "For a method with no headline run yet, the guess scales its runs of at most 20 rounds up to the 100-round cap" in prose
     for method in unstarted:
         [key] = [k for k, label in tables.PAPER_LABELS.items() if label == method]
         rounds = {r.config["rounds"] for r in runs

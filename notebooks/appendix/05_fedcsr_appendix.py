@@ -321,8 +321,9 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # table lists every planned cell: a recorded run with its rounds, the round it selected, what
 # stopped it and its one-thread wall time, and a pending cell with the hours `--pending`
 # guesses for it (`python -m fedlib grid fedcsr headline_lr --pending`, then `headline --seeds 0 1 2
-# --pending`). For a method with no headline run yet, the guess comes from its runs of at most
-# 20 rounds where a headline cell runs up to 100, so it can fall short. Lesson 05's section "At the
+# --pending`). For a method with no headline run yet, the guess scales its runs of at most 20
+# rounds up to the 100-round cap. Patience may stop a run sooner, and wall time depends on what
+# shares the cores, so the guess is rough either way. Lesson 05's section "At the
 # paper's budget" reads the same records. Until the headline is complete, the lesson's
 # Food-Kitchen comparison rests on one seed and at most 20 rounds, and its rows carry the flags
 # `one_seed` and, where a run selected its last round, `at_cap`.
