@@ -31,7 +31,8 @@
 # 2. derive graph propagation (Eq. 1), MCL (Eqs. 3-6), SCL with stop-gradient (Eqs. 12-15) and the local objective (Eqs. 18-19), and find each in `fedlib`;
 # 3. train FedCSR and its "w/o SCL & MCL" ablation live and read their learning curves against the random-ranking level;
 # 4. read the paper's tables beside our recorded runs and name why cells differ;
-# 5. audit what the public code trains (the contrastive terms are never added) and how the 1 + 999 sampled protocol's tie rule can flatter a model.
+# 5. audit what the public code trains (the contrastive terms are never added) and how the 1 + 999 sampled protocol's tie rule can flatter a model;
+# 6. set up a fair comparison: each method's rate chosen on validation, training until validation stops improving, and a test across seeds before any "better".
 #
 # **Prerequisites.** Lesson 00 (FedAvg from scratch); lesson 04 helps (cross-domain
 # recommendation, contrastive losses). Background: self-attention sequence models (SASRec),
@@ -39,7 +40,8 @@
 #
 # **Time.** smoke: under 1 minute; quick (the default): about 3 minutes on 2 idle CPU cores
 # (two live runs of under 2 minutes each, exercises included); paper: the recorded grid (46 runs of up to 20 rounds,
-# each trained once on one thread), read from `results/fedcsr/`, not re-run here.
+# each trained once on one thread) and the headline at the paper's budget (up to 100 rounds, hours per run), read
+# from `results/fedcsr/`, not re-run here.
 #
 # **Glossary.**
 #
