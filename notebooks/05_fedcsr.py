@@ -30,9 +30,8 @@
 # 1. say who holds which data in multi-platform CSR, what travels to the server, and why the item-transition graphs must stay on each platform;
 # 2. derive graph propagation (Eq. 1), MCL (Eqs. 3-6), SCL with stop-gradient (Eqs. 12-15) and the local objective (Eqs. 18-19), and find each in `fedlib`;
 # 3. train FedCSR and its "w/o SCL & MCL" ablation live and read their learning curves against the random-ranking level;
-# 4. read the paper's tables beside our recorded runs and name why cells differ;
-# 5. audit what the public code trains (the contrastive terms are never added) and how the 1 + 999 sampled protocol's tie rule can flatter a model;
-# 6. set up a fair comparison: each method's rate chosen on validation, training until validation stops improving, and a test across seeds before any "better".
+# 4. read the paper's tables beside our recorded runs, name why cells differ, and set up a fair comparison (each method's rate chosen on validation, training until validation stops improving, a test across seeds before any "better");
+# 5. audit what the public code trains (the contrastive terms are never added) and how the 1 + 999 sampled protocol's tie rule can flatter a model.
 #
 # **Prerequisites.** Lesson 00 (FedAvg from scratch); lesson 04 helps (cross-domain
 # recommendation, contrastive losses). Background: self-attention sequence models (SASRec),
@@ -623,9 +622,8 @@ fnb.record("tie_audit", tie_audit)
 # 6. What does the stop-gradient in Eq. 15 prevent, and how does the numeric check show it?
 # 7. Why does the live run use three platforms and lr 5·10⁻³, and what does that change about what it can show?
 # 8. What is the MRR of a random ranking of 1 + 999 candidates, and why is it the right reference line?
-# 9. If the public code never adds SCL and MCL, which row of Tables 3-4 does its training correspond to?
-# 10. Why does a model that scores every candidate equally get MRR 1.0 under the code's tie rule?
-# 11. In the headline, why must a rate chosen at the edge of its grid be followed by a wider grid before the seeds run?
+# 9. If the public code never adds SCL and MCL, which row of Tables 3-4 does its training correspond to, and why does a model that scores every candidate equally get MRR 1.0 under the code's tie rule?
+# 10. In the headline, why must a rate chosen at the edge of its grid be followed by a wider grid before the seeds run?
 #
 # ### Exercises
 #
