@@ -312,3 +312,20 @@ def test_headline_lr_from_records_waits_for_the_whole_grid_and_breaks_ties_to_th
     assert math.isnan(X.headline_validation({"Food/valid/MRR": 0.1}, ("Food", "Kitchen")))  # a missing domain
     # a domain without a finite MRR is left out, as training's selection metric does
     assert X.headline_validation({"Food/valid/MRR": 0.1, "Kitchen/valid/MRR": float("nan")}, ("Food", "Kitchen")) == 0.1
+
+
+def test_headline_rivals_are_the_two_strongest_baselines_of_the_recorded_table2():
+    """The headline's rivals (spec headline_methods after FedCSR) are the two baselines with the
+    best mean test MRR over Food and Kitchen in the recorded 20-round Table 2 (n = 64)."""
+    import pandas as pd
+
+    from fedlib.paths import project_root
+
+    table2 = pd.read_csv(project_root() / "results" / "fedcsr" / "table2.csv")
+    rows = table2[(table2["dataset"] == "Food-Kitchen") & (table2["metric"] == "MRR") & (table2["dim"] == 64)]
+    labels = {X.SPEC.choice("method", m)["paper"]: m for m in X.BASELINES}
+    baselines = rows[rows["method"].isin(labels)].groupby("method")["value_ours"].mean()
+    assert len(baselines) == len(X.BASELINES) and baselines.notna().all()
+    strongest = [labels[m] for m in baselines.sort_values(ascending=False).index[:2]]
+    assert X.SPEC.list("headline_methods")[0] == "FedCSR"
+    assert sorted(X.SPEC.list("headline_methods")[1:]) == sorted(strongest), baselines.sort_values(ascending=False)
