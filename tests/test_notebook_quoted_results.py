@@ -622,9 +622,10 @@ def test_fedrap_search_paragraph_quotes_the_recorded_runs():
 
 
 def test_fedcsr_headline_paragraph_matches_the_recorded_curves():
-    """Lesson 05's reading of the headline curves: every recorded rate-grid run selected a round
-    well past the tables' 20-round cap and was ended by patience (not the 100-round cap); on
-    Kitchen, π-Net at 1e-3 and 2e-3 passes 5 % only after round 40, while FedCSR stays near 4 %."""
+    """Lesson 05's reading of the headline curves: patience (not the 100-round cap) ended every
+    recorded rate-grid run, all but one selected a round well past the tables' 20-round cap (the
+    one is named with its round); on Kitchen, π-Net at 1e-3 and 2e-3 passes 5 % only after round
+    40, while FedCSR's runs that went past round 40 stay near 4 %."""
     import fedlib.papers.fedcsr.experiment as X
     from fedlib.reporting import read_runs
     from fedlib.reporting.results import config_hash, latest_records
@@ -632,13 +633,17 @@ def test_fedcsr_headline_paragraph_matches_the_recorded_curves():
     prose = " ".join(_paragraph("05_fedcsr", "The curves show why the cap mattered").split())
     known = latest_records(read_runs("fedcsr", "paper"))
     recorded = [(c, known[config_hash(c)]) for c in X.grid_cells("headline_lr") if config_hash(c) in known]
-    assert "Every recorded run, FedCSR's and π-Net's alike, selected a round well past 20" in prose
-    assert {c["method"] for c, _ in recorded} >= {"FedCSR", "PiNet"}, "the paragraph names both methods' runs"
-    for config, run in recorded:
-        assert run.metrics["selected_round"] > 20 + 10, (config["method"], config["lr"], run.metrics["selected_round"])
-    assert "patience, not the cap, ended each one" in prose
-    assert all(run.metrics["rounds_run"] < config["rounds"] for config, run in recorded)
-    assert "on Kitchen, π-Net at 1e-3 and 2e-3 climbs past 5 % after round 40, while FedCSR levels off near 4 %" in prose
+    assert "Patience, not the cap, ended each recorded run" in prose
+    assert recorded and all(run.metrics["rounds_run"] < config["rounds"] for config, run in recorded)
+    early = [(c["method"], c["lr"], int(run.metrics["selected_round"])) for c, run in recorded
+             if run.metrics["selected_round"] <= 20 + 10]
+    assert "All but one selected a round well past 20" in prose and len(early) == 1, early
+    method, lr, selected = early[0]
+    [(_, early_run)] = [(c, run) for c, run in recorded if (c["method"], c["lr"]) == (method, lr)]
+    assert early_run.metrics["rounds_run"] - selected == 20      # patience 20 ran out
+    rate = f"{lr:.0e}".replace("e-0", "e-")                       # 2e-3, as the lesson writes rates
+    assert f"{method} at {rate} peaked at round {selected} and then went 20 rounds without a better score" in prose
+    assert "on Kitchen, π-Net at 1e-3 and 2e-3 climbs past 5 % after round 40, while FedCSR's longer runs level off near 4 %" in prose
 
     def kitchen(run, rounds):
         return [row["Kitchen/valid/MRR"] for row in run.extra["curve"] if row["round"] in rounds]
@@ -646,6 +651,7 @@ def test_fedcsr_headline_paragraph_matches_the_recorded_curves():
     for config, run in recorded:
         if config["method"] == "PiNet" and config["lr"] in (1e-3, 2e-3):   # past 5 % only after round 40
             assert max(kitchen(run, range(1, 41))) < 0.05 < max(kitchen(run, range(41, 101))), config["lr"]
-        if config["method"] == "FedCSR":      # after round 40 within 3.5-4.5 %
-            late = kitchen(run, range(41, 101))
-            assert late and 0.035 <= min(late) and max(late) <= 0.045, (config["lr"], min(late), max(late))
+        late = kitchen(run, range(41, 101))
+        if config["method"] == "FedCSR" and late:   # the runs that went past round 40: within 3.5-4.5 %
+            assert 0.035 <= min(late) and max(late) <= 0.045, (config["lr"], min(late), max(late))
+    assert sum(1 for c, run in recorded if c["method"] == "FedCSR" and kitchen(run, range(41, 101))) >= 2
