@@ -309,6 +309,12 @@ def headline_table(records, profile: str, cell_kwargs: Mapping = {}, method_kwar
     return paper_table("headline", records, profile, cell_kwargs, method_kwargs, missing_note=missing_note)
 
 
+def _at_edge(method: str, lr: float, dataset: str) -> bool:
+    """Is ``lr`` the smallest or the largest rate ``method`` runs in part ``headline_lr``?"""
+    rates = X.headline_rates(method, dataset)
+    return lr in (rates[0], rates[-1])
+
+
 def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     """The headline's learning-rate choice as recorded (part ``headline_lr``, seed 0).
 
@@ -338,8 +344,7 @@ def headline_tuning(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
                      "selected round": metrics.get("selected_round", math.nan),
                      "rounds run": metrics.get("rounds_run", math.nan), "cap": int(config["rounds"]),
                      "chosen": chosen.get(config["method"]) == config["lr"],
-                     "edge": chosen.get(config["method"]) == config["lr"] and config["lr"] in (
-                         min(X.headline_rates(config["method"], dataset)), max(X.headline_rates(config["method"], dataset))),
+                     "edge": chosen.get(config["method"]) == config["lr"] and _at_edge(config["method"], config["lr"], dataset),
                      "run_id": "" if record is None else record.config_hash})
     return pd.DataFrame(rows)
 
@@ -371,8 +376,7 @@ def headline_progress(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
         rows.append({"method": PAPER_LABELS[method],
                      "rates recorded": f"{sum(config_hash(c) in known for c in rates)} of {len(rates)}",
                      "chosen lr": math.nan if lr is None else lr,
-                     "edge": lr is not None and lr in (min(X.headline_rates(method, dataset)),
-                                                       max(X.headline_rates(method, dataset))),
+                     "edge": lr is not None and _at_edge(method, lr, dataset),
                      "headline lr": headline["lr"], "agrees": None if lr is None else lr == headline["lr"],
                      "seeds recorded": f"{sum(seeds)} of {len(seeds)}"})
     return pd.DataFrame(rows)
