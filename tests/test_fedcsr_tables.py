@@ -402,18 +402,21 @@ def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
 
 
 def test_headline_table_averages_seeds_at_the_chosen_rate_and_verdicts_test_them(root):
+    chosen = X.HEADLINE_LR                                   # each method's headline rate (the spec's)
     for seed in (0, 1, 2):
-        record(headline_cell("FedCSR", 1e-3, seed), scores(0.10, seed))
-        record(headline_cell("PiNet", 1e-3, seed), scores(0.05, seed))
-    record(headline_cell("CLSR", 1e-3, 0), scores(0.04))
-    record(headline_cell("CLSR", 2e-3, 0), scores(0.30))  # another rate: not a headline row
+        record(headline_cell("FedCSR", chosen["FedCSR"], seed), scores(0.10, seed))
+        record(headline_cell("PiNet", chosen["PiNet"], seed), scores(0.05, seed))
+    record(headline_cell("CLSR", chosen["CLSR"], 0), scores(0.04))
+    other = next(lr for lr in X.headline_rates("CLSR") if lr != chosen["CLSR"])
+    record(headline_cell("CLSR", other, 0), scores(0.30))    # another rate: not a headline row
     records = read_runs("fedcsr", "quick")
     table = T.headline_table(records, "quick")
-    assert set(table["lr"]) == {"0.001"} and set(table["dim"]) == {"64"} and set(table["domain"]) == {"Food", "Kitchen"}
+    assert set(table["lr"]) == {str(lr) for lr in chosen.values()}
+    assert set(table["dim"]) == {"64"} and set(table["domain"]) == {"Food", "Kitchen"}
     ours = row(table, domain="Kitchen", method="FedCSR", metric="MRR")
     assert ours["value_ours"] == pytest.approx(100 * (0.11 + 0.13 + 0.15) / 3) and ours["n_seeds"] == 3
     assert ours["std_ours"] == pytest.approx(2.0) and math.isnan(ours["value_paper"])
-    assert "up to 100 rounds (patience 20), lr 0.001" in ours["note"]
+    assert f"up to 100 rounds (patience 20), lr {chosen['FedCSR']}" in ours["note"]
     clsr = row(table, domain="Food", method="FedCLSR", metric="HR@5")
     assert clsr["value_ours"] == pytest.approx(100 * 1.8 * 0.04) and clsr["n_seeds"] == 1
 
