@@ -482,9 +482,10 @@ tuning = tables.headline_tuning(paper_runs)
 fnb.show(tuning.drop(columns=["run_id", "chosen", "edge"]), "The headline's rates, seed 0 (MRR in %; —: not recorded yet)",
          formats={"lr": "{:g}", "selected round": "{:.0f}", "rounds run": "{:.0f}"})
 headline_curves = figures.headline_curve_frame(paper_runs)
-fig = figures.figure_curves(headline_curves, "headline_curves", profile=profile, mark_round=20,
+fig = figures.figure_curves(headline_curves, "headline_curves", profile=profile, mark_round=20, per_seed=True,
                             mark_label="the tables' 20-round cap", random_level=experiments.random_ranking_mrr(1000),
-                            title="Validation MRR at the paper's budget (one line per method and rate)")
+                            title="Validation MRR at the paper's budget (a colour per method and rate; "
+                                  "light lines: the chosen rate's seeds 1 and 2)")
 plt.show()
 
 # %% [markdown]

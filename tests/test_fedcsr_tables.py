@@ -459,6 +459,16 @@ def test_headline_curves_draw_one_line_per_method_and_rate_with_the_old_cap_mark
     labels = fig.axes[0].get_legend_handles_labels()[1]
     assert labels == ["FedPi-Net, lr 0.001 (n=64)", "FedPi-Net, lr 0.002 (n=64)", "the tables' 20-round cap"]
     assert any(list(line.get_xdata()) == [20, 20] for line in fig.axes[0].lines)
+    mean_rounds = max(line.get_xdata().max() for line in fig.axes[0].lines if line.get_label().startswith("FedPi-Net, lr 0.001"))
+    assert mean_rounds == 30                       # the seed mean runs to the longer seed's last round
+    # per seed: seed 1 of 1e-3 is its own lighter line (to round 25), the legend unchanged
+    fig = F.figure_curves(frame, mark_round=20, mark_label="the tables' 20-round cap", per_seed=True)
+    assert fig.axes[0].get_legend_handles_labels()[1] == labels
+    curves = [line for line in fig.axes[0].lines if len(line.get_xdata()) > 2]
+    assert sorted(int(line.get_xdata().max()) for line in curves) == [25, 30, 40]
+    [seed1] = [line for line in curves if line.get_xdata().max() == 25]
+    [seed0] = [line for line in curves if line.get_label() == "FedPi-Net, lr 0.001 (n=64)"]
+    assert seed1.get_color() == seed0.get_color() and seed1.get_label() == "_nolegend_" and seed1.get_alpha() < 1
     plt.close("all")
 
 

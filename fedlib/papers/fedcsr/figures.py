@@ -55,7 +55,8 @@ def curve_frame(records, configs: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 def headline_curve_frame(records) -> pd.DataFrame:
     """The learning curves of the fair-budget headline's runs (part ``headline_lr`` and the
     ``headline`` seeds): :func:`curve_frame`'s columns, ``method`` naming the rate as well
-    (``"FedPi-Net, lr 0.002"``), so that :func:`figure_curves` draws one line per method and rate."""
+    (``"FedPi-Net, lr 0.002"``), so that :func:`figure_curves` draws one line per method and rate
+    (with ``per_seed=True``, the chosen rates' seeds 1 and 2 as lighter lines beside seed 0)."""
     from fedlib.papers.fedcsr import experiment as X
 
     def label(config: Mapping[str, Any]) -> Dict[str, Any]:
@@ -87,13 +88,16 @@ def series_style(index: int) -> Dict[str, Any]:
 
 def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: str = "paper", metric: str = "MRR",
                   role: str = "valid", random_level: Optional[float] = None, title: Optional[str] = None,
-                  mark_round: Optional[int] = None, mark_label: str = ""):
+                  mark_round: Optional[int] = None, mark_label: str = "", per_seed: bool = False):
     """Figure 3 from :func:`curve_frame`: ``role`` ``metric`` (percent, seed mean) per round, one
     panel per domain (``"<domain>/<role>/<metric>"``; the mean over domains when no domain series
     exists), one line per (method, n), each with its own colour/line-style/marker combination
     (:func:`series_style`) and one legend beside the panels. ``random_level`` (a fraction, e.g.
     the MRR of a random ranking) draws a grey reference line, ``mark_round`` a grey vertical one
-    labelled ``mark_label`` (e.g. the round cap of the tables' grid). Returns ``None`` without points."""
+    labelled ``mark_label`` (e.g. the round cap of the tables' grid). ``per_seed`` draws each seed
+    as its own line instead of the seed mean (runs that stop early make a mean jump where one of
+    them ends): the smallest seed as above, the others thinner and lighter in the same colour,
+    without a legend entry of their own. Returns ``None`` without points."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
@@ -112,9 +116,17 @@ def figure_curves(frame: pd.DataFrame, name: Optional[str] = None, *, profile: s
             line = part[(part["method"] == method) & (part["dim"] == dim)]
             if line.empty:
                 continue
+            style = series_style(index)
+            if per_seed:
+                first, *others = sorted(line["seed"].unique())
+                for seed in others:
+                    run = line[line["seed"] == seed].sort_values("round")
+                    ax.plot(run["round"], 100.0 * run["value"], color=style["color"], linestyle=style["linestyle"],
+                            linewidth=0.9, alpha=0.55, label="_nolegend_")
+                line = line[line["seed"] == first]
             line = line.groupby("round", as_index=False)["value"].mean()
             ax.plot(line["round"], 100.0 * line["value"], markersize=4, label=f"{method} (n={dim})",
-                    markevery=max(1, len(line) // 12), **series_style(index))  # a marker every ~12th of a long curve
+                    markevery=max(1, len(line) // 12), **style)  # a marker every ~12th of a long curve
         if random_level is not None:
             ax.axhline(100.0 * random_level, color="0.5", linestyle=":", linewidth=1.2, label="random ranking")
         if mark_round is not None:
