@@ -496,3 +496,97 @@ def test_headline_runs_lists_every_planned_cell_with_its_stop_and_its_hours(root
     assert not later["recorded"] and later["hours are"] == "estimated" and later["hours"] == pytest.approx(2.0)
     assert later["stopped by"] == "" and math.isnan(later["rounds run"])
     assert frame[frame["method"] == "FedCSR"]["hours"].isna().all()     # no FedCSR run at all: no guess
+
+
+def peaked_curve(peaks, rounds, test_at):
+    """A recorded curve whose mean validation MRR over Food and Kitchen rises to 0.05 at each
+    round of ``peaks`` in turn (ties after the first), and whose test MRR at round r is
+    ``test_at(r)`` (fractions; Kitchen's is half of Food's)."""
+    rows = []
+    for r in range(1, rounds + 1):
+        level = 0.01 * sum(r >= p for p in peaks)               # a step up at each peak
+        rows.append({"round": r, "Food/valid/MRR": 0.04 + level, "Kitchen/valid/MRR": 0.02 + level,
+                     "Food/test/MRR": test_at(r), "Kitchen/test/MRR": test_at(r) / 2})
+    return {"curve": rows, "substitute_split": True}
+
+
+def test_selected_on_curve_picks_the_first_best_validation_up_to_the_cap():
+    curve = peaked_curve([3, 15, 40], rounds=60, test_at=lambda r: r / 1000)["curve"]
+    assert X.selected_on_curve(curve, FK)["round"] == 40                # the whole run: its last step up
+    assert X.selected_on_curve(curve, FK, cap=20)["round"] == 15        # cut at 20: the step before
+    assert X.selected_on_curve(curve, FK, cap=2)["round"] == 1          # a flat start: the first round
+    nan_rows = [{**row, "Food/valid/MRR": math.nan, "Kitchen/valid/MRR": math.nan} for row in curve[:5]]
+    assert X.selected_on_curve(nan_rows, FK, cap=20) is None           # nothing finite to select
+    assert X.selected_on_curve([], FK) is None
+
+
+def test_selected_on_curve_gives_back_every_recorded_headline_runs_own_selection():
+    """Read on the recorded runs of results/fedcsr/runs.jsonl, the whole curve selects the round
+    training selected, with the test MRR training recorded (to the curve's six decimals): the cap-20
+    reading reads what training did."""
+    from fedlib.reporting.results import config_hash, latest_records
+
+    known = latest_records(read_runs("fedcsr", "paper"))
+    cells = X.unique_cells(X.grid_cells("headline_lr") + T.headline_cells())
+    runs = [known[config_hash(c)] for c in cells if config_hash(c) in known]
+    assert runs, "no recorded headline run"
+    for run in runs:
+        row = X.selected_on_curve(run.extra["curve"], FK)
+        assert row["round"] == run.metrics["selected_round"], run.config_hash
+        for domain in FK:
+            assert row[f"{domain}/test/MRR"] == pytest.approx(run.metrics[f"{domain}/test/MRR"], abs=5e-7)  # 6 decimals
+
+
+def test_headline_cap_effect_reads_each_seed_at_both_caps_and_tests_the_change(root):
+    chosen = X.HEADLINE_LR
+    peaks = {0: [10, 42], 1: [19, 28], 2: [10]}                        # seed 2 peaks before the cap
+    for seed, seed_peaks in peaks.items():
+        record(headline_cell("FedCSR", chosen["FedCSR"], seed), scores(0.10, seed),
+               peaked_curve(seed_peaks, rounds=max(seed_peaks) + 20, test_at=lambda r, s=seed: 0.09 - 0.0005 * r + 0.001 * s))
+    record(headline_cell("PiNet", chosen["PiNet"], 0), scores(0.05),
+           peaked_curve([12, 54], rounds=74, test_at=lambda r: 0.05 + 0.0002 * r))
+    other = next(lr for lr in X.headline_rates("CLSR") if lr != chosen["CLSR"])
+    record(headline_cell("CLSR", other, 0), scores(0.04), peaked_curve([30], rounds=50, test_at=lambda r: 0.04))  # not a headline row
+    effect = T.headline_cap_effect(read_runs("fedcsr", "quick"))
+    assert list(dict.fromkeys(effect["method"])) == ["FedCSR", "FedPi-Net"]
+    fedcsr = effect[(effect["method"] == "FedCSR") & (effect["domain"] == "Food")].set_index("seed")
+    assert list(fedcsr["selected at cap"]) == [10, 19, 10] and list(fedcsr["selected"]) == [42, 28, 10]
+    assert fedcsr.loc[0, "test MRR at cap"] == pytest.approx(100 * (0.09 - 0.0005 * 10))
+    assert fedcsr.loc[0, "change"] == pytest.approx(-100 * 0.0005 * 32)          # 32 rounds later, 0.05 points a round
+    assert fedcsr.loc[2, "change"] == 0
+    kitchen = effect[(effect["method"] == "FedCSR") & (effect["domain"] == "Kitchen")].set_index("seed")
+    assert kitchen.loc[1, "change"] == pytest.approx(fedcsr.loc[1, "change"] / 2)
+
+    verdicts = T.headline_cap_verdicts(effect).set_index(["method", "domain"])
+    food = verdicts.loc[("FedCSR", "Food")]
+    assert food["seeds"] == 3 and food["mean change"] == pytest.approx(fedcsr["change"].mean())
+    import scipy.stats
+    assert food["p"] == pytest.approx(scipy.stats.ttest_rel(fedcsr["test MRR"], fedcsr["test MRR at cap"]).pvalue)
+    assert food["verdict"] == ("lost" if food["p"] < 0.05 else "within seed noise")
+    assert verdicts.loc[("FedPi-Net", "Food"), "verdict"] == "untested (fewer than two seeds)"
+    assert verdicts.loc[("FedPi-Net", "Kitchen"), "mean change"] == pytest.approx(100 * 0.0002 * 42 / 2)
+
+    # the same selection at every seed is "unchanged", with no p-value
+    same = effect.assign(**{"test MRR": effect["test MRR at cap"], "change": 0.0})
+    assert (T.headline_cap_verdicts(same).query("method == 'FedCSR'")["verdict"] == "unchanged").all()
+    # a change of the same sign and size at every seed beyond noise is a gain
+    steady = effect[effect["method"] == "FedCSR"].assign(change=lambda f: 0.5 + 0.01 * f["seed"])
+    assert (T.headline_cap_verdicts(steady)["verdict"] == "gained").all()
+
+
+def test_headline_seeds_lists_the_table2_run_and_every_recorded_headline_seed(root):
+    chosen = X.HEADLINE_LR
+    record(X.cell("Food-Kitchen", "PiNet", dim=64), {**scores(0.04), "selected_round": 12.0, "rounds_run": 20.0})
+    for seed in (0, 2):                                          # seed 1 not recorded: left out
+        record(headline_cell("PiNet", chosen["PiNet"], seed), {**scores(0.05, seed), "selected_round": 50.0 + seed})
+    record(headline_cell("FedCSR", chosen["FedCSR"], 1), scores(0.10, 1))
+    frame = T.headline_seeds(read_runs("fedcsr", "quick"))
+    assert list(zip(frame["method"], frame["budget"], frame["seed"])) == [
+        ("FedCSR", T.HEADLINE_BUDGET, 1),
+        ("FedPi-Net", T.TABLE2_BUDGET, 0), ("FedPi-Net", T.HEADLINE_BUDGET, 0), ("FedPi-Net", T.HEADLINE_BUDGET, 2)]
+    pinet = frame[frame["method"] == "FedPi-Net"].set_index(["budget", "seed"])
+    assert pinet.loc[(T.TABLE2_BUDGET, 0), "lr"] == 1e-3 and pinet.loc[(T.HEADLINE_BUDGET, 2), "lr"] == chosen["PiNet"]
+    assert pinet.loc[(T.TABLE2_BUDGET, 0), "rounds run"] == 20 and pinet.loc[(T.HEADLINE_BUDGET, 2), "selected round"] == 52
+    assert pinet.loc[(T.HEADLINE_BUDGET, 2), "Kitchen test MRR"] == pytest.approx(100 * (0.05 + 0.04 + 0.01))
+    assert pinet.loc[(T.HEADLINE_BUDGET, 0), "valid MRR"] == pytest.approx(100 * X.headline_validation(scores(0.05), FK))
+    assert list(T.headline_seeds([]).columns) == list(frame.columns) and T.headline_seeds([]).empty

@@ -655,3 +655,41 @@ def test_fedcsr_headline_paragraph_matches_the_recorded_curves():
         if config["method"] == "FedCSR" and late:   # the runs that went past round 40: within 3.5-4.5 %
             assert 0.035 <= min(late) and max(late) <= 0.045, (config["lr"], min(late), max(late))
     assert sum(1 for c, run in recorded if c["method"] == "FedCSR" and kitchen(run, range(41, 101))) >= 2
+
+
+def test_fedcsr_cap_paragraph_quotes_each_headline_seed_cut_at_round_20():
+    """Lesson 05's reading of the rounds past 20 (tables.headline_cap_effect / headline_cap_verdicts
+    on the recorded headline runs): FedCSR's selected rounds, per-seed changes and paired p-values,
+    and π-Net's one recorded seed."""
+    import fedlib.papers.fedcsr.tables as T
+    from fedlib.reporting import read_runs
+
+    prose = " ".join(_paragraph("05_fedcsr", "FedCSR gained nothing from the paper's budget").split())
+    effect = T.headline_cap_effect(read_runs("fedcsr", "paper"))
+    verdicts = T.headline_cap_verdicts(effect).set_index(["method", "domain"])
+    signed = lambda x: "0.00" if round(x, 2) == 0 else f"{x:+.2f}".replace("-", "−")  # noqa: E731
+
+    fedcsr = effect[effect["method"] == "FedCSR"]
+    food, kitchen = (fedcsr[fedcsr["domain"] == d].sort_values("seed") for d in ("Food", "Kitchen"))
+    assert list(food["seed"]) == [0, 1, 2] and (food["lr"] == 1e-3).all()
+    full, cut = list(food["selected"]), list(food["selected at cap"])
+    assert (f"At 1e-3 its three seeds selected rounds {full[0]}, {full[1]} and {full[2]} of their longer runs, "
+            f"against {cut[0]}, {cut[1]} and {cut[2]} when cut at round 20") in prose
+    changes = lambda f: ", ".join(signed(x) for x in f["change"][:2]) + f" and {signed(f['change'].iloc[2])}"  # noqa: E731
+    assert f"moved by {changes(food)} points on Food and by {changes(kitchen)} on Kitchen" in prose
+    p_food, p_kitchen = (verdicts.loc[("FedCSR", d), "p"] for d in ("Food", "Kitchen"))
+    assert f"within seed noise (p = {p_food:.2g} and {p_kitchen:.2g})" in prose
+    assert (verdicts.loc["FedCSR", "verdict"] == "within seed noise").all()
+    assert "FedCSR gained nothing from the paper's budget" in prose
+    seed0 = fedcsr[fedcsr["seed"] == 0]
+    assert f"In seed 0, validation kept rising until round {full[0]} while test fell" in prose
+    assert (seed0["change"] < 0).all() and full[0] > 20
+
+    pinet = effect[effect["method"] == "FedPi-Net"].set_index("domain")
+    assert len(pinet) == 2 and (pinet["seed"] == 0).all()                 # one seed recorded so far
+    assert (f"π-Net at 2e-3 gained {pinet.loc['Food', 'change']:.2f} points on Food and "
+            f"{pinet.loc['Kitchen', 'change']:.2f} on Kitchen at seed 0 "
+            f"(round {pinet.loc['Food', 'selected at cap']} → {pinet.loc['Food', 'selected']})") in prose
+    assert pinet.loc["Food", "lr"] == 2e-3 and (pinet["change"] > 0).all()
+    takeaway = " ".join(_paragraph("05_fedcsr", "## 6. Takeaways").split())
+    assert "FedCSR's three seeds gained nothing from the rounds past 20 (within seed noise" in takeaway

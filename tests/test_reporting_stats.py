@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from fedlib.reporting.stats import describe_p, reference_spread_p, welch_p
+from fedlib.reporting.stats import describe_p, paired_p, reference_spread_p, welch_p
 
 
 def test_welch_p_matches_the_test_on_raw_seeds_and_differs_from_students():
@@ -37,6 +37,17 @@ def test_reference_spread_p_uses_the_borrowed_spread():
     assert math.isnan(reference_spread_p(1.0, 1, 0.5, 1, 0.3, 1))        # spread from a single seed
     assert math.isnan(reference_spread_p(1.0, 1, 0.5, 1, 0.0, 5))
     assert math.isnan(reference_spread_p(math.nan, 1, 0.5, 1, 0.3, 5))
+
+
+def test_paired_p_is_the_paired_t_test_and_nan_when_undefined():
+    before, after = [9.30, 8.54, 7.17, 8.10], [7.82, 8.99, 7.17, 7.60]
+    differences = [b - a for a, b in zip(before, after)]
+    assert paired_p(differences) == pytest.approx(scipy.stats.ttest_rel(after, before).pvalue, rel=1e-9)
+    assert paired_p(differences) != pytest.approx(scipy.stats.ttest_ind(after, before).pvalue, rel=1e-3)
+    assert paired_p([0.5, -0.5, math.nan, 1.0]) == pytest.approx(scipy.stats.ttest_1samp([0.5, -0.5, 1.0], 0).pvalue)
+    assert math.isnan(paired_p([0.4]))                  # one pair: no spread
+    assert math.isnan(paired_p([0.4, 0.4, 0.4]))        # equal differences: undefined, not p = 0
+    assert math.isnan(paired_p([]))
 
 
 def test_describe_p_words():

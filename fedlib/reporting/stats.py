@@ -7,6 +7,8 @@ beats B" compares two rows; these helpers say whether the gap could be seed nois
 * :func:`welch_p`: both rows have >= 2 seeds: the two-sided Welch t-test (unequal spreads);
 * :func:`reference_spread_p`: a one-seed setting (a sweep point) against another, with the
   spread borrowed from a setting that has several seeds (both are assumed to share it);
+* :func:`paired_p`: two readings of the same seeds (e.g. one run selected under two round caps),
+  on their per-seed differences;
 * :func:`seed_verdicts`: the paper's method against its strongest rivals in every setting.
 
 Both return NaN when the test is undefined (too few seeds, no spread at all), never a
@@ -17,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Sequence, Tuple
 
-__all__ = ["Summary", "welch_p", "reference_spread_p", "describe_p", "seed_verdicts"]
+__all__ = ["Summary", "welch_p", "reference_spread_p", "paired_p", "describe_p", "seed_verdicts"]
 
 #: ``(seed mean, sample std, number of seeds)`` of one table row
 Summary = Tuple[float, float, int]
@@ -50,6 +52,17 @@ def reference_spread_p(a: float, n_a: int, b: float, n_b: int, std: float, n_std
     from scipy.stats import t as student_t
     statistic = (a - b) / (std * math.sqrt(1.0 / n_a + 1.0 / n_b))
     return float(2.0 * student_t.sf(abs(statistic), n_std - 1))
+
+
+def paired_p(differences: Sequence[float]) -> float:
+    """Two-sided p of the paired t-test that the per-seed ``differences`` (b − a, one per seed,
+    both readings from the same seed) have mean zero; NaN with fewer than two finite differences
+    or when they are all equal (no spread: the test is undefined, however large the mean)."""
+    values = [float(d) for d in differences if math.isfinite(float(d))]
+    if len(values) < 2 or max(values) == min(values):
+        return math.nan
+    from scipy.stats import ttest_1samp
+    return float(ttest_1samp(values, 0.0).pvalue)
 
 
 def describe_p(p: float, seeds: str = "", level: float = 0.05) -> str:

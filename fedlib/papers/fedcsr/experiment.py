@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -68,7 +69,7 @@ __all__ = [
     "TIES_AGAINST_PREFIX", "CHECKPOINT_EVERY_S", "cell", "method_cell", "method_label", "load_split",
     "largest_platforms", "random_ranking_mrr", "constant_score_audit", "fedcsr_configs", "run_cell", "grid_cells",
     "unique_cells", "run_grid", "run_cells", "main", "config_hash", "HEADLINE_RATES", "HEADLINE_LR",
-    "headline_rates", "headline_validation", "headline_lr_from_records",
+    "headline_rates", "headline_validation", "headline_lr_from_records", "selected_on_curve",
 ]
 
 PAPER = "fedcsr"
@@ -360,6 +361,29 @@ def headline_validation(metrics: Mapping[str, float], domains: Sequence[str]) ->
         return float("nan")
     finite = [float(value) for value in values if np.isfinite(value)]
     return float(np.mean(finite)) if finite else float("nan")
+
+
+def selected_on_curve(curve: Sequence[Mapping[str, float]], domains: Sequence[str],
+                      cap: Optional[int] = None) -> Optional[Mapping[str, float]]:
+    """The evaluation a run would have selected had it stopped at round ``cap``: the first row of
+    its recorded ``curve`` (``extra["curve"]``, one row per evaluated round) with round <= ``cap``
+    and the best :func:`headline_validation` over ``domains``, as training selects (a later
+    round must be strictly better). ``cap=None`` takes the whole curve, which gives back the
+    run's own selected round. ``None`` when no row up to ``cap`` has a finite score.
+
+    A shorter cap read this way is the same run cut short: the rounds before it are the same
+    computation (the random stream does not depend on the cap), so this answers "what did the
+    extra rounds change?" seed by seed, without a second run. The recorded curve keeps six
+    decimals, so two rounds closer than that tie here where training could tell them apart; a
+    test checks that every recorded headline run gives back its own selection."""
+    best, best_score = None, -math.inf
+    for row in curve:
+        if cap is not None and row["round"] > cap:
+            continue
+        score = headline_validation(row, domains)
+        if math.isfinite(score) and score > best_score:
+            best, best_score = row, score
+    return best
 
 
 def headline_rates(method: str, dataset: str = "Food-Kitchen") -> Tuple[float, ...]:

@@ -43,7 +43,9 @@ __all__ = ["PAPER_LABELS", "SUBSTITUTE_NOTES", "NEEDS_DOWNLOAD", "METRICS", "SCO
            "statistics_records", "table1", "main_table", "ablation_table", "table5", "table9", "appendix_a5",
            "full_ranking_table", "FULL_RANKING_PROTOCOL", "figure2_table", "figure6_table", "audit_table",
            "all_tables", "write_tables", "with_flags", "DEVIATION_REASONS", "DEVIATION_KEYS", "HEADLINE_MISSING_NOTE",
-           "headline_table", "headline_tuning", "headline_verdicts"]
+           "headline_table", "headline_tuning", "headline_verdicts", "headline_progress", "headline_runs",
+           "headline_cells", "headline_seeds", "headline_sentences", "HEADLINE_SEEDS", "TABLE2_BUDGET", "HEADLINE_BUDGET",
+           "TABLE2_CAP", "headline_cap_effect", "headline_cap_verdicts"]
 
 AUDIT_VARIANTS = tuple(SPEC.list("audit_variants"))
 MAIN_DIM = SPEC.choice("method", "FedCSR")["dim"]
@@ -420,6 +422,106 @@ def headline_runs(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
     frame = pd.DataFrame(rows)
     return frame.sort_values(["method", "seed", "lr"], key=lambda s: s.map(order) if s.name == "method" else s,
                              kind="stable").reset_index(drop=True)
+
+
+TABLE2_BUDGET = "20 rounds (Table 2)"
+HEADLINE_BUDGET = "100 rounds, patience 20"
+
+
+def headline_seeds(records, dataset: str = "Food-Kitchen") -> pd.DataFrame:
+    """Each headline method's runs, seed by seed, at both budgets: what the longer budget changed.
+
+    Per method of the headline (in the spec's order): its 20-round run of Table 2 (seed 0, the
+    code's rate 1e-3, ``budget`` :data:`TABLE2_BUDGET`), then every recorded seed of its headline
+    cell (:data:`HEADLINE_SEEDS` at the spec's ``headline_rows`` rate, ``budget``
+    :data:`HEADLINE_BUDGET`). Columns: ``method`` (the paper's label), ``budget``, ``lr``,
+    ``seed``, ``selected round``, ``rounds run``, ``valid MRR`` (the selection score, %) and each
+    domain's ``<domain> test MRR`` (%). Unrecorded runs are left out, so a method may have fewer
+    than four rows.
+    """
+    known = latest_records(records)
+    domains = _domains(dataset)
+    rows = []
+    for method in SPEC.list("headline_methods"):
+        [headline] = [c for c in X.grid_cells("headline") if c["dataset"] == dataset and c["method"] == method]
+        runs = [(TABLE2_BUDGET, X.cell(dataset, method, dim=headline["dim"]))]
+        runs += [(HEADLINE_BUDGET, {**headline, "seed": seed}) for seed in HEADLINE_SEEDS]
+        for budget, config in runs:
+            record = known.get(config_hash(config))
+            if record is None:
+                continue
+            metrics = record.metrics
+            rows.append({"method": PAPER_LABELS[method], "budget": budget, "lr": config["lr"], "seed": config["seed"],
+                         "selected round": metrics.get("selected_round", math.nan),
+                         "rounds run": metrics.get("rounds_run", math.nan),
+                         "valid MRR": 100 * X.headline_validation(metrics, domains),
+                         **{f"{domain} test MRR": 100 * metrics.get(f"{domain}/test/MRR", math.nan) for domain in domains}})
+    columns = ["method", "budget", "lr", "seed", "selected round", "rounds run", "valid MRR",
+               *(f"{domain} test MRR" for domain in domains)]
+    return pd.DataFrame(rows, columns=columns)
+
+
+TABLE2_CAP = 20
+"""The round cap of the tables' grid (Table 2 and every part but the headline's)."""
+
+
+def headline_cap_effect(records, dataset: str = "Food-Kitchen", cap: int = TABLE2_CAP) -> pd.DataFrame:
+    """What the rounds past ``cap`` changed, seed by seed, in each recorded headline run.
+
+    Every run of part ``headline`` (each method at its chosen rate, :data:`HEADLINE_SEEDS`) is
+    read twice from its recorded curve (:func:`~fedlib.papers.fedcsr.experiment.selected_on_curve`):
+    selected as if it had stopped at round ``cap``, and as it ran (up to 100 rounds, patience 20).
+    The rounds up to ``cap`` are the same computation either way, so the difference is the
+    longer budget's alone, at the same rate and seed. One row per (method, seed, domain):
+    ``method`` (the paper's label), ``lr``, ``seed``, ``domain``, ``selected at cap`` and
+    ``selected`` (rounds), ``test MRR at cap`` and ``test MRR`` (%), ``change`` (their difference,
+    points of MRR).
+    """
+    known = latest_records(records)
+    domains = _domains(dataset)
+    rows = []
+    for method in SPEC.list("headline_methods"):
+        [headline] = [c for c in X.grid_cells("headline") if c["dataset"] == dataset and c["method"] == method]
+        for seed in HEADLINE_SEEDS:
+            record = known.get(config_hash({**headline, "seed": seed}))
+            curve = [] if record is None else (record.extra or {}).get("curve", [])
+            capped, full = X.selected_on_curve(curve, domains, cap), X.selected_on_curve(curve, domains)
+            if capped is None or full is None:
+                continue
+            for domain in domains:
+                before, after = (100 * row[f"{domain}/test/MRR"] for row in (capped, full))
+                rows.append({"method": PAPER_LABELS[method], "lr": headline["lr"], "seed": seed, "domain": domain,
+                             "selected at cap": int(capped["round"]), "selected": int(full["round"]),
+                             "test MRR at cap": before, "test MRR": after, "change": after - before})
+    return pd.DataFrame(rows, columns=["method", "lr", "seed", "domain", "selected at cap", "selected",
+                                       "test MRR at cap", "test MRR", "change"])
+
+
+def headline_cap_verdicts(effect: pd.DataFrame, level: float = 0.05) -> pd.DataFrame:
+    """:func:`headline_cap_effect` summed up per (method, domain): ``seeds``, the seed means
+    ``test MRR at cap`` and ``test MRR`` (%), ``mean change`` (points), ``p`` (the paired t-test
+    over seeds, :func:`fedlib.reporting.stats.paired_p`; NaN with fewer than two seeds or no
+    spread) and ``verdict``: ``"gained"`` / ``"lost"`` (beyond seed noise at ``level``),
+    ``"within seed noise"``, ``"unchanged"`` (the same selection at every seed) or
+    ``"untested (fewer than two seeds)"``."""
+    from fedlib.reporting.stats import paired_p
+
+    rows = []
+    for (method, domain), group in effect.groupby(["method", "domain"], sort=False):
+        p = paired_p(group["change"])
+        if len(group) < 2:
+            verdict = "untested (fewer than two seeds)"
+        elif (group["change"] == 0).all():
+            verdict = "unchanged"
+        elif math.isfinite(p) and p < level:
+            verdict = "gained" if group["change"].mean() > 0 else "lost"
+        else:
+            verdict = "within seed noise"
+        rows.append({"method": method, "domain": domain, "seeds": len(group),
+                     "test MRR at cap": group["test MRR at cap"].mean(), "test MRR": group["test MRR"].mean(),
+                     "mean change": group["change"].mean(), "p": p, "verdict": verdict})
+    return pd.DataFrame(rows, columns=["method", "domain", "seeds", "test MRR at cap", "test MRR", "mean change", "p",
+                                       "verdict"])
 
 
 def headline_sentences(verdicts: pd.DataFrame, metric: str = "MRR") -> List[str]:
