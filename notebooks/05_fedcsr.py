@@ -532,7 +532,8 @@ verdicts = tables.headline_verdicts(headline)
 if verdicts.empty:
     print("No verdict yet: FedCSR's headline cells are not recorded (see the progress table above).")
 else:
-    fnb.show(verdicts, "FedCSR against its two strongest rivals: test MRR (%), Welch over seeds", formats={"p": "{:.3g}"})
+    fnb.show(verdicts, "FedCSR against its two strongest rivals: test MRR (%), Welch over seeds",
+             formats={"ours": "{:.2f}", "theirs": "{:.2f}", "gap %": "{:+.1f}", "p": "{:.3g}"})
     print("\n".join(tables.headline_sentences(verdicts)))
 fnb.record("headline", {"recorded_rates": int(tuning["valid MRR"].notna().sum()), "verdicts": int(len(verdicts))})
 
