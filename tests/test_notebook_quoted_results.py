@@ -685,11 +685,39 @@ def test_fedcsr_cap_paragraph_quotes_each_headline_seed_cut_at_round_20():
     assert f"In seed 0, validation kept rising until round {full[0]} while test fell" in prose
     assert (seed0["change"] < 0).all() and full[0] > 20
 
-    pinet = effect[effect["method"] == "FedPi-Net"].set_index("domain")
-    assert len(pinet) == 2 and (pinet["seed"] == 0).all()                 # one seed recorded so far
-    assert (f"π-Net at 2e-3 gained {pinet.loc['Food', 'change']:.2f} points on Food and "
-            f"{pinet.loc['Kitchen', 'change']:.2f} on Kitchen at seed 0 "
-            f"(round {pinet.loc['Food', 'selected at cap']} → {pinet.loc['Food', 'selected']})") in prose
-    assert pinet.loc["Food", "lr"] == 2e-3 and (pinet["change"] > 0).all()
+    pinet = effect[effect["method"] == "FedPi-Net"]
+    assert sorted(set(pinet["seed"])) == [0, 1] and (pinet["lr"] == 2e-3).all() and (pinet["change"] > 0).all()
+    by_domain = {d: pinet[pinet["domain"] == d].sort_values("seed") for d in ("Food", "Kitchen")}
+    gains = {d: " and ".join(signed(x) for x in f["change"]) for d, f in by_domain.items()}
+    rounds = " and ".join(f"{a} → {b}" for a, b in zip(by_domain["Food"]["selected at cap"], by_domain["Food"]["selected"]))
+    assert (f"π-Net at 2e-3 gained at both of its recorded seeds: {gains['Food']} points on Food, "
+            f"{gains['Kitchen']} on Kitchen (rounds {rounds})") in prose
+    p_food, p_kitchen = (verdicts.loc[("FedPi-Net", d), "p"] for d in ("Food", "Kitchen"))
+    assert f"With two seeds that is still within seed noise (p = {p_food:.2g} and {p_kitchen:.2g})" in prose
+    assert (verdicts.loc["FedPi-Net", "verdict"] == "within seed noise").all()
     takeaway = " ".join(_paragraph("05_fedcsr", "## 6. Takeaways").split())
     assert "FedCSR's three seeds gained nothing from the rounds past 20 (within seed noise" in takeaway
+
+
+def test_fedcsr_headline_verdict_paragraph_quotes_the_welch_tests_and_the_paper():
+    """Lesson 05's verdict so far: FedCSR against π-Net at the paper's budget (Welch over the
+    recorded seeds of results/fedcsr/headline.csv), and the paper's Table 2 values it contrasts."""
+    import fedlib.papers.fedcsr.tables as T
+
+    prose = " ".join(_paragraph("05_fedcsr", "**The verdict so far.**").split())
+    headline = pd.read_csv(ROOT / "results" / "fedcsr" / "headline.csv")
+    verdicts = T.headline_verdicts(headline)
+    pinet = verdicts[verdicts["rival"] == "FedPi-Net"].set_index("domain")
+    assert set(pinet["seeds"]) == {"3 vs 2"}
+    assert "With FedCSR's three seeds and π-Net's first two, FedCSR is behind π-Net in the seed means on both domains" in prose
+    assert (pinet["gap %"] < 0).all()
+    assert (f"by {-pinet.loc['Food', 'gap %']:.1f} % on Food and {-pinet.loc['Kitchen', 'gap %']:.1f} % on Kitchen, "
+            f"but neither gap is beyond seed noise (Welch p = {pinet.loc['Food', 'p']:.2g} and "
+            f"{pinet.loc['Kitchen', 'p']:.2g})") in prose
+    assert (pinet["verdict"] == "within seed noise").all()
+    table2 = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
+    table2 = table2[(table2.dataset == "Food-Kitchen") & (table2.metric == "MRR") & (table2.dim == 64)]
+    paper = {(m, d): float(table2[(table2.method == m) & (table2.domain == d)].value_paper.iloc[0])
+             for m in ("FedCSR", "FedPi-Net") for d in ("Food", "Kitchen")}
+    assert (f"MRR {paper[('FedCSR', 'Food')]:.2f} against {paper[('FedPi-Net', 'Food')]:.2f} on Food and "
+            f"{paper[('FedCSR', 'Kitchen')]:.2f} against {paper[('FedPi-Net', 'Kitchen')]:.2f} on Kitchen") in prose
