@@ -686,14 +686,14 @@ def test_fedcsr_cap_paragraph_quotes_each_headline_seed_cut_at_round_20():
     assert (seed0["change"] < 0).all() and full[0] > 20
 
     pinet = effect[effect["method"] == "FedPi-Net"]
-    assert sorted(set(pinet["seed"])) == [0, 1] and (pinet["lr"] == 2e-3).all() and (pinet["change"] > 0).all()
+    assert sorted(set(pinet["seed"])) == [0, 1, 2] and (pinet["lr"] == 2e-3).all()
     by_domain = {d: pinet[pinet["domain"] == d].sort_values("seed") for d in ("Food", "Kitchen")}
-    gains = {d: " and ".join(signed(x) for x in f["change"]) for d, f in by_domain.items()}
-    rounds = " and ".join(f"{a} → {b}" for a, b in zip(by_domain["Food"]["selected at cap"], by_domain["Food"]["selected"]))
-    assert (f"π-Net at 2e-3 gained at both of its recorded seeds: {gains['Food']} points on Food, "
-            f"{gains['Kitchen']} on Kitchen (rounds {rounds})") in prose
+    assert (f"π-Net at 2e-3 moved by {changes(by_domain['Food'])} points on Food and by "
+            f"{changes(by_domain['Kitchen'])} on Kitchen") in prose
+    seed2 = by_domain["Food"].set_index("seed").loc[2]
+    assert "its seed 2 also selected round 10 either way" in prose and seed2["selected"] == seed2["selected at cap"] == 10
     p_food, p_kitchen = (verdicts.loc[("FedPi-Net", d), "p"] for d in ("Food", "Kitchen"))
-    assert f"With two seeds that is still within seed noise (p = {p_food:.2g} and {p_kitchen:.2g})" in prose
+    assert f"across three seeds, within seed noise too (p = {p_food:.2g} and {p_kitchen:.2g})" in prose
     assert (verdicts.loc["FedPi-Net", "verdict"] == "within seed noise").all()
     takeaway = " ".join(_paragraph("05_fedcsr", "## 6. Takeaways").split())
     assert "FedCSR's three seeds gained nothing from the rounds past 20 (within seed noise" in takeaway
@@ -708,16 +708,19 @@ def test_fedcsr_headline_verdict_paragraph_quotes_the_welch_tests_and_the_paper(
     headline = pd.read_csv(ROOT / "results" / "fedcsr" / "headline.csv")
     verdicts = T.headline_verdicts(headline)
     pinet = verdicts[verdicts["rival"] == "FedPi-Net"].set_index("domain")
-    assert set(pinet["seeds"]) == {"3 vs 2"}
-    assert "With FedCSR's three seeds and π-Net's first two, FedCSR is behind π-Net in the seed means on both domains" in prose
-    assert (pinet["gap %"] < 0).all()
-    assert (f"by {-pinet.loc['Food', 'gap %']:.1f} % on Food and {-pinet.loc['Kitchen', 'gap %']:.1f} % on Kitchen, "
-            f"but neither gap is beyond seed noise (Welch p = {pinet.loc['Food', 'p']:.2g} and "
-            f"{pinet.loc['Kitchen', 'p']:.2g})") in prose
-    assert (pinet["verdict"] == "within seed noise").all()
+    assert set(pinet["seeds"]) == {"3 vs 3"}
+    food, kitchen = pinet.loc["Food"], pinet.loc["Kitchen"]
+    assert (f"With three seeds a side, FedCSR is within seed noise of π-Net on Food "
+            f"({food['gap %']:.1f} %, Welch p = {food['p']:.2g}) and behind it on Kitchen "
+            f"({kitchen['gap %']:.1f} %, p = {kitchen['p']:.2g})").replace("(-", "(−") in prose
+    assert food["verdict"] == "within seed noise" and kitchen["verdict"] == "behind"
+    assert "on Kitchen the order is reversed beyond seed noise" in prose and kitchen["p"] < 0.05
     table2 = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
     table2 = table2[(table2.dataset == "Food-Kitchen") & (table2.metric == "MRR") & (table2.dim == 64)]
     paper = {(m, d): float(table2[(table2.method == m) & (table2.domain == d)].value_paper.iloc[0])
              for m in ("FedCSR", "FedPi-Net") for d in ("Food", "Kitchen")}
     assert (f"MRR {paper[('FedCSR', 'Food')]:.2f} against {paper[('FedPi-Net', 'Food')]:.2f} on Food and "
             f"{paper[('FedCSR', 'Kitchen')]:.2f} against {paper[('FedPi-Net', 'Kitchen')]:.2f} on Kitchen") in prose
+    takeaway = " ".join(_paragraph("05_fedcsr", "## 6. Takeaways").split())
+    assert "with three seeds a side FedCSR was behind π-Net on Kitchen beyond seed noise, the reverse of the paper's order" in takeaway
+    assert paper[("FedCSR", "Kitchen")] > paper[("FedPi-Net", "Kitchen")]
