@@ -715,6 +715,11 @@ def test_fedcsr_headline_verdict_paragraph_quotes_the_welch_tests_and_the_paper(
             f"({kitchen['gap %']:.1f} %, p = {kitchen['p']:.2g})").replace("(-", "(−") in prose
     assert food["verdict"] == "within seed noise" and kitchen["verdict"] == "behind"
     assert "on Kitchen the order is reversed beyond seed noise" in prose and kitchen["p"] < 0.05
+    # CLSR's comparison "waits" only while its rate grid is incomplete (no chosen rate, no tested verdict)
+    from fedlib.reporting import read_runs
+    clsr = T.headline_progress(read_runs("fedcsr", "paper")).set_index("method").loc["FedCLSR"]
+    assert "CLSR's rates are still being recorded, so the comparison with the second rival waits" in prose
+    assert clsr["agrees"] is None and not (verdicts["rival"] == "FedCLSR").any()
     table2 = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
     table2 = table2[(table2.dataset == "Food-Kitchen") & (table2.metric == "MRR") & (table2.dim == 64)]
     paper = {(m, d): float(table2[(table2.method == m) & (table2.domain == d)].value_paper.iloc[0])
