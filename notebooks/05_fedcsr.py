@@ -542,8 +542,9 @@ fnb.record("headline", {"recorded_rates": int(tuning["valid MRR"].notna().sum())
 # (−0.9 %, Welch p = 0.92) and behind it on Kitchen (−30.7 %, p = 0.0086). The paper puts FedCSR
 # far ahead of π-Net: MRR 9.15 against 6.40 on Food and 4.93 against 2.83 on Kitchen. At the
 # paper's budget, on our substitute split, that lead does not appear, and on Kitchen the order is
-# reversed beyond seed noise. CLSR's rates are still being recorded, so the comparison with the
-# second rival waits.
+# reversed beyond seed noise. CLSR's rate is not chosen yet: validation picked the top of its grid
+# twice (2e-3 of the first three rates, then 4e-3), so its grid goes on to 8e-3 before its seeds
+# run, and the comparison with the second rival waits.
 
 # %% [markdown]
 # ### Every deviation above 20 %

@@ -82,13 +82,14 @@ def test_variants_map_to_flags_of_the_one_implementation():
 def test_parts_have_their_sizes_and_share_cells():
     sizes = {part: len(X.grid_cells(part)) for part in X.PARTS}
     assert sizes == {"table2": 20, "ablation": 12, "alpha": 7, "hidden": 5, "individual": 3, "audit": 5,
-                     "headline": 3, "headline_lr": 10}
+                     "headline": 3, "headline_lr": 12}
     headline = X.grid_cells("headline") + X.grid_cells("headline_lr")
     assert {(c["method"], c["dim"], c["rounds"], c["patience"]) for c in headline} == {  # the paper's budget
         (m, 64, 100, 20) for m in ("FedCSR", "PiNet", "CLSR")}
-    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3, 4e-3]  # 1e-3 (the code's) is interior
+    assert sorted({c["lr"] for c in headline}) == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]  # 1e-3 (the code's) is interior
     assert X.headline_rates("PiNet") == (5e-4, 1e-3, 2e-3, 4e-3)                # widened (its pick was 2e-3)
-    assert X.headline_rates("FedCSR") == X.headline_rates("CLSR") == X.HEADLINE_RATES
+    assert X.headline_rates("CLSR") == (5e-4, 1e-3, 2e-3, 4e-3, 8e-3)           # widened twice (2e-3, then 4e-3)
+    assert X.headline_rates("FedCSR") == X.HEADLINE_RATES
     with pytest.raises(ValueError, match="not in part headline_lr"):
         X.headline_rates("TiSASRec")
     # the headline runs each method at its chosen rate, and that rate's seed-0 run is headline_lr's
@@ -105,7 +106,7 @@ def test_parts_have_their_sizes_and_share_cells():
     assert [c.get("scl_hidden_factor", 2.0) for c in hidden] == [0.25, 0.5, 1.0, 2.0, 4.0]
     assert {c["dim"] for c in hidden} == {X.SMALL_DIM} and "scl_hidden_factor" not in hidden[3]  # 2.0: the default
     every = [c for part in X.PARTS for c in X.grid_cells(part)]
-    assert len(X.unique_cells(every)) == 46 + 10  # FedCSR@64 / @256 rows are shared between parts, and headline's with headline_lr
+    assert len(X.unique_cells(every)) == 46 + 12  # FedCSR@64 / @256 rows are shared between parts, and headline's with headline_lr
     with pytest.raises(ValueError, match="unknown part"):
         X.grid_cells("figure9")
 
@@ -302,8 +303,11 @@ def test_headline_lr_from_records_waits_for_the_whole_grid_and_breaks_ties_to_th
                run(cells["FedCSR", 2e-3], 0.08, 0.04),
                run(cells["PiNet", 5e-4], 0.05, 0.05), run(cells["PiNet", 2e-3], 0.09, 0.09),   # 1e-3 missing
                run(cells["CLSR", 5e-4], 0.04, 0.04), run(cells["CLSR", 1e-3], 0.02, 0.06),    # a tie at .04
-               run(cells["CLSR", 2e-3], 0.03, 0.03)]
+               run(cells["CLSR", 2e-3], 0.03, 0.03), run(cells["CLSR", 4e-3], 0.01, 0.01),
+               run(cells["CLSR", 8e-3], 0.02, 0.02)]
     assert X.headline_lr_from_records(records) == {"FedCSR": 1e-3, "PiNet": None, "CLSR": 5e-4}
+    # CLSR's grid widened twice: without its last rate there is no choice
+    assert X.headline_lr_from_records(records[:-1])["CLSR"] is None
     # π-Net's widened grid: its three common rates are not enough, the fourth decides
     records += [run(cells["PiNet", 1e-3], 0.06, 0.06)]
     assert X.headline_lr_from_records(records)["PiNet"] is None                       # 4e-3 not recorded

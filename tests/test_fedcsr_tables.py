@@ -358,12 +358,13 @@ def headline_cell(method, lr, seed=0):
 def test_headline_tuning_chooses_on_validation_and_flags_an_edge(root):
     valid = {("FedCSR", 5e-4): 0.06, ("FedCSR", 1e-3): 0.07, ("FedCSR", 2e-3): 0.08,   # the largest wins: an edge
              ("PiNet", 5e-4): 0.05, ("PiNet", 2e-3): 0.09,                            # 1e-3 not recorded
-             ("CLSR", 5e-4): 0.03, ("CLSR", 1e-3): 0.05, ("CLSR", 2e-3): 0.04}        # interior
+             ("CLSR", 5e-4): 0.03, ("CLSR", 1e-3): 0.05, ("CLSR", 2e-3): 0.04,        # interior, of its
+             ("CLSR", 4e-3): 0.02, ("CLSR", 8e-3): 0.01}                              # twice widened grid
     for (method, lr), mrr in valid.items():
         values = {**scores(mrr), "selected_round": 40.0, "rounds_run": 60.0 if method == "CLSR" else 100.0}
         record(headline_cell(method, lr), values)
     frame = T.headline_tuning(read_runs("fedcsr", "quick"))
-    assert len(frame) == 10 and list(frame.columns[:5]) == ["method", "lr", "valid MRR", "Food test MRR",
+    assert len(frame) == 12 and list(frame.columns[:5]) == ["method", "lr", "valid MRR", "Food test MRR",
                                                          "Kitchen test MRR"]
     fedcsr_best = row(frame, method="FedCSR", lr=2e-3)
     assert fedcsr_best["chosen"] and fedcsr_best["edge"]
@@ -385,7 +386,7 @@ def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
     record(headline_cell("FedCSR", 2e-3, seed=1), scores(0.06, 1))    # a seed at another rate: not counted
     for lr, mrr in ((5e-4, 0.05), (1e-3, 0.06), (2e-3, 0.08), (4e-3, 0.09)):   # π-Net: 4e-3, its widened top
         record(headline_cell("PiNet", lr), scores(mrr))
-    record(headline_cell("CLSR", 2e-3), scores(0.04))                 # CLSR: one rate of three
+    record(headline_cell("CLSR", 2e-3), scores(0.04))                 # CLSR: one rate of five
     frame = T.headline_progress(read_runs("fedcsr", "quick")).set_index("method")
     assert list(frame.index) == ["FedCSR", "FedPi-Net", "FedCLSR"]
     assert frame.loc["FedCSR", "rates recorded"] == "3 of 3" and frame.loc["FedCSR", "chosen lr"] == 1e-3
@@ -396,7 +397,7 @@ def test_headline_progress_counts_rates_and_seeds_and_checks_the_spec(root):
     assert frame.loc["FedPi-Net", "agrees"] == (X.HEADLINE_LR["PiNet"] == 4e-3)
     assert frame.loc["FedPi-Net", "seeds recorded"] == "1 of 3"                       # every rate's seed 0 is recorded
     clsr = frame.loc["FedCLSR"]
-    assert clsr["rates recorded"] == "1 of 3" and math.isnan(clsr["chosen lr"]) and clsr["agrees"] is None
+    assert clsr["rates recorded"] == "1 of 5" and math.isnan(clsr["chosen lr"]) and clsr["agrees"] is None
     assert not clsr["edge"] and clsr["seeds recorded"] == ("1 of 3" if X.HEADLINE_LR["CLSR"] == 2e-3 else "0 of 3")
     assert (frame["headline lr"] == [X.HEADLINE_LR[m] for m in ("FedCSR", "PiNet", "CLSR")]).all()
 

@@ -716,10 +716,19 @@ def test_fedcsr_headline_verdict_paragraph_quotes_the_welch_tests_and_the_paper(
     assert food["verdict"] == "within seed noise" and kitchen["verdict"] == "behind"
     assert "on Kitchen the order is reversed beyond seed noise" in prose and kitchen["p"] < 0.05
     # CLSR's comparison "waits" only while its rate grid is incomplete (no chosen rate, no tested verdict)
+    import fedlib.papers.fedcsr.experiment as X
     from fedlib.reporting import read_runs
-    clsr = T.headline_progress(read_runs("fedcsr", "paper")).set_index("method").loc["FedCLSR"]
-    assert "CLSR's rates are still being recorded, so the comparison with the second rival waits" in prose
-    assert clsr["agrees"] is None and not (verdicts["rival"] == "FedCLSR").any()
+    runs = read_runs("fedcsr", "paper")
+    clsr = T.headline_progress(runs).set_index("method").loc["FedCLSR"]
+    assert clsr["agrees"] is None and X.headline_lr_from_records(runs)["CLSR"] is None
+    assert (verdicts[verdicts["rival"] == "FedCLSR"]["verdict"].str.startswith("untested")).all()
+    tuning = T.headline_tuning(runs)
+    clsr_valid = tuning[tuning["method"] == "FedCLSR"].set_index("lr")["valid MRR"]
+    first_three = clsr_valid.loc[list(X.HEADLINE_RATES)]
+    assert first_three.idxmax() == max(X.HEADLINE_RATES) == 2e-3                     # the top of the grid
+    assert clsr_valid.loc[:4e-3].idxmax() == 4e-3 and X.headline_rates("CLSR")[-1] == 8e-3  # the top again
+    assert ("validation picked the top of its grid twice (2e-3 of the first three rates, then 4e-3), so its grid "
+            "goes on to 8e-3 before its seeds run, and the comparison with the second rival waits") in prose
     table2 = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
     table2 = table2[(table2.dataset == "Food-Kitchen") & (table2.metric == "MRR") & (table2.dim == 64)]
     paper = {(m, d): float(table2[(table2.method == m) & (table2.domain == d)].value_paper.iloc[0])

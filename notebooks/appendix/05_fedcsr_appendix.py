@@ -324,9 +324,9 @@ print(a5[["dataset", "method", "dim", "metric", "value_paper", "value_ours"]].ro
 # --pending`). For a method with no headline run yet, the guess scales its runs of at most 20
 # rounds up to the 100-round cap. Patience may stop a run sooner, and wall time depends on what
 # shares the cores, so the guess is rough either way. Lesson 05's section "At the
-# paper's budget" reads the same records. Until the headline is complete, the lesson's
-# Food-Kitchen comparison rests on one seed and at most 20 rounds, and its rows carry the flags
-# `one_seed` and, where a run selected its last round, `at_cap`.
+# paper's budget" reads the same records. A method whose rate is not chosen yet, or whose seeds
+# are not all recorded, stays "untested" in the lesson's verdict; Table 2's 20-round rows keep
+# their flags `one_seed` and, where a run selected its last round, `at_cap`.
 
 # %%
 planned = tables.headline_runs(read_runs(PAPER, "paper"))
