@@ -720,15 +720,22 @@ def test_fedcsr_headline_verdict_paragraph_quotes_the_welch_tests_and_the_paper(
     from fedlib.reporting import read_runs
     runs = read_runs("fedcsr", "paper")
     clsr = T.headline_progress(runs).set_index("method").loc["FedCLSR"]
-    assert clsr["agrees"] is None and X.headline_lr_from_records(runs)["CLSR"] is None
+    assert clsr["agrees"] and X.headline_lr_from_records(runs)["CLSR"] == X.HEADLINE_LR["CLSR"] == 4e-3
+    assert clsr["seeds recorded"] == "1 of 3"          # the comparison waits only while its seeds do
     assert (verdicts[verdicts["rival"] == "FedCLSR"]["verdict"].str.startswith("untested")).all()
     tuning = T.headline_tuning(runs)
     clsr_valid = tuning[tuning["method"] == "FedCLSR"].set_index("lr")["valid MRR"]
     first_three = clsr_valid.loc[list(X.HEADLINE_RATES)]
     assert first_three.idxmax() == max(X.HEADLINE_RATES) == 2e-3                     # the top of the grid
     assert clsr_valid.loc[:4e-3].idxmax() == 4e-3 and X.headline_rates("CLSR")[-1] == 8e-3  # the top again
-    assert ("validation picked the top of its grid twice (2e-3 of the first three rates, then 4e-3), so its grid "
-            "goes on to 8e-3 before its seeds run, and the comparison with the second rival waits") in prose
+    assert clsr_valid.idxmax() == 4e-3                                                      # then interior
+    assert ("validation picked the top of its grid twice (2e-3 of the first three rates, then 4e-3), and at "
+            f"8e-3 it scores {clsr_valid[8e-3]:.2f} % against {clsr_valid[4e-3]:.2f} % at 4e-3, so its headline "
+            "row runs at 4e-3") in prose
+    row = headline[(headline.method == "FedCLSR") & (headline.metric == "MRR")].set_index("domain")
+    assert (row["n_seeds"] == 1).all() and "one_seed" in row.loc["Food", "flags"]
+    assert (f"Only its seed 0 is recorded there (test MRR {row.loc['Food', 'value_ours']:.2f} on Food, "
+            f"{row.loc['Kitchen', 'value_ours']:.2f} on Kitchen), so the comparison with CLSR is still untested") in prose
     table2 = pd.read_csv(ROOT / "results" / "fedcsr" / "table2.csv")
     table2 = table2[(table2.dataset == "Food-Kitchen") & (table2.metric == "MRR") & (table2.dim == 64)]
     paper = {(m, d): float(table2[(table2.method == m) & (table2.domain == d)].value_paper.iloc[0])
