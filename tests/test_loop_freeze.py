@@ -438,18 +438,39 @@ def test_cell_reproduces_its_frozen_metrics(cell, frozen, f3crec_cache, request,
                     "VERSION and refreeze if the change is meant to move numbers.")
     assert config_hash(config) == entry["config_hash"], f"{cell.id}: config hash {config_hash(config)} != frozen"
     metrics = run_tiny_cell(cell, config, f3crec_cache)
-    problems, deviation = deviations(entry["metrics"], metrics)
+    vendor = cpu_vendor()
+    reference = entry.get("metrics_on", {}).get(vendor, entry["metrics"])
+    problems, deviation = deviations(reference, metrics)
     worst = max(deviation, default=(0.0, None))
-    off = [f"{name}: frozen {entry['metrics'][name]!r}, now {metrics[name]!r} (|Δ| = {d:.3g})"
+    off = [f"{name}: frozen {reference[name]!r}, now {metrics[name]!r} (|Δ| = {d:.3g})"
            for d, name in sorted(deviation, reverse=True) if d > TOLERANCE]
     assert not problems and not off, (
-        f"{cell.id} moved: largest deviation {worst[0]:.3g} in {worst[1]!r} (tolerance {TOLERANCE:g}); "
+        f"{cell.id} moved on a {vendor} CPU: largest deviation {worst[0]:.3g} in {worst[1]!r} (tolerance {TOLERANCE:g}); "
         + "; ".join(problems + off[:10]) + ("" if len(off) <= 10 else f"; … {len(off) - 10} more"))
+
+
+def cpu_vendor() -> str:
+    """The CPU vendor of this machine (``vendor_id`` of /proc/cpuinfo, e.g. ``GenuineIntel`` or
+    ``AuthenticAMD``; ``platform.processor()`` elsewhere).
+
+    Two FedPCL-CDR cells (``CL-DTCDR``, ``FedPCL-CDR``) give other float32 results on an AMD
+    EPYC machine than on the machine that froze them (whose metrics stay the default): the same
+    code and torch build reorder one ranking (a deviation of 0.0056 in HR) or move an MRR by
+    6e-6. Their entries also hold the AMD metrics (``metrics_on``), so each machine is held to
+    the numbers its own CPU reproduces."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("vendor_id"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 # ======================================================================================
 # Refreezing (a script, never run by pytest)
-# ======================================================================================
 def refreeze(only: Optional[List[str]] = None, repeats: int = 2) -> None:
     """Rewrite :data:`FROZEN_FILE` from today's code: **only** when a change is meant to move
     numbers, and then with the moved cells' ``version`` bumped.
